@@ -1,0 +1,30 @@
+"""Maps the top-level folders onto the ``tokenpath.*`` import namespace (SPEC section 3).
+
+``collector/`` installs as ``tokenpath.collector`` and so on, so that a generic top-level
+package named ``collector`` or ``agent`` never lands in a user's environment.
+"""
+
+from setuptools import find_packages, setup
+
+NAMESPACE_ROOTS = {
+    "tokenpath": "tokenpath",
+    "tokenpath.collector": "collector",
+    "tokenpath.agent": "agent",
+    "tokenpath.instrumentation": "instrumentation",
+    "tokenpath.dashboards": "dashboards",
+}
+
+packages: list[str] = []
+for package, folder in NAMESPACE_ROOTS.items():
+    packages.append(package)
+    packages.extend(f"{package}.{sub}" for sub in find_packages(folder))
+
+setup(
+    packages=packages,
+    package_dir=NAMESPACE_ROOTS,
+    package_data={
+        "tokenpath.dashboards": ["grafana/*.json", "rules/*.yml", "rules/tests/*.yml"],
+        "tokenpath.collector": ["ui/static/*"],
+        "tokenpath": ["data/*.yaml"],
+    },
+)

@@ -1,0 +1,1 @@
+"""Shared pytest fixtures. Shared fakes (in-memory span sink, fake NVML) live in tests/fakes."""

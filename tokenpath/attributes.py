@@ -1,0 +1,77 @@
+"""Span attribute, event and span names that tokenpath emits or understands.
+
+SPEC section 4, "Span conventions". OpenTelemetry GenAI names where they exist,
+``tokenpath.*`` for the rest, and the names vLLM's native tracing uses.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- OpenTelemetry GenAI semantic conventions -------------------------------------------
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_REQUEST_ID: Final = "gen_ai.request.id"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+
+# Content-bearing GenAI attributes: dropped on ingest unless explicitly opted in.
+GEN_AI_CONTENT_PREFIXES: Final = (
+    "gen_ai.prompt",
+    "gen_ai.completion",
+    "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "gen_ai.system_instructions",
+    "gen_ai.tool.call.arguments",
+    "gen_ai.tool.call.result",
+)
+
+# --- vLLM's native llm_request span (vllm/tracing.py SpanAttributes) ----------------------
+VLLM_REQUEST_SPAN_NAME: Final = "llm_request"
+VLLM_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"  # deprecated GenAI name
+VLLM_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"  # deprecated
+VLLM_USAGE_NUM_SEQUENCES: Final = "gen_ai.usage.num_sequences"
+VLLM_LATENCY_TIME_IN_QUEUE: Final = "gen_ai.latency.time_in_queue"
+VLLM_LATENCY_TIME_TO_FIRST_TOKEN: Final = "gen_ai.latency.time_to_first_token"
+VLLM_LATENCY_E2E: Final = "gen_ai.latency.e2e"
+VLLM_LATENCY_TIME_IN_SCHEDULER: Final = "gen_ai.latency.time_in_scheduler"
+VLLM_LATENCY_TIME_IN_MODEL_FORWARD: Final = "gen_ai.latency.time_in_model_forward"
+VLLM_LATENCY_TIME_IN_MODEL_EXECUTE: Final = "gen_ai.latency.time_in_model_execute"
+VLLM_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"
+VLLM_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"
+VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
+
+# --- tokenpath ---------------------------------------------------------------------------
+STAGE: Final = "tokenpath.stage"
+PHASE: Final = "tokenpath.phase"
+PROVENANCE: Final = "tokenpath.provenance"
+PREFIX_FINGERPRINTS: Final = "tokenpath.prefix.fingerprints"
+PREFIX_BLOCK_TOKENS: Final = "tokenpath.prefix.block_tokens"
+NODE: Final = "tokenpath.node"
+POOL: Final = "tokenpath.pool"
+GPU_TYPE: Final = "tokenpath.gpu.type"
+TENSOR_PARALLEL: Final = "tokenpath.gpu.tensor_parallel"
+ENGINE: Final = "tokenpath.engine"  # "simulated", "vllm", ...
+ENGINE_REPLICA: Final = "tokenpath.engine.replica"
+SIMULATED: Final = "tokenpath.simulated"
+STATUS: Final = "tokenpath.request.status"
+CACHED_TOKENS: Final = "tokenpath.kv.cached_tokens"
+PREEMPTIONS: Final = "tokenpath.request.preemptions"
+RESPONSE_BYTES: Final = "tokenpath.response.bytes"
+RESPONSE_CHUNKS: Final = "tokenpath.response.chunks"
+RESPONSE_SMALL_CHUNKS: Final = "tokenpath.response.small_chunks"
+RESPONSE_WRITE_SECONDS: Final = "tokenpath.response.write_seconds"
+LINK_BITS_PER_SECOND: Final = "tokenpath.network.link_bits_per_second"
+STREAMING: Final = "tokenpath.request.streaming"
+
+# Engine step (iteration) data, one span event per step a request took part in is too
+# many; the engine hook summarizes the steps a request shared on its phase span.
+STEP_COUNT: Final = "tokenpath.engine.steps"
+STEP_SECONDS: Final = "tokenpath.engine.step_seconds"
+
+# Span names tokenpath's own shims use.
+SPAN_REQUEST: Final = "tokenpath.request"
+SPAN_STAGE_PREFIX: Final = "tokenpath.stage."

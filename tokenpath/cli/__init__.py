@@ -1,0 +1,1 @@
+"""The ``tokenpath`` command line (typer + rich). One module per command family."""

@@ -1,0 +1,39 @@
+"""Helpers every command shares: the console, exit on bad input, auth token lookup."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+AUTH_TOKEN_ENV = "TOKENPATH_AUTH_TOKEN"
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print a clear error and exit non-zero (no traceback)."""
+    err_console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def not_yet_available(command: str, issue: str) -> NoReturn:
+    fail(f"`tokenpath {command}` is not yet available (tracked in issue {issue}).", code=3)
+
+
+def auth_token(token_file: Path | None = None) -> str | None:
+    """The bearer token from ``--auth-token-file`` or ``TOKENPATH_AUTH_TOKEN``."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            fail(f"--auth-token-file: cannot read {token_file}: {exc.strerror or exc}")
+        if not token:
+            fail(f"--auth-token-file: {token_file} is empty")
+        return token
+    value = os.environ.get(AUTH_TOKEN_ENV, "").strip()
+    return value or None

@@ -1,0 +1,173 @@
+"""Prometheus metric names and label names: the one place they are spelled.
+
+SPEC section 4. The collector and agent register metrics with these names, the
+dashboards and rules generators build queries from them, and tests look them up here.
+Names are given without the ``_total`` suffix for counters where prometheus-client adds
+it; ``*_SERIES`` constants give the exposed series name for queries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+MetricType = Literal["counter", "gauge", "histogram"]
+
+NAMESPACE: Final = "tokenpath"
+
+# Label names.
+LABEL_MODEL: Final = "model"
+LABEL_STATUS: Final = "status"
+LABEL_STAGE: Final = "stage"
+LABEL_PHASE: Final = "phase"
+LABEL_KIND: Final = "kind"
+LABEL_POOL: Final = "pool"
+LABEL_SOURCE: Final = "source"
+LABEL_DEVICE: Final = "device"
+LABEL_GPU: Final = "gpu"
+LABEL_ENGINE: Final = "engine"
+LABEL_REASON: Final = "reason"
+LABEL_PROVENANCE: Final = "provenance"
+LABEL_NODE: Final = "node"
+LABEL_RECEIVER: Final = "receiver"
+
+# Values of the ``kind`` label on the token counter.
+TOKEN_KIND_INPUT: Final = "input"
+TOKEN_KIND_CACHE_READ: Final = "cache_read"
+TOKEN_KIND_OUTPUT: Final = "output"
+
+# Value a bounded label takes past its allowed set or cardinality cap.
+OTHER_LABEL_VALUE: Final = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """A metric's contract: name as registered, type, labels and help text."""
+
+    name: str
+    type: MetricType
+    labels: tuple[str, ...]
+    help: str
+
+    @property
+    def series(self) -> str:
+        """The sample name a query uses (counters get ``_total``)."""
+        return f"{self.name}_total" if self.type == "counter" else self.name
+
+
+def _m(name: str, type_: MetricType, labels: tuple[str, ...], help_: str) -> MetricSpec:
+    return MetricSpec(f"{NAMESPACE}_{name}", type_, labels, help_)
+
+
+# --- Collector -----------------------------------------------------------------------
+REQUESTS = _m("requests", "counter", (LABEL_MODEL, LABEL_STATUS),
+              "Requests recorded by the collector.")
+STAGE_DURATION = _m("stage_duration_seconds", "histogram", (LABEL_STAGE, LABEL_MODEL),
+                    "Time spent in each of the 15 stages per request.")
+TTFT = _m("time_to_first_token_seconds", "histogram", (LABEL_MODEL,),
+          "Time to first token per request.")
+TPOT = _m("time_per_output_token_seconds", "histogram", (LABEL_MODEL,),
+          "Mean time per output token after the first, per request.")
+TOKENS = _m("tokens", "counter", (LABEL_MODEL, LABEL_KIND),
+            "Tokens by kind: input, cache_read (input served from the prefix cache), output.")
+COST = _m("cost_dollars", "counter", (LABEL_STAGE, LABEL_PHASE, LABEL_MODEL),
+          "Dollars attributed to requests, by stage and phase.")
+IDLE_COST = _m("idle_cost_dollars", "counter", (LABEL_POOL,),
+               "Dollars of GPU time with no request active, by pool.")
+CACHE_MISS_WASTE = _m("cache_miss_waste_dollars", "counter", (LABEL_MODEL,),
+                      "Prefill dollars spent on prefixes seen recently but recomputed.")
+NAIVE_COST = _m("naive_cost_dollars", "counter", (LABEL_MODEL,),
+                "Wall-clock cost (duration x GPU price), as gateway tools count it.")
+LONG_CONTEXT_COST = _m("context_cost_dollars", "counter", (LABEL_MODEL, "context_bucket"),
+                       "Dollars by context-length bucket.")
+RESPONSE_CHUNKS = _m("response_chunks", "counter", (LABEL_MODEL, "size"),
+                     "Streamed response chunks by payload size class (small = under 64 B).")
+
+# Collector self-telemetry.
+SPANS_RECEIVED = _m("collector_spans_received", "counter", (LABEL_RECEIVER,),
+                    "Spans accepted by a receiver.")
+SPANS_REJECTED = _m("collector_spans_rejected", "counter", (LABEL_RECEIVER, LABEL_REASON),
+                    "Spans refused by a receiver, by reason.")
+SPANS_DROPPED = _m("collector_spans_dropped", "counter", (LABEL_REASON,),
+                   "Spans accepted but dropped later (limits, duplicates, late), by reason.")
+SPANS_UNMAPPED = _m("collector_spans_unmapped", "counter", (),
+                    "Spans that map to no stage and were ignored.")
+TRACES_EVICTED = _m("collector_traces_evicted", "counter", (LABEL_REASON,),
+                    "In-flight traces finalized early or discarded, by reason.")
+TRACES_IN_FLIGHT = _m("collector_traces_in_flight", "gauge", (),
+                      "Traces being assembled.")
+SPANS_BUFFERED = _m("collector_spans_buffered", "gauge", (), "Spans held in the assembler.")
+RECORDS_STORED = _m("collector_records_stored", "counter", (),
+                    "Request records written to the store.")
+STORE_ERRORS = _m("collector_store_errors", "counter", (), "Store write failures.")
+REQUESTS_REJECTED = _m("collector_http_requests_rejected", "counter",
+                       (LABEL_RECEIVER, LABEL_STATUS),
+                       "Export requests refused with an error status.")
+LABEL_OVERFLOW = _m("collector_label_values_overflow", "counter", ("label",),
+                    "Label values replaced by 'other' past the cardinality cap.")
+METRIC_POINTS_RECEIVED = _m("collector_metric_points_received", "counter", (LABEL_RECEIVER,),
+                            "OTLP metric data points accepted.")
+
+COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
+    REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
+    NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS,
+)
+
+# --- Agent ---------------------------------------------------------------------------
+AGENT_NVML_UP = _m("agent_nvml_up", "gauge", (), "1 when NVML initialized, 0 otherwise.")
+AGENT_SCRAPE_ERRORS = _m("agent_scrape_errors", "counter", (LABEL_SOURCE,),
+                         "Failures reading one device, file or endpoint.")
+GPU_UTILIZATION = _m("gpu_utilization_ratio", "gauge", (LABEL_GPU,),
+                     "Share of time a kernel was running (NVML utilization.gpu).")
+GPU_MEMORY_USED = _m("gpu_memory_used_bytes", "gauge", (LABEL_GPU,), "HBM used.")
+GPU_MEMORY_TOTAL = _m("gpu_memory_total_bytes", "gauge", (LABEL_GPU,), "HBM total.")
+GPU_MEMORY_BW_UTIL = _m("gpu_memory_bandwidth_utilization_ratio", "gauge", (LABEL_GPU,),
+                        "Share of time HBM was being read or written (NVML utilization.memory).")
+GPU_POWER = _m("gpu_power_watts", "gauge", (LABEL_GPU,), "Board power draw.")
+GPU_SM_CLOCK = _m("gpu_sm_clock_hertz", "gauge", (LABEL_GPU,), "SM clock.")
+GPU_NVLINK_TX = _m("gpu_nvlink_transmit_bytes", "counter", (LABEL_GPU,),
+                   "NVLink bytes transmitted.")
+GPU_NVLINK_RX = _m("gpu_nvlink_receive_bytes", "counter", (LABEL_GPU,),
+                   "NVLink bytes received.")
+GPU_PCIE_TX = _m("gpu_pcie_transmit_bytes_per_second", "gauge", (LABEL_GPU,),
+                 "PCIe transmit throughput.")
+GPU_PCIE_RX = _m("gpu_pcie_receive_bytes_per_second", "gauge", (LABEL_GPU,),
+                 "PCIe receive throughput.")
+GPU_BUSY_SECONDS = _m("gpu_busy_seconds", "counter", (LABEL_GPU,),
+                      "Integrated utilization x elapsed time.")
+NODE_NET_TX_BYTES = _m("node_network_transmit_bytes", "counter", (LABEL_DEVICE,),
+                       "NIC bytes transmitted.")
+NODE_NET_RX_BYTES = _m("node_network_receive_bytes", "counter", (LABEL_DEVICE,),
+                       "NIC bytes received.")
+NODE_NET_TX_PACKETS = _m("node_network_transmit_packets", "counter", (LABEL_DEVICE,),
+                         "NIC packets transmitted.")
+NODE_NET_RX_PACKETS = _m("node_network_receive_packets", "counter", (LABEL_DEVICE,),
+                         "NIC packets received.")
+NODE_NET_TX_DROPS = _m("node_network_transmit_drops", "counter", (LABEL_DEVICE,),
+                       "NIC transmit drops.")
+NODE_NET_RX_DROPS = _m("node_network_receive_drops", "counter", (LABEL_DEVICE,),
+                       "NIC receive drops.")
+ENGINE_PREFIX_HIT_TOKENS = _m("engine_prefix_cache_hit_tokens", "counter",
+                              (LABEL_ENGINE, LABEL_MODEL), "Prompt tokens served from cache.")
+ENGINE_PREFIX_QUERY_TOKENS = _m("engine_prefix_cache_query_tokens", "counter",
+                                (LABEL_ENGINE, LABEL_MODEL),
+                                "Prompt tokens looked up in the prefix cache.")
+ENGINE_REQUESTS_RUNNING = _m("engine_requests_running", "gauge", (LABEL_ENGINE, LABEL_MODEL),
+                             "Requests in the running batch.")
+ENGINE_REQUESTS_WAITING = _m("engine_requests_waiting", "gauge", (LABEL_ENGINE, LABEL_MODEL),
+                             "Requests waiting to be scheduled.")
+ENGINE_KV_USAGE = _m("engine_kv_cache_usage_ratio", "gauge", (LABEL_ENGINE, LABEL_MODEL),
+                     "Share of KV-cache blocks in use.")
+ENGINE_SPEC_DRAFT = _m("engine_spec_decode_draft_tokens", "counter",
+                       (LABEL_ENGINE, LABEL_MODEL), "Speculative draft tokens proposed.")
+ENGINE_SPEC_ACCEPTED = _m("engine_spec_decode_accepted_tokens", "counter",
+                          (LABEL_ENGINE, LABEL_MODEL), "Speculative draft tokens accepted.")
+
+AGENT_METRICS: tuple[MetricSpec, ...] = (
+    AGENT_NVML_UP, AGENT_SCRAPE_ERRORS, GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL,
+    GPU_MEMORY_BW_UTIL, GPU_POWER, GPU_SM_CLOCK, GPU_NVLINK_TX, GPU_NVLINK_RX, GPU_PCIE_TX,
+    GPU_PCIE_RX, GPU_BUSY_SECONDS, NODE_NET_TX_BYTES, NODE_NET_RX_BYTES, NODE_NET_TX_PACKETS,
+    NODE_NET_RX_PACKETS, NODE_NET_TX_DROPS, NODE_NET_RX_DROPS, ENGINE_PREFIX_HIT_TOKENS,
+    ENGINE_PREFIX_QUERY_TOKENS, ENGINE_REQUESTS_RUNNING, ENGINE_REQUESTS_WAITING,
+    ENGINE_KV_USAGE, ENGINE_SPEC_DRAFT, ENGINE_SPEC_ACCEPTED,
+)

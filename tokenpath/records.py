@@ -1,0 +1,181 @@
+"""Plain records the collector computes: one per request, stage timings with provenance.
+
+No Prometheus, no store: sinks consume these. ``to_json``/``from_json`` give the JSON
+shape of SPEC section 4 (``tokenpath requests --format json``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenpath.stages import STAGE_IDS, Phase, Provenance, StageId
+
+
+@dataclass(slots=True)
+class PhaseShare:
+    """The part of a GPU stage that belongs to one phase."""
+
+    seconds: float = 0.0
+    cost_dollars: float = 0.0
+
+
+@dataclass(slots=True)
+class StageTiming:
+    """One stage of one request: how long, how much, and how we know."""
+
+    stage: StageId
+    seconds: float
+    provenance: Provenance
+    cost_dollars: float = 0.0
+    phases: dict[Phase, PhaseShare] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "seconds": self.seconds,
+            "cost_dollars": self.cost_dollars,
+            "provenance": self.provenance.value,
+        }
+        if self.phases:
+            out["phases"] = {
+                phase.value: {"seconds": share.seconds, "cost_dollars": share.cost_dollars}
+                for phase, share in self.phases.items()
+            }
+        return out
+
+    @classmethod
+    def from_json(cls, stage: StageId, data: dict[str, Any]) -> StageTiming:
+        phases = {
+            Phase(name): PhaseShare(float(v.get("seconds", 0.0)), float(v.get("cost_dollars", 0.0)))
+            for name, v in (data.get("phases") or {}).items()
+        }
+        return cls(
+            stage=stage,
+            seconds=float(data.get("seconds", 0.0)),
+            provenance=Provenance(data.get("provenance", Provenance.MEASURED.value)),
+            cost_dollars=float(data.get("cost_dollars", 0.0)),
+            phases=phases,
+        )
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything tokenpath knows about one request, joined from all its spans."""
+
+    trace_id: str  # 32 lowercase hex
+    model: str = "unknown"
+    request_id: str | None = None
+    status: str = "ok"
+    node: str | None = None
+    pool: str | None = None
+    engine: str | None = None
+    simulated: bool = False
+    start_unix: float = 0.0
+    end_unix: float = 0.0
+    input_tokens: int = 0
+    cache_read_tokens: int = 0
+    output_tokens: int = 0
+    ttft_seconds: float | None = None
+    tpot_seconds: float | None = None
+    queue_seconds: float | None = None
+    prefill_seconds: float | None = None
+    decode_seconds: float | None = None
+    response_bytes: int = 0
+    response_chunks: int = 0
+    small_chunks: int = 0
+    prefix_fingerprints: tuple[str, ...] = ()
+    stages: dict[StageId, StageTiming] = field(default_factory=dict)
+    cost_dollars: float = 0.0
+    naive_cost_dollars: float = 0.0
+    cache_miss_waste_dollars: float = 0.0
+    complete: bool = True
+    span_count: int = 0
+
+    @property
+    def duration_seconds(self) -> float:
+        return max(0.0, self.end_unix - self.start_unix)
+
+    @property
+    def gpu_cost_dollars(self) -> float:
+        from tokenpath.stages import GPU_STAGES
+
+        return sum(self.stages[s].cost_dollars for s in GPU_STAGES if s in self.stages)
+
+    def ordered_stages(self) -> list[StageTiming]:
+        """Stage timings in path order."""
+        return [self.stages[s] for s in STAGE_IDS if s in self.stages]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "trace_id": self.trace_id,
+            "request_id": self.request_id,
+            "model": self.model,
+            "status": self.status,
+            "node": self.node,
+            "pool": self.pool,
+            "engine": self.engine,
+            "simulated": self.simulated,
+            "start_unix": self.start_unix,
+            "end_unix": self.end_unix,
+            "duration_seconds": self.duration_seconds,
+            "input_tokens": self.input_tokens,
+            "cache_read_tokens": self.cache_read_tokens,
+            "output_tokens": self.output_tokens,
+            "ttft_seconds": self.ttft_seconds,
+            "tpot_seconds": self.tpot_seconds,
+            "queue_seconds": self.queue_seconds,
+            "prefill_seconds": self.prefill_seconds,
+            "decode_seconds": self.decode_seconds,
+            "response_bytes": self.response_bytes,
+            "response_chunks": self.response_chunks,
+            "small_chunks": self.small_chunks,
+            "prefix_fingerprints": list(self.prefix_fingerprints),
+            "stages": {t.stage.value: t.to_json() for t in self.ordered_stages()},
+            "cost_dollars": self.cost_dollars,
+            "naive_cost_dollars": self.naive_cost_dollars,
+            "cache_miss_waste_dollars": self.cache_miss_waste_dollars,
+            "complete": self.complete,
+            "span_count": self.span_count,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
+        stages = {
+            StageId(name): StageTiming.from_json(StageId(name), value)
+            for name, value in (data.get("stages") or {}).items()
+        }
+
+        def opt_float(key: str) -> float | None:
+            value = data.get(key)
+            return None if value is None else float(value)
+
+        return cls(
+            trace_id=str(data["trace_id"]),
+            model=str(data.get("model", "unknown")),
+            request_id=data.get("request_id"),
+            status=str(data.get("status", "ok")),
+            node=data.get("node"),
+            pool=data.get("pool"),
+            engine=data.get("engine"),
+            simulated=bool(data.get("simulated", False)),
+            start_unix=float(data.get("start_unix", 0.0)),
+            end_unix=float(data.get("end_unix", 0.0)),
+            input_tokens=int(data.get("input_tokens", 0)),
+            cache_read_tokens=int(data.get("cache_read_tokens", 0)),
+            output_tokens=int(data.get("output_tokens", 0)),
+            ttft_seconds=opt_float("ttft_seconds"),
+            tpot_seconds=opt_float("tpot_seconds"),
+            queue_seconds=opt_float("queue_seconds"),
+            prefill_seconds=opt_float("prefill_seconds"),
+            decode_seconds=opt_float("decode_seconds"),
+            response_bytes=int(data.get("response_bytes", 0)),
+            response_chunks=int(data.get("response_chunks", 0)),
+            small_chunks=int(data.get("small_chunks", 0)),
+            prefix_fingerprints=tuple(data.get("prefix_fingerprints") or ()),
+            stages=stages,
+            cost_dollars=float(data.get("cost_dollars", 0.0)),
+            naive_cost_dollars=float(data.get("naive_cost_dollars", 0.0)),
+            cache_miss_waste_dollars=float(data.get("cache_miss_waste_dollars", 0.0)),
+            complete=bool(data.get("complete", True)),
+            span_count=int(data.get("span_count", 0)),
+        )
