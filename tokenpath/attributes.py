@@ -75,3 +75,17 @@ STEP_SECONDS: Final = "tokenpath.engine.step_seconds"
 # Span names tokenpath's own shims use.
 SPAN_REQUEST: Final = "tokenpath.request"
 SPAN_STAGE_PREFIX: Final = "tokenpath.stage."
+
+# --- Stage recording contract --------------------------------------------------------
+# A stage is timed in one of two ways, both read by the collector's stage mapping:
+#  1. a span carrying STAGE: the stage lasts the span's duration;
+#  2. a span event named STAGE_EVENT carrying STAGE and STAGE_SECONDS (the cheap hook
+#     API records many stages on one span this way; the event time is the stage's end).
+# Either may carry PHASE (prefill/decode) and PROVENANCE (default: measured).
+STAGE_EVENT: Final = "tokenpath.stage"
+STAGE_SECONDS: Final = "tokenpath.stage.seconds"
+
+# Time to first token as the client or gateway saw it (preferred over the engine's).
+TTFT_SECONDS: Final = "tokenpath.ttft_seconds"
+# Engine-side work summary of a request, used by cost attribution.
+PREFILL_NEW_TOKENS: Final = "tokenpath.prefill.new_tokens"
