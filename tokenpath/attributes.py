@@ -89,3 +89,8 @@ STAGE_SECONDS: Final = "tokenpath.stage.seconds"
 TTFT_SECONDS: Final = "tokenpath.ttft_seconds"
 # Engine-side work summary of a request, used by cost attribution.
 PREFILL_NEW_TOKENS: Final = "tokenpath.prefill.new_tokens"
+
+# A span with this name carries facts about a request identified by GEN_AI_REQUEST_ID that
+# live in another trace (vLLM's stat-logger plugin cannot see the trace context). The
+# collector joins its attributes into the trace whose engine span has the same request id.
+SPAN_REQUEST_ANNOTATION: Final = "tokenpath.request_annotation"

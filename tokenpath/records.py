@@ -69,6 +69,8 @@ class RequestRecord:
     node: str | None = None
     pool: str | None = None
     engine: str | None = None
+    gpu_type: str | None = None
+    tensor_parallel: int = 1
     simulated: bool = False
     start_unix: float = 0.0
     end_unix: float = 0.0
@@ -80,6 +82,10 @@ class RequestRecord:
     queue_seconds: float | None = None
     prefill_seconds: float | None = None
     decode_seconds: float | None = None
+    # Engine timeline (unix seconds), from the engine span: scheduled -> first token -> done.
+    prefill_start_unix: float | None = None
+    decode_start_unix: float | None = None
+    engine_end_unix: float | None = None
     response_bytes: int = 0
     response_chunks: int = 0
     small_chunks: int = 0
@@ -114,6 +120,8 @@ class RequestRecord:
             "node": self.node,
             "pool": self.pool,
             "engine": self.engine,
+            "gpu_type": self.gpu_type,
+            "tensor_parallel": self.tensor_parallel,
             "simulated": self.simulated,
             "start_unix": self.start_unix,
             "end_unix": self.end_unix,
@@ -126,6 +134,9 @@ class RequestRecord:
             "queue_seconds": self.queue_seconds,
             "prefill_seconds": self.prefill_seconds,
             "decode_seconds": self.decode_seconds,
+            "prefill_start_unix": self.prefill_start_unix,
+            "decode_start_unix": self.decode_start_unix,
+            "engine_end_unix": self.engine_end_unix,
             "response_bytes": self.response_bytes,
             "response_chunks": self.response_chunks,
             "small_chunks": self.small_chunks,
@@ -157,6 +168,8 @@ class RequestRecord:
             node=data.get("node"),
             pool=data.get("pool"),
             engine=data.get("engine"),
+            gpu_type=data.get("gpu_type"),
+            tensor_parallel=int(data.get("tensor_parallel") or 1),
             simulated=bool(data.get("simulated", False)),
             start_unix=float(data.get("start_unix", 0.0)),
             end_unix=float(data.get("end_unix", 0.0)),
@@ -168,6 +181,9 @@ class RequestRecord:
             queue_seconds=opt_float("queue_seconds"),
             prefill_seconds=opt_float("prefill_seconds"),
             decode_seconds=opt_float("decode_seconds"),
+            prefill_start_unix=opt_float("prefill_start_unix"),
+            decode_start_unix=opt_float("decode_start_unix"),
+            engine_end_unix=opt_float("engine_end_unix"),
             response_bytes=int(data.get("response_bytes", 0)),
             response_chunks=int(data.get("response_chunks", 0)),
             small_chunks=int(data.get("small_chunks", 0)),

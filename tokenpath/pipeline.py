@@ -1,0 +1,59 @@
+"""The narrow interfaces between collector components.
+
+receivers -> assembler -> mapper -> attributor -> sinks. Each component is given its
+downstream at construction and knows nothing else about the pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from tokenpath.records import RequestRecord
+
+
+@dataclass(frozen=True, slots=True)
+class IdleCost:
+    """GPU dollars of a pool's time slice in which no request was active."""
+
+    pool: str
+    start_unix: float
+    end_unix: float
+    dollars: float
+
+
+class RecordSink(Protocol):
+    """Downstream of the attributor: Prometheus exposition, the store, the UI feed."""
+
+    def consume_record(self, record: RequestRecord) -> None: ...
+
+    def consume_idle_cost(self, idle: IdleCost) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class FanOut:
+    """Hands every record and idle slice to each sink in turn; one failing sink never
+    starves the others."""
+
+    def __init__(self, sinks: list[RecordSink]) -> None:
+        self._sinks = list(sinks)
+        self.errors = 0
+
+    def consume_record(self, record: RequestRecord) -> None:
+        for sink in self._sinks:
+            try:
+                sink.consume_record(record)
+            except Exception:
+                self.errors += 1
+
+    def consume_idle_cost(self, idle: IdleCost) -> None:
+        for sink in self._sinks:
+            try:
+                sink.consume_idle_cost(idle)
+            except Exception:
+                self.errors += 1
+
+    def shutdown(self) -> None:
+        for sink in self._sinks:
+            sink.shutdown()
