@@ -94,3 +94,13 @@ PREFILL_NEW_TOKENS: Final = "tokenpath.prefill.new_tokens"
 # live in another trace (vLLM's stat-logger plugin cannot see the trace context). The
 # collector joins its attributes into the trace whose engine span has the same request id.
 SPAN_REQUEST_ANNOTATION: Final = "tokenpath.request_annotation"
+
+# --- OpenTelemetry HTTP semantic conventions (gateway and client shims) --------------------
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+HTTP_ROUTE: Final = "http.route"
+URL_PATH: Final = "url.path"
+SERVER_ADDRESS: Final = "server.address"
+# Network stages 11-13 derivation inputs, recorded on the gateway span.
+RESPONSE_PACKETS: Final = "tokenpath.response.packets"
+NETWORK_SWITCH_HOPS: Final = "tokenpath.network.switch_hops"
