@@ -21,10 +21,10 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from tokenpath.instrumentation.hooks import StageRecorder, write_stage_events
+from tokenpath.instrumentation.safety import telemetry_errors
 
 from tokenpath import attributes as attr
-from tokenpath.instrumentation.hooks import StageRecorder, write_stage_events
-from tokenpath.instrumentation.safety import guarded, telemetry_errors
 from tokenpath.stages import Phase, StageId
 
 INSTRUMENTATION_NAME = "tokenpath.instrumentation"
@@ -132,11 +132,17 @@ class EngineRequestTrace:
                 self._trace_id_hex = format(ctx.trace_id, "032x")
         return self._trace_id_hex
 
-    @guarded("engine_hooks.finish", None)
     def finish(
         self, now: float, output_tokens: int, finish_reason: str = "length", error: bool = False
     ) -> str | None:
-        """Emit the ``llm_request`` span; returns its trace id (32 hex)."""
+        """Emit the ``llm_request`` span; returns its trace id (32 hex). Never raises."""
+        try:
+            return self._emit(now, output_tokens, finish_reason, error)
+        except Exception as exc:
+            telemetry_errors.count("engine_hooks.finish", exc)
+            return None
+
+    def _emit(self, now: float, output_tokens: int, finish_reason: str, error: bool) -> str | None:
         parent = _PROPAGATOR.extract(carrier=dict(self.trace_headers or {}))
         scheduled = self.scheduled_at if self.scheduled_at is not None else now
         first = self.first_token_at if self.first_token_at is not None else now

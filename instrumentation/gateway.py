@@ -34,8 +34,6 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-from tokenpath import attributes as attr
 from tokenpath.instrumentation.engine_hooks import get_tracer
 from tokenpath.instrumentation.hooks import StageRecorder
 from tokenpath.instrumentation.network import (
@@ -44,6 +42,8 @@ from tokenpath.instrumentation.network import (
     derive_network_stages,
 )
 from tokenpath.instrumentation.safety import telemetry_errors
+
+from tokenpath import attributes as attr
 from tokenpath.stages import Provenance, StageId
 
 Scope = MutableMapping[str, Any]
@@ -68,8 +68,8 @@ class GatewayConfig:
 class GatewayRequest:
     """Telemetry state of one request passing the gateway (see :func:`current_request`)."""
 
-    __slots__ = ("_handoff", "_handoff_ns", "recorder", "span", "started", "tally", "ttft",
-                 "write_seconds")
+    __slots__ = ("_handoff", "_handoff_ns", "last_write_ns", "recorder", "span", "started",
+                 "tally", "ttft", "write_seconds")
 
     def __init__(self, span: Span) -> None:
         self.span = span
@@ -80,6 +80,7 @@ class GatewayRequest:
         self.tally = ResponseTally()
         self.ttft: float | None = None
         self.write_seconds = 0.0
+        self.last_write_ns: int | None = None  # when the last body write began
 
     def handoff(self) -> None:
         if self._handoff is None:
@@ -177,6 +178,8 @@ class TokenpathGatewayMiddleware:
             nonlocal status_code
             if message.get("type") == "http.response.body":
                 body = message.get("body") or b""
+                if body:
+                    request.last_write_ns = time.time_ns()
                 t0 = time.perf_counter()
                 await send(message)
                 t1 = time.perf_counter()
@@ -203,7 +206,9 @@ class TokenpathGatewayMiddleware:
             except Exception as exc:
                 telemetry_errors.count("gateway.detach", exc)
 
-    def _start(self, scope: Scope) -> tuple[GatewayRequest, contextvars.Token[Any], object] | None:
+    def _start(self, scope: Scope) -> tuple[
+        GatewayRequest, contextvars.Token[Any], contextvars.Token[otel_context.Context]
+    ] | None:
         try:
             headers = {
                 key.decode("latin-1").lower(): value.decode("latin-1")
@@ -230,8 +235,10 @@ class TokenpathGatewayMiddleware:
             now = time.perf_counter()
             recorder = request.recorder
             link = self.config.link
-            recorder.record(StageId.API_GATEWAY, request.own_seconds(now), end_ns=request.handoff_ns)
-            recorder.record(StageId.RESPONSE_PATH, request.write_seconds)
+            recorder.record(StageId.API_GATEWAY, request.own_seconds(now),
+                            end_ns=request.handoff_ns)
+            recorder.record(StageId.RESPONSE_PATH, request.write_seconds,
+                            end_ns=request.last_write_ns)
             network = derive_network_stages(request.tally, link)
             recorder.record(StageId.SWITCH_HOP, network.switch_hop_seconds,
                             provenance=Provenance.DERIVED)

@@ -7,8 +7,8 @@ Provenance ``derived``: arithmetic on measured counts with documented link const
   ``payload_bytes * 8 / link_bps``.
 - ``ethernet_serialize``: the framing overhead's transmit time: per packet, IPv4 + TCP
   headers (with timestamps; they already exceed Ethernet's 46-byte minimum payload, so
-  no padding), and the Ethernet header, FCS, preamble and inter-frame gap. Small packets pay this per token:
-  the last-mile leak.
+  no padding), and the Ethernet header, FCS, preamble and inter-frame gap. Small packets
+  pay this per token: the last-mile leak.
 - ``switch_hop``: ``packets * hops * switch_latency`` store-and-forward/cut-through
   latency in the fabric between engine host and gateway.
 - Small packets: TCP segments carrying under ``small_packet_payload_bytes`` (64) bytes.

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenpath.config import ConfigError
 from tokenpath.instrumentation.reference.kv_cache import PagedKVCache
+
+from tokenpath.config import ConfigError
 
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_BATCHED_TOKENS = 2048
