@@ -51,7 +51,6 @@ class EngineIdentity:
     def span_attributes(self) -> dict[str, Any]:
         return {
             attr.GEN_AI_REQUEST_MODEL: self.model,
-            attr.GEN_AI_RESPONSE_MODEL: self.model,
             attr.ENGINE: self.engine,
             attr.ENGINE_REPLICA: self.replica,
             attr.NODE: self.node,
@@ -157,22 +156,19 @@ class EngineRequestTrace:
             attr.VLLM_USAGE_PROMPT_TOKENS: self.prompt_tokens,
             attr.VLLM_USAGE_COMPLETION_TOKENS: output_tokens,
             attr.VLLM_USAGE_NUM_SEQUENCES: 1,
-            attr.GEN_AI_USAGE_INPUT_TOKENS: self.prompt_tokens,
-            attr.GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens,
             attr.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: self.cached_tokens,
-            attr.CACHED_TOKENS: self.cached_tokens,
             attr.PREFILL_NEW_TOKENS: max(0, self.prompt_tokens - self.cached_tokens),
             attr.VLLM_LATENCY_TIME_IN_QUEUE: queue,
             attr.VLLM_LATENCY_TIME_TO_FIRST_TOKEN: max(0.0, first - self.arrival),
             attr.VLLM_LATENCY_E2E: max(0.0, now - self.arrival),
             attr.VLLM_LATENCY_TIME_IN_MODEL_PREFILL: prefill,
             attr.VLLM_LATENCY_TIME_IN_MODEL_DECODE: decode,
-            attr.VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: prefill + decode,
             attr.STEP_COUNT: sum(t.steps for t in self._phases.values()),
-            attr.STEP_SECONDS: sum(t.step_seconds for t in self._phases.values()),
-            attr.PREEMPTIONS: self.preemptions,
-            attr.STATUS: "error" if error else "ok",
         })
+        if self.preemptions:
+            attributes[attr.PREEMPTIONS] = self.preemptions
+        if error:
+            attributes[attr.STATUS] = "error"
         if self.fingerprints:
             attributes[attr.PREFIX_FINGERPRINTS] = list(self.fingerprints)
             attributes[attr.PREFIX_BLOCK_TOKENS] = self.fingerprint_block_tokens

@@ -68,8 +68,8 @@ class GatewayConfig:
 class GatewayRequest:
     """Telemetry state of one request passing the gateway (see :func:`current_request`)."""
 
-    __slots__ = ("_handoff", "_handoff_ns", "last_write_ns", "recorder", "span", "started",
-                 "tally", "ttft", "write_seconds")
+    __slots__ = ("_handoff", "_handoff_ns", "extra", "last_write_ns", "recorder", "span",
+                 "started", "tally", "ttft", "write_seconds")
 
     def __init__(self, span: Span) -> None:
         self.span = span
@@ -81,6 +81,7 @@ class GatewayRequest:
         self.ttft: float | None = None
         self.write_seconds = 0.0
         self.last_write_ns: int | None = None  # when the last body write began
+        self.extra: dict[str, Any] = {}  # attributes set by the app, written at the end
 
     def handoff(self) -> None:
         if self._handoff is None:
@@ -136,10 +137,7 @@ def annotate(key: str, value: Any) -> None:
     """Set an attribute on the current gateway span (no-op outside a request)."""
     request = _current.get()
     if request is not None:
-        try:
-            request.span.set_attribute(key, value)
-        except Exception as exc:
-            telemetry_errors.count("gateway.annotate", exc)
+        request.extra[key] = value
 
 
 def trace_headers() -> dict[str, str]:
@@ -215,13 +213,12 @@ class TokenpathGatewayMiddleware:
                 for key, value in scope.get("headers") or ()
                 if key.lower() in (b"traceparent", b"tracestate")
             }
-            parent = _PROPAGATOR.extract(carrier=headers)
+            parent = _PROPAGATOR.extract(carrier=headers) if headers else None
             method = str(scope.get("method", "GET"))
             path = str(scope.get("path", ""))
             span = self._tracer.start_span(
                 f"{method} {path}", context=parent, kind=SpanKind.SERVER,
-                attributes={attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path,
-                            attr.HTTP_ROUTE: path},
+                attributes={attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path},
             )
             request = GatewayRequest(span)
             context_token = otel_context.attach(trace.set_span_in_context(span, parent))
@@ -247,7 +244,8 @@ class TokenpathGatewayMiddleware:
                             provenance=Provenance.DERIVED)
             span = request.span
             tally = request.tally
-            span.set_attributes({
+            extra = request.extra
+            extra.update({
                 attr.HTTP_RESPONSE_STATUS_CODE: status_code,
                 attr.STATUS: "ok" if 0 < status_code < 400 else "error",
                 attr.RESPONSE_BYTES: tally.payload_bytes,
@@ -256,10 +254,10 @@ class TokenpathGatewayMiddleware:
                 attr.RESPONSE_SMALL_CHUNKS: tally.small_packets,
                 attr.RESPONSE_WRITE_SECONDS: request.write_seconds,
                 attr.LINK_BITS_PER_SECOND: link.link_bits_per_second,
-                attr.NETWORK_SWITCH_HOPS: link.switch_hops,
             })
             if request.ttft is not None:
-                span.set_attribute(attr.TTFT_SECONDS, request.ttft)
+                extra[attr.TTFT_SECONDS] = request.ttft
+            span.set_attributes(extra)
             if status_code >= 500 or status_code == 0:
                 span.set_status(Status(StatusCode.ERROR))
             recorder.flush()

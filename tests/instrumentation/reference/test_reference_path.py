@@ -117,7 +117,8 @@ def test_engine_span_is_vllm_compatible_and_labelled_simulated() -> None:
     for key in (attr.GEN_AI_REQUEST_ID, attr.VLLM_USAGE_PROMPT_TOKENS,
                 attr.VLLM_USAGE_COMPLETION_TOKENS, attr.VLLM_LATENCY_TIME_IN_QUEUE,
                 attr.VLLM_LATENCY_E2E, attr.NODE, attr.POOL, attr.GPU_TYPE,
-                attr.TENSOR_PARALLEL, attr.CACHED_TOKENS, attr.PREFIX_FINGERPRINTS):
+                attr.TENSOR_PARALLEL, attr.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+                attr.PREFIX_FINGERPRINTS):
         assert key in a, key
     assert a[attr.VLLM_USAGE_COMPLETION_TOKENS] == 5
 
@@ -165,7 +166,7 @@ def _hit_ratio(sink: SpanSink) -> float:
     for span in sink.spans():
         if span.name == attr.VLLM_REQUEST_SPAN_NAME:
             a = span.attributes or {}
-            cached += int(a[attr.CACHED_TOKENS])
+            cached += int(a[attr.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS])
             total += int(a[attr.VLLM_USAGE_PROMPT_TOKENS])
     return cached / total
 
