@@ -89,7 +89,7 @@ def test_late_span_after_finalization_is_dropped_not_a_second_record() -> None:
 
 
 def test_spans_per_trace_limit_is_counted() -> None:
-    asm, sink, clock, stats = make(max_spans=2)
+    asm, sink, _, stats = make(max_spans=2)
     tid = new_trace_id()
     asm.consume_spans([span(tid, f"s{i}", parent="d" * 16) for i in range(5)])
     asm.flush()
