@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -87,40 +88,51 @@ class PrometheusSink:
         self.naive_cost = _counter(M.NAIVE_COST, r)
         self.response_chunks = _counter(M.RESPONSE_CHUNKS, r)
         r.register(_SelfTelemetry(self._stats, [self._model, self._pool]))
+        # Label children looked up once: labels() takes a lock and builds tuples per call.
+        self._children: dict[tuple[object, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = metric.labels(*labels)
+            self._children[key] = child
+        return child
 
     def consume_record(self, record: RequestRecord) -> None:
         model = self._model(record.model)
-        self.requests.labels(model, record.status).inc()
+        self._child(self.requests, model, record.status).inc()
         for timing in record.ordered_stages():
             stage = timing.stage.value
-            self.stage_duration.labels(stage, model).observe(timing.seconds)
+            self._child(self.stage_duration, stage, model).observe(timing.seconds)
             if timing.phases:
                 for phase, share in timing.phases.items():
                     if share.cost_dollars > 0:
-                        self.cost.labels(stage, phase.value, model).inc(share.cost_dollars)
+                        self._child(self.cost, stage, phase.value, model).inc(share.cost_dollars)
                 rest = timing.cost_dollars - sum(s.cost_dollars for s in timing.phases.values())
                 if rest > 1e-15:
-                    self.cost.labels(stage, M.PHASE_NONE, model).inc(rest)
+                    self._child(self.cost, stage, M.PHASE_NONE, model).inc(rest)
             elif timing.cost_dollars > 0:
-                self.cost.labels(stage, M.PHASE_NONE, model).inc(timing.cost_dollars)
+                self._child(self.cost, stage, M.PHASE_NONE, model).inc(timing.cost_dollars)
         if record.ttft_seconds is not None:
-            self.ttft.labels(model).observe(record.ttft_seconds)
+            self._child(self.ttft, model).observe(record.ttft_seconds)
         if record.tpot_seconds is not None:
-            self.tpot.labels(model).observe(record.tpot_seconds)
-        self.tokens.labels(model, M.TOKEN_KIND_INPUT).inc(record.input_tokens)
-        self.tokens.labels(model, M.TOKEN_KIND_CACHE_READ).inc(record.cache_read_tokens)
-        self.tokens.labels(model, M.TOKEN_KIND_OUTPUT).inc(record.output_tokens)
-        self.cache_miss_waste.labels(model).inc(record.cache_miss_waste_dollars)
-        self.naive_cost.labels(model).inc(record.naive_cost_dollars)
+            self._child(self.tpot, model).observe(record.tpot_seconds)
+        self._child(self.tokens, model, M.TOKEN_KIND_INPUT).inc(record.input_tokens)
+        self._child(self.tokens, model, M.TOKEN_KIND_CACHE_READ).inc(
+            record.cache_read_tokens)
+        self._child(self.tokens, model, M.TOKEN_KIND_OUTPUT).inc(record.output_tokens)
+        self._child(self.cache_miss_waste, model).inc(record.cache_miss_waste_dollars)
+        self._child(self.naive_cost, model).inc(record.naive_cost_dollars)
         if record.response_chunks:
             small = min(record.small_chunks, record.response_chunks)
-            self.response_chunks.labels(model, M.CHUNK_SIZE_SMALL).inc(small)
-            self.response_chunks.labels(model, M.CHUNK_SIZE_NORMAL).inc(
+            self._child(self.response_chunks, model, M.CHUNK_SIZE_SMALL).inc(small)
+            self._child(self.response_chunks, model, M.CHUNK_SIZE_NORMAL).inc(
                 record.response_chunks - small
             )
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
-        self.idle_cost.labels(self._pool(idle.pool)).inc(max(0.0, idle.dollars))
+        self._child(self.idle_cost, self._pool(idle.pool)).inc(max(0.0, idle.dollars))
 
     def shutdown(self) -> None:
         """Nothing buffered: metrics are updated as records arrive."""
