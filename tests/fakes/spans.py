@@ -1,82 +1,65 @@
-"""An in-memory span sink on the real OpenTelemetry SDK, shared by the tests."""
+"""Build collector SpanData directly, and an in-memory trace consumer, for unit tests."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from typing import Any
+import itertools
+from dataclasses import dataclass, field
 
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    SimpleSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tokenpath.collector.assembler import AssembledTrace
+from tokenpath.collector.spans import Attributes, SpanData, SpanEvent
 
-from tokenpath import attributes as attr
-from tokenpath.stages import StageId
+_ids = itertools.count(1)
 
 
-class SpanSink:
-    """A real SDK tracer provider exporting synchronously into memory."""
-
-    def __init__(self) -> None:
-        self.exporter = InMemorySpanExporter()
-        self.provider = TracerProvider(shutdown_on_exit=False)
-        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-
-    def spans(self) -> tuple[ReadableSpan, ...]:
-        return tuple(self.exporter.get_finished_spans())
-
-    def by_trace(self) -> dict[str, list[ReadableSpan]]:
-        out: dict[str, list[ReadableSpan]] = defaultdict(list)
-        for span in self.spans():
-            assert span.context is not None
-            out[format(span.context.trace_id, "032x")].append(span)
-        return dict(out)
-
-    def clear(self) -> None:
-        self.exporter.clear()
-
-    def shutdown(self) -> None:
-        self.provider.shutdown()
+def new_trace_id() -> str:
+    return format(next(_ids), "032x")
 
 
-class RaisingExporter(SpanExporter):
-    """An exporter that raises on every call (a broken backend)."""
+def span(
+    trace_id: str,
+    name: str = "span",
+    *,
+    span_id: str | None = None,
+    parent: str = "",
+    start: float = 1000.0,
+    end: float = 1001.0,
+    kind: int = 1,
+    attributes: Attributes | None = None,
+    events: list[SpanEvent] | None = None,
+) -> SpanData:
+    return SpanData(
+        trace_id=trace_id,
+        span_id=span_id or format(next(_ids), "016x"),
+        parent_span_id=parent,
+        name=name,
+        kind=kind,
+        start_unix_nano=int(start * 1e9),
+        end_unix_nano=int(end * 1e9),
+        attributes=dict(attributes or {}),
+        events=list(events or []),
+    )
 
-    def __init__(self) -> None:
-        self.calls = 0
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.calls += 1
-        raise RuntimeError("exporter is broken")
+@dataclass
+class TraceSink:
+    """Collects what an Assembler emits."""
+
+    traces: list[AssembledTrace] = field(default_factory=list)
+    shut: int = 0
+
+    def consume_trace(self, trace: AssembledTrace) -> None:
+        self.traces.append(trace)
 
     def shutdown(self) -> None:
-        pass
+        self.shut += 1
 
 
-def stage_entries(spans: Sequence[ReadableSpan]) -> Iterator[tuple[StageId, float, dict[str, Any]]]:
-    """Every stage recorded on ``spans``: (stage, seconds, attributes), both contract forms."""
-    for span in spans:
-        attributes = dict(span.attributes or {})
-        stage = attributes.get(attr.STAGE)
-        if stage is not None and span.start_time is not None and span.end_time is not None:
-            yield StageId(str(stage)), (span.end_time - span.start_time) / 1e9, attributes
-        for event in span.events:
-            if event.name == attr.STAGE_EVENT:
-                event_attributes = dict(event.attributes or {})
-                yield (StageId(str(event_attributes[attr.STAGE])),
-                       float(event_attributes[attr.STAGE_SECONDS]), event_attributes)
+class FakeClock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
 
+    def __call__(self) -> float:
+        return self.now
 
-def all_attribute_values(spans: Sequence[ReadableSpan]) -> Iterator[str]:
-    """Every attribute value (span, event, resource) as text, for content checks."""
-    for span in spans:
-        sources = [span.attributes or {}, span.resource.attributes]
-        sources.extend(event.attributes or {} for event in span.events)
-        for mapping in sources:
-            for value in mapping.values():
-                yield str(value)
-        yield span.name
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace import ProxyTracerProvider
 from tokenpath.instrumentation.safety import telemetry_errors
 
-from tests.fakes.spans import RaisingExporter
+from tests.fakes.otel_sink import RaisingExporter
 from tests.instrumentation.reference.support import send, serving, workload_requests
 
 REQUESTS = workload_requests(4, stream_share=0.5)

@@ -10,7 +10,7 @@ from tokenpath.instrumentation.gateway import (
     trace_headers,
 )
 
-from tests.fakes.spans import SpanSink, stage_entries
+from tests.fakes.otel_sink import SpanSink, stage_entries
 from tokenpath import attributes as attr
 from tokenpath.stages import StageId
 

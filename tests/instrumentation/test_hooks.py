@@ -8,7 +8,7 @@ from tokenpath.instrumentation.fingerprints import FingerprintConfig, prefix_fin
 from tokenpath.instrumentation.hooks import StageRecorder
 from tokenpath.instrumentation.safety import TelemetryErrors, guarded, telemetry_errors
 
-from tests.fakes.spans import SpanSink, stage_entries
+from tests.fakes.otel_sink import SpanSink, stage_entries
 from tokenpath import attributes as attr
 from tokenpath.config import ConfigError
 from tokenpath.stages import Phase, Provenance, StageId

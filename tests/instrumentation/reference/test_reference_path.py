@@ -11,7 +11,7 @@ from opentelemetry.trace import SpanKind
 from tokenpath.instrumentation.reference import SIMULATED_ENGINE_NAME
 from tokenpath.instrumentation.reference.ground_truth import GroundTruthWriter, read_ground_truth
 
-from tests.fakes.spans import SpanSink, all_attribute_values, stage_entries
+from tests.fakes.otel_sink import SpanSink, all_attribute_values, stage_entries
 from tests.instrumentation.reference.support import fast_config, send, serving, workload_requests
 from tokenpath import attributes as attr
 from tokenpath.stages import GPU_STAGES, STAGE_IDS, Phase, Provenance, StageId
