@@ -30,14 +30,14 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import NoOpTracerProvider, set_span_in_context
+
+from tokenpath import attributes as attr
 from tokenpath.instrumentation.hooks import StageRecorder
 from tokenpath.instrumentation.reference.engine import EngineConfig
 from tokenpath.instrumentation.reference.serving_path import (
     ReferencePathConfig,
     ReferenceServingPath,
 )
-
-from tokenpath import attributes as attr
 from tokenpath.stages import STAGE_IDS
 
 STAGE_RECORDING_TARGET = 0.25

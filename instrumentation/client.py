@@ -20,11 +20,11 @@ import httpx
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tokenpath import attributes as attr
 from tokenpath.instrumentation.engine_hooks import get_tracer
 from tokenpath.instrumentation.hooks import StageRecorder
 from tokenpath.instrumentation.safety import telemetry_errors
-
-from tokenpath import attributes as attr
 from tokenpath.stages import StageId
 
 DEFAULT_TIMEOUT_SECONDS = 120.0

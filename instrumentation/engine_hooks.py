@@ -21,10 +21,10 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from tokenpath.instrumentation.hooks import StageRecorder, write_stage_events
-from tokenpath.instrumentation.safety import telemetry_errors
 
 from tokenpath import attributes as attr
+from tokenpath.instrumentation.hooks import StageRecorder, write_stage_events
+from tokenpath.instrumentation.safety import telemetry_errors
 from tokenpath.stages import Phase, StageId
 
 INSTRUMENTATION_NAME = "tokenpath.instrumentation"

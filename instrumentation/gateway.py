@@ -34,6 +34,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tokenpath import attributes as attr
 from tokenpath.instrumentation.engine_hooks import get_tracer
 from tokenpath.instrumentation.hooks import StageRecorder
 from tokenpath.instrumentation.network import (
@@ -42,8 +44,6 @@ from tokenpath.instrumentation.network import (
     derive_network_stages,
 )
 from tokenpath.instrumentation.safety import telemetry_errors
-
-from tokenpath import attributes as attr
 from tokenpath.stages import Provenance, StageId
 
 Scope = MutableMapping[str, Any]

@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry.trace import Span
-from tokenpath.instrumentation.safety import telemetry_errors
 
 from tokenpath import attributes as attr
+from tokenpath.instrumentation.safety import telemetry_errors
 from tokenpath.stages import Phase, Provenance, StageId
 
 try:  # the SDK's event class, for the fast path

@@ -20,6 +20,8 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import TracerProvider
+
+from tokenpath.config import ConfigError
 from tokenpath.instrumentation.engine_hooks import EngineIdentity, EngineRequestTrace, get_tracer
 from tokenpath.instrumentation.fingerprints import FingerprintConfig, prefix_fingerprints
 from tokenpath.instrumentation.reference import SIMULATED_ENGINE_NAME
@@ -42,8 +44,6 @@ from tokenpath.instrumentation.reference.scheduler import (
 )
 from tokenpath.instrumentation.reference.tokenizer import TOY_VOCAB_SIZE
 from tokenpath.instrumentation.safety import telemetry_errors
-
-from tokenpath.config import ConfigError
 from tokenpath.roofline import GPUS, MODELS, Roofline, roofline_for
 from tokenpath.stages import Phase
 

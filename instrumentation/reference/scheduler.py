@@ -17,9 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenpath.instrumentation.reference.kv_cache import PagedKVCache
-
 from tokenpath.config import ConfigError
+from tokenpath.instrumentation.reference.kv_cache import PagedKVCache
 
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_BATCHED_TOKENS = 2048

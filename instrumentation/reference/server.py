@@ -20,6 +20,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
+
+from tokenpath import attributes as attr
 from tokenpath.instrumentation.gateway import (
     annotate,
     gateway_stage,
@@ -30,8 +32,6 @@ from tokenpath.instrumentation.reference import SIMULATED_ENGINE_LABEL
 from tokenpath.instrumentation.reference.engine import EngineOverloaded, SimulatedEngine
 from tokenpath.instrumentation.reference.gateway_parts import ApiKeyAuth, Router, TokenBucket
 from tokenpath.instrumentation.reference.tokenizer import ToyTokenizer
-
-from tokenpath import attributes as attr
 from tokenpath.stages import StageId
 
 DEFAULT_MAX_TOKENS = 64

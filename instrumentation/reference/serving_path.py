@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import uvicorn
 from fastapi import FastAPI
 from opentelemetry.trace import TracerProvider
+
+from tokenpath.config import ConfigError
 from tokenpath.instrumentation.gateway import GatewayConfig, GatewayInstrumentor
 from tokenpath.instrumentation.reference.engine import EngineConfig, SimulatedEngine
 from tokenpath.instrumentation.reference.gateway_parts import (
@@ -26,8 +28,6 @@ from tokenpath.instrumentation.reference.ground_truth import GroundTruthWriter
 from tokenpath.instrumentation.reference.kv_cache import KVCacheStats
 from tokenpath.instrumentation.reference.server import ServingComponents, create_app
 from tokenpath.instrumentation.reference.tokenizer import ToyTokenizer
-
-from tokenpath.config import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_REPLICAS = 2

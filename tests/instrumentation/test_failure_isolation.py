@@ -9,10 +9,10 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.trace import ProxyTracerProvider
-from tokenpath.instrumentation.safety import telemetry_errors
 
 from tests.fakes.otel_sink import RaisingExporter
 from tests.instrumentation.reference.support import send, serving, workload_requests
+from tokenpath.instrumentation.safety import telemetry_errors
 
 REQUESTS = workload_requests(4, stream_share=0.5)
 

@@ -3,15 +3,15 @@ from __future__ import annotations
 import httpx
 from fastapi import FastAPI
 from opentelemetry.trace import SpanKind
+
+from tests.fakes.otel_sink import SpanSink, stage_entries
+from tokenpath import attributes as attr
 from tokenpath.instrumentation.gateway import (
     GatewayInstrumentor,
     gateway_stage,
     mark_engine_handoff,
     trace_headers,
 )
-
-from tests.fakes.otel_sink import SpanSink, stage_entries
-from tokenpath import attributes as attr
 from tokenpath.stages import StageId
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -4,13 +4,13 @@ from typing import Any
 
 import pytest
 from opentelemetry.trace import NonRecordingSpan, SpanContext
-from tokenpath.instrumentation.fingerprints import FingerprintConfig, prefix_fingerprints
-from tokenpath.instrumentation.hooks import StageRecorder
-from tokenpath.instrumentation.safety import TelemetryErrors, guarded, telemetry_errors
 
 from tests.fakes.otel_sink import SpanSink, stage_entries
 from tokenpath import attributes as attr
 from tokenpath.config import ConfigError
+from tokenpath.instrumentation.fingerprints import FingerprintConfig, prefix_fingerprints
+from tokenpath.instrumentation.hooks import StageRecorder
+from tokenpath.instrumentation.safety import TelemetryErrors, guarded, telemetry_errors
 from tokenpath.stages import Phase, Provenance, StageId
 
 

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+
+from tokenpath.config import ConfigError
 from tokenpath.instrumentation.network import (
     ETHERNET_FRAMING_BYTES,
     IP_TCP_HEADER_BYTES,
@@ -8,8 +10,6 @@ from tokenpath.instrumentation.network import (
     ResponseTally,
     derive_network_stages,
 )
-
-from tokenpath.config import ConfigError
 
 
 def test_chunks_become_packets_and_small_ones_are_counted() -> None:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry.trace import TracerProvider
+
 from tokenpath.instrumentation.client import ClientResult, InstrumentedClient
 from tokenpath.instrumentation.reference.engine import EngineConfig
 from tokenpath.instrumentation.reference.ground_truth import GroundTruthWriter

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import pytest
-from tokenpath.instrumentation.reference.kv_cache import PagedKVCache, block_hashes
 
 from tokenpath.config import ConfigError
+from tokenpath.instrumentation.reference.kv_cache import PagedKVCache, block_hashes
 
 
 def test_block_hashes_chain_over_full_blocks_only() -> None:

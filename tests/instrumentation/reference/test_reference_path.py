@@ -8,12 +8,12 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
-from tokenpath.instrumentation.reference import SIMULATED_ENGINE_NAME
-from tokenpath.instrumentation.reference.ground_truth import GroundTruthWriter, read_ground_truth
 
 from tests.fakes.otel_sink import SpanSink, all_attribute_values, stage_entries
 from tests.instrumentation.reference.support import fast_config, send, serving, workload_requests
 from tokenpath import attributes as attr
+from tokenpath.instrumentation.reference import SIMULATED_ENGINE_NAME
+from tokenpath.instrumentation.reference.ground_truth import GroundTruthWriter, read_ground_truth
 from tokenpath.stages import GPU_STAGES, STAGE_IDS, Phase, Provenance, StageId
 
 # What the engine leaves to the collector: the split of its measured in-model time.

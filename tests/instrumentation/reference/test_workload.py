@@ -3,11 +3,11 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+
+from tokenpath.config import ConfigError
 from tokenpath.instrumentation.reference.server import ChatMessage, chat_template
 from tokenpath.instrumentation.reference.tokenizer import ToyTokenizer
 from tokenpath.instrumentation.reference.workload import WorkloadConfig, WorkloadGenerator
-
-from tokenpath.config import ConfigError
 
 
 def _kinds(shared: float, n: int = 400) -> Counter[str]:
