@@ -23,7 +23,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProv
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokenpath import attributes as attr
-from tokenpath.instrumentation.hooks import StageRecorder, write_stage_events
+from tokenpath.instrumentation.hooks import StageRecorder
 from tokenpath.instrumentation.safety import telemetry_errors
 from tokenpath.stages import Phase, StageId
 
@@ -189,7 +189,7 @@ class EngineRequestTrace:
                     end = first if phase is Phase.PREFILL else now
                     recorder.record(StageId.GPU_DISPATCH, totals.dispatch_seconds, phase=phase,
                                     end_ns=int(end * 1e9))
-            write_stage_events(span, recorder.entries)
+            recorder.flush()
             if error:
                 span.set_status(Status(StatusCode.ERROR))
         except Exception as exc:

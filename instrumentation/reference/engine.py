@@ -50,7 +50,7 @@ from tokenpath.stages import Phase
 DEFAULT_GPU = "H100-SXM"
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_TIME_SCALE = 1.0
-DEFAULT_NODE = "sim-node-0"
+DEFAULT_NODE = "sim-node"  # replica i runs on "<node>-<i>"
 DEFAULT_POOL = "sim-pool"
 
 
