@@ -271,9 +271,15 @@ class TokenpathGatewayMiddleware:
 
 
 class GatewayInstrumentor:
-    """Adds :class:`TokenpathGatewayMiddleware` around a Starlette/FastAPI app's stack."""
+    """Adds :class:`TokenpathGatewayMiddleware` around a Starlette/FastAPI app's stack.
+
+    ``instrument_app(app)`` instruments one app; ``instrument()`` makes every
+    ``fastapi.FastAPI`` created afterwards instrumented (apps whose module imported the
+    class before the call are not affected, as with OpenTelemetry's instrumentors).
+    """
 
     _ATTR = "_tokenpath_gateway_original_build"
+    _original_fastapi: Any = None
 
     def instrument_app(self, app: Any, tracer_provider: TracerProvider | None = None,
                        config: GatewayConfig | None = None) -> None:
@@ -303,3 +309,31 @@ class GatewayInstrumentor:
     @classmethod
     def is_instrumented(cls, app: Any) -> bool:
         return getattr(app, cls._ATTR, None) is not None
+
+    def instrument(self, tracer_provider: TracerProvider | None = None,
+                   config: GatewayConfig | None = None) -> None:
+        """Instrument every FastAPI app created from now on; a second call does nothing."""
+        import fastapi
+
+        if GatewayInstrumentor._original_fastapi is not None:
+            return
+        original = fastapi.FastAPI
+        instrumentor = self
+
+        class InstrumentedFastAPI(original):  # type: ignore[misc,valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                instrumentor.instrument_app(self, tracer_provider, config)
+
+        GatewayInstrumentor._original_fastapi = original
+        fastapi.FastAPI = InstrumentedFastAPI  # type: ignore[misc]
+
+    def uninstrument(self) -> None:
+        """Undo :meth:`instrument` (apps already created stay instrumented)."""
+        import fastapi
+
+        original = GatewayInstrumentor._original_fastapi
+        if original is None:
+            return
+        fastapi.FastAPI = original  # type: ignore[misc]
+        GatewayInstrumentor._original_fastapi = None

@@ -83,3 +83,28 @@ def test_helpers_are_no_ops_outside_an_instrumented_request() -> None:
         pass
     mark_engine_handoff()
     assert trace_headers() == {}
+
+
+def test_global_instrument_covers_apps_created_afterwards_and_is_idempotent() -> None:
+    import fastapi
+
+    sink = SpanSink()
+    instrumentor = GatewayInstrumentor()
+    original = fastapi.FastAPI
+    instrumentor.instrument(tracer_provider=sink.provider)
+    instrumentor.instrument(tracer_provider=sink.provider)
+    try:
+        app = fastapi.FastAPI()
+
+        @app.post("/v1/echo")
+        async def echo() -> dict[str, str]:
+            return {}
+
+        assert GatewayInstrumentor.is_instrumented(app)
+        assert _call(app).status_code == 200
+        assert len([s for s in sink.spans() if s.kind is SpanKind.SERVER]) == 1
+    finally:
+        instrumentor.uninstrument()
+        instrumentor.uninstrument()
+    assert fastapi.FastAPI is original
+    assert not GatewayInstrumentor.is_instrumented(fastapi.FastAPI())
