@@ -114,6 +114,7 @@ def run_demo(config: DemoConfig, out: Console) -> int:
     from tokenpath.instrumentation.reference.workload import WorkloadConfig, WorkloadGenerator
 
     config.validate()
+    started_unix = time.time()
     token = auth_token()
     Path(config.store_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
     collector = CollectorService(CollectorConfig(
@@ -146,7 +147,7 @@ def run_demo(config: DemoConfig, out: Console) -> int:
         provider.shutdown()
         if truth is not None:
             truth.shutdown()
-    return _report_and_stop(collector, config, out)
+    return _report_and_stop(collector, config, out, started_unix)
 
 
 def _drive_with_progress(base_url: str, provider: TracerProvider, workload: WorkloadGenerator,
@@ -181,7 +182,10 @@ def _drive_with_progress(base_url: str, provider: TracerProvider, workload: Work
             out.print("[yellow]interrupted: stopping the workload and printing the report[/]")
 
 
-def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Console) -> int:
+def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Console,
+                     started_unix: float) -> int:
+    """Flush the collector and print the report of this run's requests (the store may
+    hold earlier runs too)."""
     from tokenpath.cli.render import render_report
     from tokenpath.report import build_report
 
@@ -189,15 +193,16 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
         time.sleep(0.2)  # let the last OTLP export land
         collector.assembler.flush()
         collector.store.flush()
-        records = collector.store.records()
-        report = build_report(records, collector.store.idle_cost_dollars())
+        records = collector.store.records(since_unix=started_unix)
+        report = build_report(records, collector.store.idle_cost_dollars(started_unix))
     finally:
         collector.shutdown()
     out.print()
     render_report(report, out)
     out.print()
-    out.print(f"Stored {report.requests} request records in {config.store_path}.")
-    out.print(f"Explore them: [bold]tokenpath report --store {config.store_path}[/], or run "
+    out.print(f"This run: {report.requests} request records, stored in {config.store_path}.")
+    out.print(f"Explore all stored runs: [bold]tokenpath report --store {config.store_path}[/]"
+              ", or run "
               f"[bold]tokenpath collector --store {config.store_path}[/] and open the UI at "
               f"http://{config.collector_host}:{config.collector_port or 4318}/")
     if config.ground_truth:
