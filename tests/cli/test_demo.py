@@ -65,3 +65,17 @@ def test_demo_reports_all_15_stages_and_prefix_sharing_raises_the_hit_ratio(
     assert high["prefix_cache_hit_ratio"] > low["prefix_cache_hit_ratio"]
     assert all(r["simulated"] for r in records)
     assert all(len(r["trace_id"]) == 32 for r in records)
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--rps", "0"], "--rps"),
+    (["--time-scale", "0"], "--time-scale"),
+    (["--shared-prefix", "2"], "--shared-prefix"),
+    (["--collector-http", "nonsense"], "--collector-http"),
+    (["--model", "gpt-9"], "--model"),
+    (["--engine", "vllm"], "--engine vllm"),
+])
+def test_demo_rejects_bad_options_naming_the_flag(args: list[str], flag: str) -> None:
+    result = CliRunner().invoke(app, ["demo", *args])
+    assert result.exit_code != 0
+    assert flag in result.output

@@ -117,10 +117,14 @@ def run_demo(config: DemoConfig, out: Console) -> int:
     started_unix = time.time()
     token = auth_token()
     Path(config.store_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    collector = CollectorService(CollectorConfig(
-        http_host=config.collector_host, http_port=config.collector_port, grpc_port=None,
-        store_path=str(Path(config.store_path).expanduser()), auth_token=token,
-    ))
+    try:
+        collector = CollectorService(CollectorConfig(
+            http_host=config.collector_host, http_port=config.collector_port, grpc_port=None,
+            store_path=str(Path(config.store_path).expanduser()), auth_token=token,
+        ))
+    except ConfigError as exc:
+        key = {"http": "collector-http", "store": "store"}.get(exc.key, exc.key)
+        raise ConfigError(key, str(exc).removeprefix(f"{exc.key}: ")) from exc
     collector.start()
     provider = _tracer_provider(collector.http_url, token)
     truth = GroundTruthWriter(config.ground_truth) if config.ground_truth else None
@@ -262,8 +266,8 @@ def register(app: typer.Typer) -> None:
             EngineConfig(gpu=gpu, model=model, tensor_parallel=tensor_parallel,
                          time_scale=time_scale).validate()
         except ConfigError as exc:
-            fail(f"--{exc.key}: {exc}")
+            fail(f"--{exc}")
         try:
             run_demo(config, console)
         except ConfigError as exc:
-            fail(f"--{exc.key}: {exc}")
+            fail(f"--{exc}")
