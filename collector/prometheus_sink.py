@@ -167,6 +167,14 @@ class _SelfTelemetry(Collector):
         for receiver, n in sorted(s.metric_points_received.items()):
             points.add_metric([receiver], n)
         yield points
+        points_dropped = counter(M.METRIC_POINTS_DROPPED)
+        for reason, n in sorted(s.metric_points_dropped.items()):
+            points_dropped.add_metric([reason], n)
+        yield points_dropped
+        events_dropped = counter(M.SPAN_EVENTS_DROPPED)
+        for reason, n in sorted(s.events_dropped.items()):
+            events_dropped.add_metric([reason], n)
+        yield events_dropped
         yield CounterMetricFamily(M.SPANS_UNMAPPED.name, M.SPANS_UNMAPPED.help,
                                   value=s.spans_unmapped)
         yield CounterMetricFamily(M.RECORDS_STORED.name, M.RECORDS_STORED.help,
