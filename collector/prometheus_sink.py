@@ -20,6 +20,7 @@ from tokenpath.records import RequestRecord
 
 DEFAULT_MAX_MODELS = 50
 DEFAULT_MAX_POOLS = 50
+DEFAULT_MAX_STATUSES = 50
 
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                  0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -70,11 +71,13 @@ class PrometheusSink:
         stats: CollectorStats | None = None,
         max_models: int = DEFAULT_MAX_MODELS,
         max_pools: int = DEFAULT_MAX_POOLS,
+        max_statuses: int = DEFAULT_MAX_STATUSES,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._stats = stats or CollectorStats()
         self._model = BoundedLabel(M.LABEL_MODEL, max_models, self._stats)
         self._pool = BoundedLabel(M.LABEL_POOL, max_pools, self._stats)
+        self._status = BoundedLabel(M.LABEL_STATUS, max_statuses, self._stats)
         r = self.registry
         self.requests = _counter(M.REQUESTS, r)
         self.stage_duration = _histogram(M.STAGE_DURATION, r, STAGE_BUCKETS)
@@ -86,11 +89,11 @@ class PrometheusSink:
         self.cache_miss_waste = _counter(M.CACHE_MISS_WASTE, r)
         self.naive_cost = _counter(M.NAIVE_COST, r)
         self.response_chunks = _counter(M.RESPONSE_CHUNKS, r)
-        r.register(_SelfTelemetry(self._stats, [self._model, self._pool]))
+        r.register(_SelfTelemetry(self._stats, [self._model, self._pool, self._status]))
 
     def consume_record(self, record: RequestRecord) -> None:
         model = self._model(record.model)
-        self.requests.labels(model, record.status).inc()
+        self.requests.labels(model, self._status(record.status)).inc()
         for timing in record.ordered_stages():
             stage = timing.stage.value
             self.stage_duration.labels(stage, model).observe(timing.seconds)

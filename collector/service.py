@@ -55,7 +55,8 @@ class CollectorService:
         )
         self.prometheus = PrometheusSink(self.registry, self.stats,
                                          max_models=config.limits.max_label_values,
-                                         max_pools=config.limits.max_label_values)
+                                         max_pools=config.limits.max_label_values,
+                                         max_statuses=config.limits.max_label_values)
         self.node_metrics = NodeMetricsState()
         sinks = FanOut([self.prometheus, self.store])
         self.attributor = build_attributor(sinks, config, self.node_metrics)
