@@ -57,6 +57,10 @@ def _rejected(url: str, status: str) -> float:
     (b"{not json", JSON_HEADERS),
     (b"[1, 2]", JSON_HEADERS),
     (b'{"resourceSpans": "not a list"}', JSON_HEADERS),
+    (b'{"resourceSpans": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", JSON_HEADERS),
+    (b'{"a":' * 3000 + b"1" + b"}" * 3000, JSON_HEADERS),
+    (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "\\ud800"}]}]}]}',
+     JSON_HEADERS),
 ])
 def test_malformed_payload_is_400_with_status_in_request_encoding(
         make_service: ServiceFactory, body: bytes, headers: dict[str, str]) -> None:
