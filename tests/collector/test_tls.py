@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ssl
+import subprocess
+import time
 from pathlib import Path
 
 import grpc
@@ -16,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from tests.collector.conftest import ServiceFactory, wait_for
 from tests.support.certs import CertFiles, make_certs
 from tests.support.otlp import PROTOBUF_HEADERS, export_request, request_span
+from tests.support.processes import free_port, run_cli, tokenpath_cmd
 from tokenpath import attributes as A
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.receivers.grpc import TRACE_SERVICE
@@ -138,3 +141,34 @@ def test_tls_options_from_flags_env_and_file(certs: CertFiles, tmp_path: Path,
     with pytest.raises(ConfigError) as err:
         CollectorConfig.from_sources(store=str(tmp_path / "s.db"), file={"tls": {"ca": "x"}})
     assert err.value.key == "tls.ca"
+
+
+def test_collector_cli_tls_flags(certs: CertFiles, tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        tokenpath_cmd("collector", "--http", f"127.0.0.1:{port}", "--grpc", "off",
+                      "--store", str(tmp_path / "s.db"), "--tls-cert", str(certs.server_cert),
+                      "--tls-key", str(certs.server_key), "--tls-client-ca", str(certs.ca)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        context = _client_context(certs.ca, certs)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                response = httpx.get(f"https://127.0.0.1:{port}/healthz", verify=context,
+                                     timeout=2)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.1)
+        assert response.status_code == 200
+        with pytest.raises(httpx.HTTPError):  # no client certificate
+            httpx.get(f"https://127.0.0.1:{port}/healthz", verify=_client_context(certs.ca),
+                      timeout=2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    half = run_cli("collector", "--store", str(tmp_path / "s.db"), "--tls-cert",
+                   str(certs.server_cert))
+    assert half.returncode == 2
+    assert "tls.key" in half.stderr
