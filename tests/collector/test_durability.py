@@ -105,3 +105,29 @@ def test_sigkill_mid_stream_keeps_every_committed_record(tmp_path: Path) -> None
         listed = httpx.get(f"{again.http_url}/api/requests", params={"limit": 10_000},
                            timeout=5).json()
     assert {r["trace_id"] for r in listed} == stored.keys()
+
+
+def test_200_means_buffered_and_shutdown_writes_it(tmp_path: Path) -> None:
+    """The spans are in the assembler's buffer when the 200 arrives (before any record
+    exists); shutting down writes them to the store file."""
+    from tokenpath.collector.assembler import AssemblerConfig
+    from tokenpath.collector.config import CollectorConfig
+    from tokenpath.collector.service import CollectorService
+
+    store = tmp_path / "store.db"
+    held = AssemblerConfig(root_grace_seconds=600, idle_timeout_seconds=600)
+    service = CollectorService(CollectorConfig(http_port=0, grpc_port=None,
+                                               store_path=str(store), assembler=held))
+    service.start()
+    try:
+        spans = [request_span() for _ in range(3)]
+        response = httpx.post(f"{service.http_url}/v1/traces", headers=PROTOBUF_HEADERS,
+                              content=export_request(spans).SerializeToString(), timeout=5)
+        assert response.status_code == 200
+        assert service.stats.spans_buffered == 3
+        assert service.store.count() == 0
+    finally:
+        service.shutdown()
+    with sqlite3.connect(store) as db:
+        stored = {trace_id for (trace_id,) in db.execute("SELECT trace_id FROM requests")}
+    assert stored == {span.trace_id.hex() for span in spans}
