@@ -109,6 +109,10 @@ LABEL_OVERFLOW = _m("collector_label_values_overflow", "counter", ("label",),
                     "Label values replaced by 'other' past the cardinality cap.")
 METRIC_POINTS_RECEIVED = _m("collector_metric_points_received", "counter", (LABEL_RECEIVER,),
                             "OTLP metric data points accepted.")
+METRIC_POINTS_DROPPED = _m("collector_metric_points_dropped", "counter", (LABEL_REASON,),
+                           "OTLP metric data points dropped (series cap), by reason.")
+SPAN_EVENTS_DROPPED = _m("collector_span_events_dropped", "counter", (LABEL_REASON,),
+                         "Span events dropped on ingest (events per span, GenAI content).")
 
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
