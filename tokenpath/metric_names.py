@@ -171,3 +171,19 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     ENGINE_PREFIX_QUERY_TOKENS, ENGINE_REQUESTS_RUNNING, ENGINE_REQUESTS_WAITING,
     ENGINE_KV_USAGE, ENGINE_SPEC_DRAFT, ENGINE_SPEC_ACCEPTED,
 )
+
+# Label names and values used by the cost and response-chunk metrics above (appended for the
+# dashboards and rules, issue 6/9; the spellings match the metric specs).
+LABEL_CONTEXT_BUCKET: Final = "context_bucket"
+LABEL_SIZE: Final = "size"
+CHUNK_SIZE_SMALL: Final = "small"
+# Scrape-target labels set by the Prometheus scrape config (deploy/), not by the exporters.
+LABEL_JOB: Final = "job"
+LABEL_INSTANCE: Final = "instance"
+# The histogram bucket bound label and series suffixes Prometheus exposes.
+LABEL_LE: Final = "le"
+HISTOGRAM_BUCKET_SUFFIX: Final = "_bucket"
+HISTOGRAM_COUNT_SUFFIX: Final = "_count"
+HISTOGRAM_SUM_SUFFIX: Final = "_sum"
+# Prometheus's own per-target health series.
+UP_SERIES: Final = "up"
