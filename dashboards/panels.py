@@ -17,9 +17,9 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as common_models
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 from grafana_foundation_sdk.models.text import TextMode
+from tokenpath.dashboards import queries as q
 
 from tokenpath import metric_names as mn
-from tokenpath.dashboards import queries as q
 
 PROMETHEUS_PLUGIN = "prometheus"
 DATASOURCE_REF = dashboard_models.DataSourceRef(type_val=PROMETHEUS_PLUGIN,
@@ -92,7 +92,8 @@ def text_panel(title: str, markdown: str, *, width: int = FULL_WIDTH,
             .height(height).span(width))
 
 
-def _query_variable(name: str, label: str, metric: mn.MetricSpec) -> dashboard_builders.QueryVariable:
+def _query_variable(name: str, label: str,
+                    metric: mn.MetricSpec) -> dashboard_builders.QueryVariable:
     return (dashboard_builders.QueryVariable(name).label(label)
             .query(f"label_values({metric.series}, {name})")
             .datasource(DATASOURCE_REF)

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from tokenpath.dashboards import queries as q
 
 from tokenpath import metric_names as mn
 from tokenpath.config import ConfigError
-from tokenpath.dashboards import queries as q
 
 SEVERITY_CRITICAL = "critical"
 SEVERITY_WARNING = "warning"
@@ -214,6 +214,9 @@ def alert_rules(params: RuleParams) -> list[dict[str, Any]]:
             f"(error ratio now {percent}).",
             "ttft-slo-burn"))
     now_cost = cost_per_token_series(params.rate_window)
+    by_instance_reason = (mn.LABEL_INSTANCE, mn.LABEL_REASON)
+    dropped = q.sum_rate(mn.SPANS_DROPPED.series, params.rate_window, by=by_instance_reason)
+    evicted = q.sum_rate(mn.TRACES_EVICTED.series, params.rate_window, by=by_instance_reason)
     alerts += [
         _alert(params, "TokenpathCostPerTokenSpike",
                f"{now_cost}\n> on({mn.LABEL_MODEL}) {params.cost_spike_factor:g} * "
@@ -234,16 +237,14 @@ def alert_rules(params: RuleParams) -> list[dict[str, Any]]:
                f"(threshold ${params.miss_waste_dollars_per_hour:g}/h).",
                "cache-miss-waste-high"),
         _alert(params, "TokenpathCollectorDroppingSpans",
-               f"{q.sum_rate(mn.SPANS_DROPPED.series, params.rate_window, by=(mn.LABEL_INSTANCE, mn.LABEL_REASON))}"
-               f" > {params.collector_drop_per_second:g}",
+               f"{dropped} > {params.collector_drop_per_second:g}",
                params.collector_for, SEVERITY_WARNING,
                f"Collector {instance} drops spans",
                f"Collector {instance} drops {value} spans/s "
                f"(reason {{{{ $labels.{mn.LABEL_REASON} }}}}).",
                "collector-dropping-or-evicting"),
         _alert(params, "TokenpathCollectorEvictingTraces",
-               f"{q.sum_rate(mn.TRACES_EVICTED.series, params.rate_window, by=(mn.LABEL_INSTANCE, mn.LABEL_REASON))}"
-               f" > {params.collector_evict_per_second:g}",
+               f"{evicted} > {params.collector_evict_per_second:g}",
                params.collector_for, SEVERITY_WARNING,
                f"Collector {instance} evicts in-flight traces",
                f"Collector {instance} evicts {value} traces/s "
