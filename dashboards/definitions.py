@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import dashboard as dashboard_builders
 from grafana_foundation_sdk.models import dashboard as dashboard_models
-from tokenpath.dashboards import panels as p
-from tokenpath.dashboards import queries as q
 
 from tokenpath import metric_names as mn
+from tokenpath.dashboards import panels as p
+from tokenpath.dashboards import queries as q
 from tokenpath.stages import STAGES, Phase, Provenance, Stage, StageGroup
 
 W = q.RATE_INTERVAL

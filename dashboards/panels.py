@@ -17,9 +17,9 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as common_models
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 from grafana_foundation_sdk.models.text import TextMode
-from tokenpath.dashboards import queries as q
 
 from tokenpath import metric_names as mn
+from tokenpath.dashboards import queries as q
 
 PROMETHEUS_PLUGIN = "prometheus"
 DATASOURCE_REF = dashboard_models.DataSourceRef(type_val=PROMETHEUS_PLUGIN,

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from tokenpath.dashboards import queries as q
 
 from tokenpath import metric_names as mn
 from tokenpath.config import ConfigError
+from tokenpath.dashboards import queries as q
 
 SEVERITY_CRITICAL = "critical"
 SEVERITY_WARNING = "warning"

@@ -9,13 +9,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tokenpath.dashboards import generate
-from tokenpath.dashboards import queries as q
-from tokenpath.dashboards.definitions import DASHBOARDS, STAGE_QUANTILES
 from typer.testing import CliRunner
 
 from tokenpath import metric_names as mn
 from tokenpath.cli.main import app
+from tokenpath.dashboards import generate
+from tokenpath.dashboards import queries as q
+from tokenpath.dashboards.definitions import DASHBOARDS, STAGE_QUANTILES
 from tokenpath.stages import STAGE_IDS, STAGES
 
 REPO = Path(__file__).resolve().parents[2]

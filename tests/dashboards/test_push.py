@@ -8,13 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tokenpath.dashboards import generate
-from tokenpath.dashboards.definitions import DASHBOARDS
-from tokenpath.dashboards.push import DashboardPusher, PushConfig, PushError
 from typer.testing import CliRunner
 
 from tests.fakes.grafana_api import GrafanaDouble
 from tokenpath.cli.main import app
+from tokenpath.dashboards import generate
+from tokenpath.dashboards.definitions import DASHBOARDS
+from tokenpath.dashboards.push import DashboardPusher, PushConfig, PushError
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "service-account-token"

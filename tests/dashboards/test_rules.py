@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tokenpath.dashboards import generate, rules
 
 from tokenpath.config import ConfigError
+from tokenpath.dashboards import generate, rules
 
 REPO = Path(__file__).resolve().parents[2]
 RULES_DIR = REPO / generate.RULES_FILE.parent
