@@ -10,9 +10,17 @@ from __future__ import annotations
 
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+    start_http_server,
+)
 
 from tokenpath import metric_names as mn
 from tokenpath.collector.prometheus_sink import PrometheusSink
@@ -61,9 +69,11 @@ class StandInExporter:
         self.collector_registry = CollectorRegistry()
         self.agent_registry = CollectorRegistry()
         self._sink = PrometheusSink(registry=self.collector_registry)
+        # Metrics the collector on main does not emit yet (cost issue 4/9).
+        self._extra_registry = CollectorRegistry()
         self._context_cost = Counter(mn.LONG_CONTEXT_COST.name, mn.LONG_CONTEXT_COST.help,
                                      mn.LONG_CONTEXT_COST.labels,
-                                     registry=self.collector_registry)
+                                     registry=self._extra_registry)
         self._agent: dict[str, Any] = {}
         for spec in mn.AGENT_METRICS:
             kind = Counter if spec.type == "counter" else Gauge
@@ -77,10 +87,33 @@ class StandInExporter:
         self.agent_port = 0
         self._count = 0
 
+    def collector_metrics_text(self) -> str:
+        """What the collector's /metrics serves (its sink's render) plus the stand-in extras."""
+        return self._sink.render() + generate_latest(self._extra_registry).decode("utf-8")
+
+    def _collector_server(self) -> ThreadingHTTPServer:
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:
+                body = exporter.collector_metrics_text().encode("utf-8")
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
     def start(self) -> None:
-        for registry in (self.collector_registry, self.agent_registry):
-            server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
-            self._servers.append(server)
+        self._servers.append(self._collector_server())
+        agent_server, _ = start_http_server(0, addr="127.0.0.1", registry=self.agent_registry)
+        self._servers.append(agent_server)
         self.collector_port = self._servers[0].server_port
         self.agent_port = self._servers[1].server_port
         self._thread.start()
