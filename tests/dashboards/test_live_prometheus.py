@@ -1,11 +1,11 @@
-"""Live: a real Prometheus (Debian package) scrapes a collector- and agent-shaped source,
-evaluates every dashboard panel query and the generated rules with minute-scale windows;
-switching the workload to unique prompts drops the hit ratio and the cache-regression
-alert travels Prometheus -> Alertmanager -> a webhook receiver in this test.
+"""Live: a real Prometheus (Debian package) scrapes a real `tokenpath collector` fed OTLP
+request traces, evaluates every dashboard panel query and the generated rules with
+minute-scale windows; switching the workload to unique prompts drops the hit ratio and the
+cache-regression alert travels Prometheus -> Alertmanager -> a webhook receiver here.
 
-The metrics source is a stand-in (tests/dashboards/standin_exporter.py: the collector's
-real PrometheusSink fed synthetic records, plus agent-shaped metrics) until the demo and
-the agent are on main.
+Until the demo (2/9), cost attribution (4/9) and the agent (5/9) are on main, the traces
+come from a synthetic workload (tests/dashboards/otlp_workload.py) and the agent and cost
+metrics from a stand-in (tests/dashboards/standin_exporter.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 
 from tests.dashboards import prometheus_stack as stack
-from tests.dashboards.standin_exporter import MODEL, StandInExporter
+from tests.dashboards.otlp_workload import CollectorProcess, SpanWorkload
+from tests.dashboards.standin_exporter import StandInExporter
+from tokenpath import metric_names as mn
 from tokenpath.dashboards import generate, rules
 from tokenpath.dashboards import queries as q
 from tokenpath.dashboards.definitions import VAR_BASELINE
@@ -30,6 +32,8 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTOR_JOB = "tokenpath-collector"
+STANDIN_COST_JOB = "tokenpath-standin-cost"
+MODEL = "live-model"
 # Minute-scale rule parameters: same expressions as production, shorter windows.
 LIVE_PARAMS = rules.RuleParams(
     evaluation_interval="1s", rate_window="10s", hit_baselines=("20s",), hit_for="3s",
@@ -72,28 +76,35 @@ def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     workdir = tmp_path_factory.mktemp("live-prometheus")
     rule_file = workdir / "rules.yml"
     rule_file.write_text(rules.rules_yaml(LIVE_PARAMS), encoding="utf-8")
-    source = StandInExporter()
+    collector = CollectorProcess(workdir, "collector")
+    workload = SpanWorkload(collector.http_url, MODEL)
+    source = StandInExporter(MODEL)
     webhook = stack.WebhookReceiver()
     processes: list[stack.ManagedProcess] = []
     try:
+        collector.wait_ready()
+        workload.start()
         source.start()
         webhook.start()
         am_process, am_url = stack.start_alertmanager(alertmanager, workdir, webhook.url)
         processes.append(am_process)
         prom_process, prom_url = stack.start_prometheus(
             prometheus, workdir,
-            {COLLECTOR_JOB: [f"127.0.0.1:{source.collector_port}"],
+            {COLLECTOR_JOB: [collector.http_url.removeprefix("http://")],
+             STANDIN_COST_JOB: [f"127.0.0.1:{source.cost_port}"],
              LIVE_PARAMS.agent_job: [f"127.0.0.1:{source.agent_port}"]},
             rule_file, am_url)
         processes.append(prom_process)
         time.sleep(WARMUP_SECONDS)
-        yield {"prometheus": prom_url, "alertmanager": am_url, "source": source,
+        yield {"prometheus": prom_url, "alertmanager": am_url, "workload": workload,
                "webhook": webhook, "workdir": workdir}
     finally:
         for process in reversed(processes):
             process.stop()
         webhook.shutdown()
         source.shutdown()
+        workload.shutdown()
+        collector.stop()
 
 
 def test_every_dashboard_panel_query_returns_data(live_stack: dict[str, Any]) -> None:
@@ -124,6 +135,14 @@ def test_every_dashboard_panel_query_returns_data(live_stack: dict[str, Any]) ->
     assert failures == []
 
 
+def test_request_metrics_come_from_the_real_collector(live_stack: dict[str, Any]) -> None:
+    for spec in (mn.TOKENS, mn.REQUESTS):
+        reply = stack.instant_query(live_stack["prometheus"],
+                                    f"count by ({mn.LABEL_JOB}) ({spec.series})")
+        jobs = {r["metric"][mn.LABEL_JOB] for r in reply["data"]["result"]}
+        assert jobs == {COLLECTOR_JOB}, spec.name
+
+
 def test_recording_rules_evaluate(live_stack: dict[str, Any]) -> None:
     reply = stack.instant_query(live_stack["prometheus"], rules.hit_ratio_series(LIVE_PARAMS))
     assert reply["status"] == "success"
@@ -133,10 +152,10 @@ def test_recording_rules_evaluate(live_stack: dict[str, Any]) -> None:
 
 def test_unique_prompts_fire_the_cache_regression_alert_to_the_webhook(
         live_stack: dict[str, Any]) -> None:
-    source: StandInExporter = live_stack["source"]
+    workload: SpanWorkload = live_stack["workload"]
     webhook: stack.WebhookReceiver = live_stack["webhook"]
     assert not [a for a in webhook.alerts() if a["labels"]["alertname"] == REGRESSION_ALERT]
-    source.unique_prompts.set()
+    workload.unique_prompts.set()
     deadline = time.monotonic() + ALERT_TIMEOUT_SECONDS
     received: list[dict[str, Any]] = []
     while time.monotonic() < deadline and not received:
