@@ -66,7 +66,13 @@ def _ref_id(index: int) -> str:
 def timeseries_panel(title: str, description: str, queries: Sequence[Query], unit: str,
                      *, stacked: bool = False, width: int = HALF_WIDTH) -> timeseries.Panel:
     panel = (timeseries.Panel().title(title).description(description).unit(unit)
-             .datasource(DATASOURCE_REF).height(PANEL_HEIGHT).span(width))
+             .datasource(DATASOURCE_REF).height(PANEL_HEIGHT).span(width)
+             .legend(common_builders.VizLegendOptions()
+                     .display_mode(common_models.LegendDisplayMode.LIST)
+                     .placement(common_models.LegendPlacement.BOTTOM).show_legend(True))
+             .tooltip(common_builders.VizTooltipOptions()
+                      .mode(common_models.TooltipDisplayMode.MULTI)
+                      .sort(common_models.SortOrder.DESCENDING)))
     for index, query in enumerate(queries):
         panel = panel.with_target(_target(query, _ref_id(index)))
     if stacked:
