@@ -212,6 +212,8 @@ class SimulatedEngine:
         now = time.time()
         for seq in plan.newly_admitted:
             self._admitted(seq, now)
+        for seq in plan.out_of_blocks:
+            self._complete(seq, "length")
         if plan.empty:  # blocks are held by nothing runnable: wait for frees
             await asyncio.sleep(self.roofline.step_overhead_seconds * self.config.time_scale)
             return
@@ -247,11 +249,14 @@ class SimulatedEngine:
                 state.emitted += 1
                 state.tokens.put_nowait(token)
         for seq in finished:
-            state = seq.payload
-            assert isinstance(state, _RequestState)
-            state.done = True
-            self._finish(seq, state, finish_reason="length")
-            state.tokens.put_nowait(None)
+            self._complete(seq, "length")
+
+    def _complete(self, seq: Sequence, finish_reason: str) -> None:
+        state = seq.payload
+        assert isinstance(state, _RequestState)
+        state.done = True
+        self._finish(seq, state, finish_reason=finish_reason)
+        state.tokens.put_nowait(None)
 
     def _admitted(self, seq: Sequence, now: float) -> None:
         state = seq.payload

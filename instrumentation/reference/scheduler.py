@@ -69,6 +69,9 @@ class StepPlan:
     prefills: list[PrefillChunk] = field(default_factory=list)
     decodes: list[Sequence] = field(default_factory=list)
     newly_admitted: list[Sequence] = field(default_factory=list)
+    # sequences that filled the whole cache alone: finished now, as vLLM ends a request at
+    # its length limit
+    out_of_blocks: list[Sequence] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -122,6 +125,8 @@ class ContinuousBatchingScheduler:
             while not self.kv.can_append(seq.seq_id):
                 victim = self._preemption_victim(seq)
                 if victim is None:
+                    self._finish(seq)
+                    plan.out_of_blocks.append(seq)
                     break
                 self._preempt(victim)
             if seq not in self.running or not self.kv.can_append(seq.seq_id) or budget < 1:

@@ -95,3 +95,15 @@ def test_a_decode_without_blocks_preempts_the_newest_sequence() -> None:
     assert plan.decodes == [a]
     assert b.preemptions == 1 and list(sched.waiting) == [b]
     assert b.prompt_ids == [3, 4, 7]  # recomputed with its generated token
+
+
+def test_a_sequence_that_fills_the_whole_cache_alone_is_finished_not_stuck() -> None:
+    sched = _scheduler(blocks=2, block_tokens=2, max_seqs=4, budget=64)
+    seq = Sequence("only", [1, 2, 3], max_tokens=10)  # 2 blocks, full after one token
+    sched.add(seq)
+    sched.complete_step(sched.schedule(), _token)
+    assert seq.output_ids == [7]
+    plan = sched.schedule()  # the next token needs a third block that does not exist
+    assert plan.out_of_blocks == [seq] and plan.empty
+    assert seq.finished and not sched.has_work
+    assert sched.kv.free_blocks == 2
