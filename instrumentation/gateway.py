@@ -182,10 +182,13 @@ class TokenpathGatewayMiddleware:
                 await send(message)
                 t1 = time.perf_counter()
                 if body:
-                    if request.ttft is None:
-                        request.ttft = t0 - request.started
-                    request.write_seconds += t1 - t0
-                    request.tally.add_chunk(len(body), link)
+                    try:
+                        if request.ttft is None:
+                            request.ttft = t0 - request.started
+                        request.write_seconds += t1 - t0
+                        request.tally.add_chunk(len(body), link)
+                    except Exception as exc:
+                        telemetry_errors.count("gateway.send", exc)
                 return
             if message.get("type") == "http.response.start":
                 status_code = int(message.get("status", 0))
