@@ -19,6 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
 from tokenpath import attributes as attr
@@ -30,6 +31,7 @@ from tokenpath.instrumentation.gateway import (
 )
 from tokenpath.instrumentation.reference import SIMULATED_ENGINE_LABEL
 from tokenpath.instrumentation.reference.engine import EngineOverloaded, SimulatedEngine
+from tokenpath.instrumentation.reference.engine_metrics import engine_registry
 from tokenpath.instrumentation.reference.gateway_parts import ApiKeyAuth, Router, TokenBucket
 from tokenpath.instrumentation.reference.tokenizer import ToyTokenizer
 from tokenpath.stages import StageId
@@ -92,6 +94,12 @@ def create_app(parts: ServingComponents) -> FastAPI:
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "engine": SIMULATED_ENGINE_LABEL}
+
+    registry = engine_registry(parts.engines)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

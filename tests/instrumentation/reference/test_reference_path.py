@@ -209,3 +209,24 @@ def test_auth_and_rate_limit_refusals_are_served_and_traced() -> None:
     client_spans = [s for s in sink.spans() if s.name == attr.SPAN_REQUEST]
     assert sorted(s.status.status_code.name for s in client_spans) == ["ERROR", "ERROR",
                                                                         "UNSET"]
+
+
+def test_engine_metrics_page_in_vllm_format_matches_the_spans() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tokenpath import metric_names as names
+
+    sink = SpanSink()
+    with serving(sink.provider) as path:
+        send(path, sink.provider, workload_requests(6))
+        page = httpx.get(f"{path.base_url}/metrics").text
+    values: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            assert sample.labels[names.VLLM_LABEL_MODEL_NAME] == path.config.engine.model
+            values[sample.name] += sample.value
+    assert values[names.VLLM_PREFIX_CACHE_HITS + "_total"] == pytest.approx(
+        _hit_ratio(sink) * values[names.VLLM_PREFIX_CACHE_QUERIES + "_total"])
+    assert values[names.VLLM_NUM_REQUESTS_RUNNING] == 0  # all finished
+    assert sink.spans()  # /metrics itself is not traced as a request
+    assert not [s for s in sink.spans() if s.name.startswith("GET")]
