@@ -138,7 +138,8 @@ def run_demo(config: DemoConfig, out: Console) -> int:
                   f"[yellow]{SIMULATED_ENGINE_LABEL}[/] ({config.model} on "
                   f"{config.tensor_parallel} x {config.gpu}, {config.replicas} replicas, "
                   f"time scale {config.time_scale:g})")
-        out.print(f"  gateway   {path.base_url}/v1/chat/completions")
+        out.print(f"  gateway   {path.base_url}/v1/chat/completions "
+                  f"(engine metrics in vLLM format: {path.base_url}/metrics)")
         out.print(f"  collector {collector.http_url} (OTLP/HTTP /v1/traces, /metrics)")
         out.print(f"  UI        {collector.http_url}/")
         out.print("  agent     not started (the node agent is issue 5/9)")
