@@ -258,7 +258,7 @@ class TokenpathGatewayMiddleware:
                 attr.RESPONSE_WRITE_SECONDS: request.write_seconds,
                 attr.LINK_BITS_PER_SECOND: link.link_bits_per_second,
             })
-            if request.ttft is not None:
+            if request.ttft is not None and 0 < status_code < 400:  # not for refusals
                 extra[attr.TTFT_SECONDS] = request.ttft
             span.set_attributes(extra)
             if status_code >= 500 or status_code == 0:

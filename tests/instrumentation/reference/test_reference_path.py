@@ -205,6 +205,8 @@ def test_auth_and_rate_limit_refusals_are_served_and_traced() -> None:
             stages = {stage for stage, _, _ in stage_entries([gateway])}
             assert StageId.AUTH_RATELIMIT in stages and StageId.API_GATEWAY in stages
             statuses[str((gateway.attributes or {})[attr.STATUS])].append(gateway.name)
+            ok = (gateway.attributes or {})[attr.STATUS] == "ok"
+            assert (attr.TTFT_SECONDS in (gateway.attributes or {})) is ok
     assert len(statuses["ok"]) == 1 and len(statuses["error"]) == 3
     client_spans = [s for s in sink.spans() if s.name == attr.SPAN_REQUEST]
     assert sorted(s.status.status_code.name for s in client_spans) == ["ERROR", "ERROR",
