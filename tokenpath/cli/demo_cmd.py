@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from tokenpath.collector.service import CollectorService
     from tokenpath.instrumentation.reference.driver import DriveStats
     from tokenpath.instrumentation.reference.workload import WorkloadGenerator
+    from tokenpath.records import RequestRecord
+    from tokenpath.report import Report
 
 DEFAULT_COLLECTOR_HTTP = "127.0.0.1:4318"
 DEFAULT_AGENT_LISTEN = "127.0.0.1:9400"
@@ -100,8 +102,16 @@ def _progress_text(stats: DriveStats, duration: float | None) -> str:
             f"chunks streamed {stats.output_chunks}")
 
 
-def run_demo(config: DemoConfig, out: Console) -> int:
-    """Run the demo; returns the number of requests in the report."""
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    """This run's request records (as the collector built them) and their report."""
+
+    records: list[RequestRecord]
+    report: Report
+
+
+def run_demo(config: DemoConfig, out: Console) -> DemoResult:
+    """Run the demo and print its report (also usable from benchmarks and tests)."""
     from tokenpath.collector.config import CollectorConfig
     from tokenpath.collector.service import CollectorService
     from tokenpath.instrumentation.reference import SIMULATED_ENGINE_LABEL
@@ -188,7 +198,7 @@ def _drive_with_progress(base_url: str, provider: TracerProvider, workload: Work
 
 
 def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Console,
-                     started_unix: float) -> int:
+                     started_unix: float) -> DemoResult:
     """Flush the collector and print the report of this run's requests (the store may
     hold earlier runs too)."""
     from tokenpath.cli.render import render_report
@@ -213,7 +223,7 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
     if config.ground_truth:
         out.print(f"Ground truth (simulated engine's GPU seconds and dollars per request): "
                   f"{config.ground_truth}")
-    return report.requests
+    return DemoResult(records, report)
 
 
 def register(app: typer.Typer) -> None:
