@@ -158,7 +158,7 @@ def _context_bucket_label(low: int, high: int | None) -> str:
 
     if low == 0:
         return f"< {k(high or 0)}"
-    return f"{k(low)}+" if high is None else f"{k(low)}–{k(high)}"
+    return f"{k(low)}+" if high is None else f"{k(low)}-{k(high)}"
 
 
 def long_context_view(records: Sequence[RequestRecord],

@@ -66,6 +66,7 @@ function fmtDollars(v) {
   if (a >= 100) return `$${v.toFixed(0)}`;
   if (a >= 1) return `$${v.toFixed(2)}`;
   if (a >= 0.01) return `$${v.toFixed(4)}`;
+  if (a >= 1e-4) return `$${v.toFixed(6).replace(/0+$/, "")}`;
   return `$${v.toExponential(2)}`;
 }
 
@@ -88,7 +89,7 @@ function fmtTime(unix) {
 // Horizontal bars: rows [{label, value, colour, note}], value formatted by fmt.
 function barChart(rows, { fmt = String, title = "", width = 560, barHeight = 20 } = {}) {
   const labelWidth = 170;
-  const valueWidth = 110;
+  const valueWidth = 160;
   const plot = width - labelWidth - valueWidth;
   const max = Math.max(0, ...rows.map((r) => (isNum(r.value) ? r.value : 0)));
   const height = rows.length * (barHeight + 6) + 6;
@@ -125,7 +126,7 @@ function lineChart(points, { fmtY = String, title = "", width = 560, height = 20
   const y = (v) => pad.top + (1 - (v - yMin) / (top - yMin || 1))
     * (height - pad.top - pad.bottom);
   const svg = svgEl("svg", {
-    class: "chart", viewBox: `0 0 ${width} ${height}`, width, height, role: "img",
+    class: "chart wide", viewBox: `0 0 ${width} ${height}`, width, height, role: "img",
     "aria-label": title,
   }, svgEl("title", { text: title }));
   for (const frac of [0, 0.5, 1]) {

@@ -81,7 +81,7 @@
         card("$ by stage",
           anyCost ? null : note("No dollars recorded yet: the collector prices stages once a "
                                 + "price sheet / cost model is configured."),
-          tp.barChart(stages.map((s) => ({
+          !anyCost ? null : tp.barChart(stages.map((s) => ({
             label: `${s.order}. ${s.title}`,
             value: byStage[s.id] ? byStage[s.id].cost_dollars : 0,
             colour: tp.GROUP_COLOURS[s.group],
@@ -96,7 +96,7 @@
           })), { fmt: fmtSeconds, title: "p50 seconds by stage, in path order" }))),
       card("Prefix-cache hit ratio over time",
         tp.lineChart(series.points.map((p) => ({ t: p.start_unix, v: p.prefix_cache_hit_ratio })),
-                     { fmtY: (v) => fmtPct(v, 0), yMax: 1, width: 1100, height: 180,
+                     { fmtY: (v) => fmtPct(v, 0), yMax: 1, width: 1300, height: 200,
                        title: "Token-weighted hit ratio" })),
       groupLegend());
     return root;
@@ -263,7 +263,7 @@
             `mean chunk ${fmtNum(small.mean_chunk_bytes)} bytes`, "kpi-small-packets")),
       card("Hit ratio over time",
         tp.lineChart(series.points.map((p) => ({ t: p.start_unix, v: p.prefix_cache_hit_ratio })),
-                     { fmtY: (v) => fmtPct(v, 0), yMax: 1, width: 1100,
+                     { fmtY: (v) => fmtPct(v, 0), yMax: 1, width: 1300,
                        title: "Token-weighted prefix-cache hit ratio per interval" })),
       card("Top repeated prefixes by waste",
         note("Salted fingerprints and lengths only: prompt content never reaches the "
