@@ -170,12 +170,14 @@ def fallback_projection(records: Sequence[RequestRecord], idle_cost_dollars: flo
     proj_ttft = (base_ttft * (1.0 - prefill_share_of_ttft * (1.0 - prefill_factor))
                  if base_ttft is not None else None)
 
-    base_cpm = report.cost_per_million_output_tokens
+    # Unpriced records (no cost model configured) have no unit cost to project.
+    base_cpm = report.cost_per_million_output_tokens if base_total > 0 else None
     proj_cpm = base_cpm * node_cost_factor if base_cpm is not None else None
     return {
         "engine": "fallback",
         "modeled": True,
-        "note": "simple fallback projection; the roofline what-if engine is not installed",
+        "note": "a first-order estimate from the recorded prefill/decode split; the roofline "
+                "what-if engine is not installed",
         "inputs": {
             "cache_hit_rate_delta": request.cache_hit_rate_delta,
             "spec_decode_speedup": request.spec_decode_speedup,

@@ -63,8 +63,8 @@
         kpi("Prefix-cache hit ratio", fmtPct(summary.prefix_cache_hit_ratio),
             `${fmtNum(summary.cache_read_tokens)} of ${fmtNum(summary.input_tokens)} input tokens`,
             "kpi-hit-ratio"),
-        kpi("TTFT p50 / p95", `${fmtSeconds(summary.ttft_p50_seconds)} / `
-            + `${fmtSeconds(summary.ttft_p95_seconds)}`, "time to first token", "kpi-ttft"),
+        kpi("TTFT p50 / p95", fmtSeconds(summary.ttft_p50_seconds),
+            `p95 ${fmtSeconds(summary.ttft_p95_seconds)} · time to first token`, "kpi-ttft"),
         kpi("Output tokens/s", fmtNum(summary.output_tokens_per_second, 1),
             `${fmtNum(summary.output_tokens)} output tokens`, "kpi-tps"),
         kpi("$ per 1M output tokens", anyCost
@@ -143,6 +143,8 @@
 
   // --- requests ---------------------------------------------------------------------------
 
+  const priced = (r) => r.cost_dollars > 0 || r.naive_cost_dollars > 0;
+
   async function requests() {
     const records = await api("/api/requests?limit=200");
     const rows = records.map((r) => el("tr", {},
@@ -151,8 +153,9 @@
                    "aria-label": `Request ${r.trace_id}` }, r.trace_id.slice(0, 16) + "…")),
       td(r.model), td(fmtNum(r.input_tokens), "num"), td(fmtNum(r.cache_read_tokens), "num"),
       td(fmtNum(r.output_tokens), "num"), td(fmtSeconds(r.ttft_seconds), "num"),
-      td(fmtSeconds(r.duration_seconds), "num"), td(fmtDollars(r.cost_dollars), "num"),
-      td(fmtDollars(r.naive_cost_dollars), "num"),
+      td(fmtSeconds(r.duration_seconds), "num"),
+      td(priced(r) ? fmtDollars(r.cost_dollars) : DASH, "num"),
+      td(priced(r) ? fmtDollars(r.naive_cost_dollars) : DASH, "num"),
       td(r.complete ? "yes" : el("span", { class: "badge warn", text: "partial" }))));
     return el("div", { class: "page" },
       el("h1", { text: "Requests" }),
@@ -366,7 +369,7 @@
     return el("section", { class: "card", "aria-label": "Projection" },
       el("h2", {}, "Projection ", el("span", { class: "badge modeled", text: "modeled" })),
       out.engine === "fallback"
-        ? note(`Fallback projection (${out.note}).`)
+        ? note(`Fallback projection: ${out.note}. See the assumptions below.`)
         : note(`Engine: ${out.engine || "roofline"}, calibrated on the recorded requests.`),
       table("Baseline and projected figures", ["metric", "baseline", "projected", "change"],
             rows, "data whatif-table"),

@@ -37,7 +37,11 @@ def test_views_render_workload_in_chromium(collector: CollectorService,
     hit_ratio = browser_page.text_content("#kpi-hit-ratio .kpi-value")
     assert hit_ratio == f"{summary['prefix_cache_hit_ratio'] * 100:.1f}%"
     assert f"{WORKLOAD_REQUESTS} requests" in browser_page.text_content(".lede")
-    assert "ms" in browser_page.text_content("#kpi-ttft .kpi-value")
+    # The workload's TTFTs are 10 ms to 1 s, which the page shows as "12.3 ms".
+    ttft = browser_page.text_content("#kpi-ttft .kpi-value")
+    assert ttft == f"{summary['ttft_p50_seconds'] * 1000:.1f} ms"
+    assert f"p95 {summary['ttft_p95_seconds'] * 1000:.1f} ms" in browser_page.text_content(
+        "#kpi-ttft .kpi-sub")
     for leak in ("#leak-cache", "#leak-long-context", "#leak-small-packets"):
         assert browser_page.is_visible(leak)
     latency = browser_page.locator("svg[aria-label='p50 seconds by stage, in path order']")

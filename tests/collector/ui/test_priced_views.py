@@ -85,6 +85,19 @@ def test_priced_records_show_dollars(page: tuple[Any, ConsoleLog]) -> None:
         ratio = priciest.naive_cost_dollars / priciest.cost_dollars
         assert f"{ratio:.1f}\N{MULTIPLICATION SIGN} the apportioned cost" in naive
         screenshot(browser_page, "request-waterfall-priced")
+
+        # What-if over priced records: busier GPUs lower the unit cost.
+        browser_page.goto(f"{url}/#/whatif")
+        browser_page.wait_for_selector("main[data-ready='true']")
+        browser_page.fill("#wi-cache", "0")
+        browser_page.fill("#wi-util", "0.8")
+        browser_page.click("#wi-submit")
+        browser_page.wait_for_selector(".whatif-table")
+        row = browser_page.locator("tr[data-metric='cost_per_million_output_tokens']")
+        baseline = float((row.locator(".baseline").text_content() or "").lstrip("$"))
+        projected = float((row.locator(".projected").text_content() or "").lstrip("$"))
+        assert projected < baseline
+        screenshot(browser_page, "whatif-priced")
         assert console.errors == []
     finally:
         service.shutdown()
