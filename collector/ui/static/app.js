@@ -3,6 +3,8 @@
 "use strict";
 
 const TOKEN_KEY = "tokenpath.token";
+const WINDOW_KEY = "tokenpath.window";
+const DEFAULT_WINDOW = "1h";
 const POLL_MS = 3000;
 
 class AuthRequired extends Error {}
@@ -16,6 +18,26 @@ const app = {
 
 function token() {
   return sessionStorage.getItem(TOKEN_KEY);
+}
+
+// The time window the record views cover: `since` on every record endpoint ("all": none).
+function timeWindow() {
+  return sessionStorage.getItem(WINDOW_KEY) || DEFAULT_WINDOW;
+}
+
+function withWindow(path) {
+  const since = timeWindow();
+  if (since === "all") return path;
+  return `${path}${path.includes("?") ? "&" : "?"}since=${encodeURIComponent(since)}`;
+}
+
+function setupWindowSelect() {
+  const select = document.getElementById("window-select");
+  select.value = timeWindow();
+  select.addEventListener("change", () => {
+    sessionStorage.setItem(WINDOW_KEY, select.value);
+    route();
+  });
 }
 
 async function api(path, options = {}) {
@@ -162,10 +184,11 @@ async function route() {
   await tick();
 }
 
-window.tpApp = { api, loadStages, AuthRequired };
+window.tpApp = { api, loadStages, withWindow, timeWindow, AuthRequired };
 
 window.addEventListener("hashchange", route);
 document.addEventListener("DOMContentLoaded", () => {
   setupAuthDialog();
+  setupWindowSelect();
   route();
 });

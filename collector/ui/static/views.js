@@ -4,7 +4,7 @@
 
 (() => {
   const { el, fmtSeconds, fmtDollars, fmtPct, fmtNum, fmtTime, isNum, DASH } = tp;
-  const { api } = tpApp;
+  const { api, withWindow } = tpApp;
 
   const stageList = () => tpApp.loadStages();
 
@@ -48,7 +48,7 @@
 
   async function overview() {
     const [summary, leaks, series, stages] = await Promise.all([
-      api("/api/summary"), api("/api/leaks?limit=5"), api("/api/timeseries?buckets=20"),
+      api(withWindow("/api/summary")), api(withWindow("/api/leaks?limit=5")), api(withWindow("/api/timeseries?buckets=20")),
       stageList(),
     ]);
     const byStage = Object.fromEntries(summary.stages.map((s) => [s.stage, s]));
@@ -58,7 +58,8 @@
       el("h1", { text: "Overview" }),
       el("p", { class: "lede",
                 text: `${fmtNum(summary.requests)} requests over ${fmtSeconds(summary.window_seconds)}`
-                  + ` · models: ${summary.models.join(", ") || DASH}${modeledTag}` }),
+                  + ` · models: ${summary.models.join(", ") || DASH}${modeledTag}`
+                  + ` · window: ${tpApp.timeWindow()}` }),
       el("div", { class: "kpis", id: "kpis" },
         kpi("Prefix-cache hit ratio", fmtPct(summary.prefix_cache_hit_ratio),
             `${fmtNum(summary.cache_read_tokens)} of ${fmtNum(summary.input_tokens)} input tokens`,
@@ -146,7 +147,7 @@
   const priced = (r) => r.cost_dollars > 0 || r.naive_cost_dollars > 0;
 
   async function requests() {
-    const records = await api("/api/requests?limit=200");
+    const records = await api(withWindow("/api/requests?limit=200"));
     const rows = records.map((r) => el("tr", {},
       td(fmtTime(r.end_unix)),
       td(el("a", { href: `#/requests/${r.trace_id}`, class: "mono",
@@ -245,7 +246,7 @@
 
   async function leaks() {
     const [data, series] = await Promise.all([
-      api("/api/leaks?limit=15"), api("/api/timeseries?buckets=30")]);
+      api(withWindow("/api/leaks?limit=15")), api(withWindow("/api/timeseries?buckets=30"))]);
     const cache = data.cache;
     const prefixRows = cache.top_prefixes.map((p) => el("tr", {},
       td(el("code", { title: p.fingerprint, text: p.fingerprint.slice(0, 16) })),
@@ -334,7 +335,7 @@
       }
       result.replaceChildren(note("Projecting…"));
       try {
-        result.replaceChildren(renderProjection(await api("/api/whatif",
+        result.replaceChildren(renderProjection(await api(withWindow("/api/whatif"),
           { method: "POST", body })));
       } catch (error) {
         if (!(error instanceof tpApp.AuthRequired)) {

@@ -22,6 +22,7 @@ from tokenpath.stages import GPU_STAGES, STAGES, StageGroup
 pytestmark = pytest.mark.integration
 
 GPU_DOLLARS_PER_SECOND = 2 * 3.0 / 3600  # two GPUs at $3/h
+TWO_HOURS = 7200.0
 BATCH = 8  # the apportioned share of a step; naive attribution charges the whole step
 HOST_DOLLARS_PER_SECOND = 0.05 / 3600
 
@@ -61,15 +62,26 @@ def test_priced_records_show_dollars(page: tuple[Any, ConsoleLog]) -> None:
     service = start_collector()
     try:
         records = [_price(RequestRecord.from_json(r)) for r in raw]
+        old = records[0]
+        old.start_unix -= TWO_HOURS
+        old.end_unix -= TWO_HOURS
         for record in records:
             service.store.consume_record(record)
-        start = min(r.start_unix for r in records)
-        service.store.consume_idle_cost(IdleCost("pool-a", start, start + 60, 0.05))
+        newest = max(r.end_unix for r in records)
+        service.store.consume_idle_cost(IdleCost("pool-a", newest - 60, newest, 0.05))
         service.store.flush()
         url = service.http_url
 
         browser_page.goto(f"{url}/#/")
         browser_page.wait_for_selector("main[data-ready='true']")
+        # The default window (1 h) leaves out the record from two hours ago; "all" has it.
+        assert browser_page.text_content(".lede").startswith(f"{len(records) - 1} requests")
+        browser_page.select_option("#window-select", "all")
+        browser_page.wait_for_function(
+            f"document.querySelector('.lede').textContent.startsWith('{len(records)} requests')")
+        browser_page.select_option("#window-select", "1h")
+        browser_page.wait_for_function(
+            f"document.querySelector('.lede').textContent.startsWith('{len(records) - 1} req')")
         cost_text = browser_page.text_content("#kpi-cost .kpi-value")
         assert cost_text is not None and cost_text.startswith("$")
         assert browser_page.text_content("#kpi-idle .kpi-value") == "$0.0500"
