@@ -154,6 +154,10 @@ async function route() {
   let first = true;
   const tick = async () => {
     if (seq !== app.renderSeq) return;
+    if (live && !first && document.hidden) { // no polling from a background tab
+      app.pollTimer = setTimeout(tick, POLL_MS);
+      return;
+    }
     try {
       await loadStages();
       const content = await render(current);

@@ -155,11 +155,19 @@ def test_auth_prompts_for_token_and_then_loads(page: PageAndLog) -> None:
         browser_page.wait_for_selector("#auth-dialog[open]")
         assert browser_page.get_attribute("main", "data-ready") != "true"
         screenshot(browser_page, "auth-prompt")
+        # A wrong token is rejected, forgotten, and asked for again.
+        browser_page.fill("#auth-token", "wrong-token")
+        browser_page.press("#auth-token", "Enter")
+        browser_page.wait_for_function(
+            "document.getElementById('auth-message').textContent.includes('rejected')")
+        assert browser_page.is_visible("#auth-dialog")
+        assert browser_page.evaluate("sessionStorage.getItem('tokenpath.token')") is None
         browser_page.fill("#auth-token", token)
         browser_page.press("#auth-token", "Enter")
         browser_page.wait_for_selector(READY)
         assert "4 requests" in browser_page.text_content(".lede")
         assert not browser_page.is_visible("#auth-dialog")
+        assert browser_page.evaluate("sessionStorage.getItem('tokenpath.token')") == token
         # Kept for the tab's session: a reload does not ask again.
         browser_page.reload()
         browser_page.wait_for_selector(READY)
