@@ -182,7 +182,11 @@
       const segments = phases
         ? ["prefill", "decode"].filter((p) => phases[p])
           .map((p) => ({ w: phases[p].seconds, colour: tp.PHASE_COLOURS[p] }))
-        : [{ w: seconds, colour: tp.GROUP_COLOURS[st.group] }];
+        : [];
+      const phased = segments.reduce((sum, seg) => sum + seg.w, 0);
+      if (seconds - phased > 1e-12) { // time recorded without a phase
+        segments.push({ w: seconds - phased, colour: tp.GROUP_COLOURS[st.group] });
+      }
       const bar = tp.waterfallBar(offset, t ? segments : [], total, {
         modeled: t && t.provenance === "modeled",
         label: `${st.title}: ${fmtSeconds(seconds)} starting at ${fmtSeconds(offset)}`,
