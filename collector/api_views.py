@@ -222,6 +222,7 @@ def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT
     top, recomputed = repeated_prefixes(records, block_tokens, limit)
     return {
         "requests": len(records),
+        "priced": any(r.cost_dollars > 0 or r.naive_cost_dollars > 0 for r in records),
         "cache": {
             "source": "records",
             "block_tokens": block_tokens,

@@ -252,19 +252,23 @@
     const [data, series] = await Promise.all([
       api(withWindow("/api/leaks?limit=15")), api(withWindow("/api/timeseries?buckets=30"))]);
     const cache = data.cache;
+    const money = (v) => (data.priced ? fmtDollars(v) : DASH);
     const prefixRows = cache.top_prefixes.map((p) => el("tr", {},
       td(el("code", { title: p.fingerprint, text: p.fingerprint.slice(0, 16) })),
       td(fmtNum(p.prefix_tokens), "num"), td(fmtNum(p.requests), "num"),
       td(fmtNum(p.hits), "num"), td(fmtNum(p.misses), "num"),
-      td(fmtNum(p.recomputed_tokens), "num"), td(fmtDollars(p.waste_dollars), "num")));
+      td(fmtNum(p.recomputed_tokens), "num"), td(money(p.waste_dollars), "num")));
     const longCtx = data.long_context;
     const small = data.small_packets;
     return el("div", { class: "page" },
       el("h1", { text: "Cache & leaks" }),
       el("div", { class: "kpis" },
         kpi("Prefix-cache hit ratio", fmtPct(cache.prefix_cache_hit_ratio), "token-weighted"),
-        kpi("Miss waste", fmtDollars(cache.cache_miss_waste_dollars),
-            "prefill re-run for recently seen prefixes"),
+        data.priced
+          ? kpi("Miss waste", fmtDollars(cache.cache_miss_waste_dollars),
+                "prefill re-run for recently seen prefixes", "kpi-waste")
+          : kpi("Recomputed prefix tokens", fmtNum(cache.recomputed_prefix_tokens),
+                "prefill re-run for recently seen prefixes (not priced yet)", "kpi-waste"),
         kpi("Long-context share", fmtPct(longCtx.share_of_requests),
             `requests ≥ ${fmtNum(longCtx.threshold_tokens)} tokens`, "kpi-long-context"),
         kpi("Small-packet share", fmtPct(small.share),
@@ -298,7 +302,7 @@
             el("dt", { text: "response path share of stage time" }),
             el("dd", { text: fmtPct(small.response_path_share_of_latency) }),
             el("dt", { text: "response path cost" }),
-            el("dd", { text: fmtDollars(small.response_path_cost_dollars) })),
+            el("dd", { text: money(small.response_path_cost_dollars) })),
           note("Streaming one token per tiny packet makes the network, not the GPU, the "
                + "latency floor."))));
   }

@@ -47,8 +47,10 @@ def test_json_views_over_real_spans(collector: CollectorService) -> None:
     assert sum(p["requests"] for p in series["points"]) == 12
     leaks = httpx.get(f"{url}/api/leaks", params={"limit": 2}, timeout=5).json()
     assert leaks["requests"] == 12
+    assert leaks["priced"] is False  # no cost model on this collector
     assert len(leaks["cache"]["top_prefixes"]) <= 2
-    assert set(leaks) == {"requests", "cache", "long_context", "small_packets"}
+    assert set(leaks) == {"requests", "priced", "cache", "long_context",
+                          "small_packets"}
     out = httpx.post(f"{url}/api/whatif", json={"spec_decode_speedup": 2.0}, timeout=5).json()
     for side in ("baseline", "projected"):
         assert {"cost_per_million_output_tokens", "requests_per_second_per_gpu",
