@@ -176,6 +176,7 @@ async function route() {
       showBanner(null);
       setLive(live ? `live · updated ${tp.fmtTime(Date.now() / 1000)}` : "connected",
               live ? "on" : "idle");
+      view.dataset.route = location.hash || "#/"; // which view is on screen (tests wait on it)
       view.dataset.ready = "true";
     } catch (error) {
       if (error instanceof AuthRequired) return;

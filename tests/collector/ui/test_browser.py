@@ -22,7 +22,7 @@ PageAndLog = tuple[Any, ConsoleLog]
 def _open(page: Any, url: str, route: str) -> None:
     """Go to a view and wait until it rendered; a view that failed shows its error banner."""
     page.goto(f"{url}/#{route}")
-    page.wait_for_selector(f"{READY}, #banner:not([hidden])")
+    page.wait_for_selector(f"{READY}[data-route='#{route}'], #banner:not([hidden])")
     assert page.is_hidden("#banner"), page.text_content("#banner")
 
 
