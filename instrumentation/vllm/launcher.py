@@ -15,6 +15,7 @@ torch and friends), so everything here runs it as a subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -40,6 +41,10 @@ DEFAULT_KV_CACHE_GIB = 1
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 300.0
 DEFAULT_ENV_TIMEOUT_SECONDS = 1200.0
 STOP_GRACE_SECONDS = 15.0
+# vLLM exports its spans through OpenTelemetry's BatchSpanProcessor, whose default 5 s
+# delay is longer than the collector's root grace period: a gateway root span would be
+# finalized before the engine's llm_request arrived. Export promptly instead.
+DEFAULT_BSP_SCHEDULE_DELAY_MS = "200"
 HEALTH_POLL_SECONDS = 1.0
 LOG_TAIL_BYTES = 4000
 
@@ -111,10 +116,8 @@ class LocalVllm:
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _tail(path: Path) -> str:
@@ -199,6 +202,7 @@ def start_local_vllm(config: LocalVllmConfig | None = None,
            **config.extra_env}
     if config.otlp_endpoint is not None:
         env.setdefault(ENV_ENDPOINT, config.otlp_endpoint)
+        env.setdefault("OTEL_BSP_SCHEDULE_DELAY", DEFAULT_BSP_SCHEDULE_DELAY_MS)
     log_file = log_path.open("wb")
     process = subprocess.Popen(vllm_command(python, config, port), stdout=log_file,
                                stderr=subprocess.STDOUT, env=env, start_new_session=True,

@@ -8,13 +8,15 @@ OpenAI routes to vLLM with ``httpx`` and a W3C ``traceparent`` header, so vLLM's
 chunk. Content is never logged or exported.
 
 ``python -m tokenpath.instrumentation.vllm.proxy --upstream URL --listen HOST:PORT
---otlp HOST:PORT`` runs it (OTLP/gRPC export to the collector).
+--otlp HOST:PORT`` runs it (OTLP/gRPC export to the collector); it answers with a W3C
+``traceresponse`` header naming the gateway's trace id.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -28,6 +30,8 @@ from tokenpath.config import parse_host_port
 
 PROXY_SERVICE_NAME = "tokenpath-vllm-gateway"
 FORWARDED_ROUTES = ("/v1/completions", "/v1/chat/completions")
+HEALTH_ROUTE = "/health"
+UNTRACED_URLS = "/health,/docs,/openapi.json"
 UPSTREAM_TIMEOUT_SECONDS = 120.0
 # Hop-by-hop and length headers are not copied from the upstream response.
 _DROPPED_RESPONSE_HEADERS = frozenset(
@@ -47,7 +51,13 @@ def build_proxy_app(
         base_url=upstream_url.rstrip("/"), timeout=UPSTREAM_TIMEOUT_SECONDS
     )
     propagator = TraceContextTextMapPropagator()
-    app = FastAPI(title="tokenpath vLLM gateway (test stand-in)")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await http.aclose()
+
+    app = FastAPI(title="tokenpath vLLM gateway (test stand-in)", lifespan=lifespan)
 
     async def forward(request: Request) -> Response:
         body = await request.body()
@@ -61,7 +71,7 @@ def build_proxy_app(
 
         async def relay() -> AsyncIterator[bytes]:
             try:
-                async for chunk in response.aiter_raw():
+                async for chunk in response.aiter_bytes():
                     yield chunk
             finally:
                 await response.aclose()
@@ -71,18 +81,25 @@ def build_proxy_app(
     for route in FORWARDED_ROUTES:
         app.add_api_route(route, forward, methods=["POST"])
 
-    @app.on_event("shutdown")
-    async def close_client() -> None:
-        await http.aclose()
+    @app.get(HEALTH_ROUTE)
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
 
     kwargs: dict[str, Any] = {"tracer_provider": tracer_provider}
-    FastAPIInstrumentor.instrument_app(app, exclude_spans=["receive", "send"], **kwargs)
+    # Only the forwarded API routes are requests: a traced health probe or docs page would
+    # be a gateway SERVER span, which the collector counts as a request.
+    FastAPIInstrumentor.instrument_app(app, exclude_spans=["receive", "send"],
+                                       excluded_urls=UNTRACED_URLS, **kwargs)
     return app
 
 
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.instrumentation.propagators import (
+        TraceResponsePropagator,
+        set_global_response_propagator,
+    )
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -91,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--otlp", default="127.0.0.1:4317", help="collector OTLP/gRPC")
     args = parser.parse_args(argv)
     host, port = parse_host_port(args.listen, "--listen")
+    # Tell clients the gateway's trace id (W3C ``traceresponse`` header).
+    set_global_response_propagator(TraceResponsePropagator())  # type: ignore[no-untyped-call]
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: PROXY_SERVICE_NAME}))
     provider.add_span_processor(
         BatchSpanProcessor(OTLPSpanExporter(endpoint=args.otlp, insecure=True),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tokenpath.instrumentation.vllm.exporter import EngineStep, FinishedRequest
+from tokenpath.instrumentation.vllm.exporter import FinishedRequest
+from tokenpath.instrumentation.vllm.steps import EngineStep
 
 
 def engine_step_from_stats(scheduler_stats: Any, iteration_stats: Any) -> EngineStep | None:

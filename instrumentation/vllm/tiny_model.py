@@ -36,13 +36,13 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
     "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
 )
-_CORPUS_WORDS = (
+_CORPUS_TEXT = (
     "the request travels through the gateway router scheduler and engine while the cache "
     "keeps prefix blocks warm so that prefill work is saved and decode steps stream tokens "
     "back to the client over the network with latency cost and dollars per stage measured "
     "system prompt user assistant you are a helpful model answer briefly question about "
     "tokens batches kernels memory bandwidth queue time first token"
-).split()
+)
 
 
 def is_built(out_dir: Path) -> bool:
@@ -56,8 +56,8 @@ def is_built(out_dir: Path) -> bool:
 
 def _corpus() -> list[str]:
     """A fixed synthetic corpus: every word, pairs and short sentences, no randomness."""
-    lines = [" ".join(_CORPUS_WORDS)]
-    words = _CORPUS_WORDS
+    words = _CORPUS_TEXT.split()
+    lines = [" ".join(words)]
     for i, word in enumerate(words):
         lines.append(f"{word} {words[(i * 7 + 3) % len(words)]} {words[(i * 13 + 5) % len(words)]}")
     lines.extend(f"Request {n}: question {n * 17 % 101} about tokens." for n in range(200))

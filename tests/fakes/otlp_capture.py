@@ -65,7 +65,7 @@ class CaptureServicer(trace_service_pb2_grpc.TraceServiceServicer):
         self.spans: list[CapturedSpan] = []
         self.arrived = threading.Condition(self._lock)
 
-    def Export(  # noqa: N802 - gRPC method name
+    def Export(
         self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
     ) -> trace_service_pb2.ExportTraceServiceResponse:
         batch: list[CapturedSpan] = []
@@ -135,7 +135,7 @@ def main(argv: list[str]) -> int:
     written = 0
     try:
         while True:
-            spans = receiver.servicer.wait_for(lambda s: len(s) > written, timeout=1.0)
+            spans = receiver.servicer.wait_for(lambda s, n=written: len(s) > n, timeout=1.0)
             with out.open("a") as fh:
                 for span in spans[written:]:
                     fh.write(json.dumps(span.to_json()) + "\n")

@@ -17,7 +17,8 @@ from tokenpath.instrumentation.vllm.exporter import (
 )
 
 
-def finished(request_id: str, at: float, cached: int = 32, inference: float = 0.5) -> FinishedRequest:
+def finished(request_id: str, at: float, cached: int = 32,
+             inference: float = 0.5) -> FinishedRequest:
     return FinishedRequest(
         request_id=request_id, finished_unix=at, cached_tokens=cached, preemptions=1,
         prompt_tokens=100, generation_tokens=8, inference_seconds=inference,
