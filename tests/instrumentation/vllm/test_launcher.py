@@ -17,6 +17,7 @@ def test_command_enables_prefix_caching_and_tracing_when_endpoint_given() -> Non
     assert "--model /m" in joined
     assert "--port 8123" in joined
     assert "--enable-prefix-caching" in command
+    assert "--enforce-eager" in command
     assert "--otlp-traces-endpoint 127.0.0.1:4317 --collect-detailed-traces all" in joined
     assert command[-2:] == ["--max-model-len", "512"]
 
