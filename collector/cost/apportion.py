@@ -1,0 +1,192 @@
+"""Apportionment of a node's GPU time among the requests active on it (SPEC section 5).
+
+The node timeline is cut at every request's engine events (scheduled, first token, done).
+Between two cuts the set of active sequences is fixed, so the slice is a run of engine
+steps with one batch composition. The slice's GPU dollars are split among the engine groups
+active on the node by the GPUs they occupy (unoccupied GPUs are idle), and within a group
+among its sequences by their roofline work in the slice:
+
+- a decoding sequence does ``S`` steps of ``sequence_work(decode_flops(ctx),
+  decode_bytes(ctx), B)``: its own KV cache plus a ``1/B`` share of the weights;
+- a prefilling sequence does the fraction ``dt / prefill_duration`` of its prefill FLOPs and
+  KV bytes, plus ``S`` weight shares;
+- ``S`` (steps in the slice) is solved from the roofline step time when a prefill is in
+  the slice (at least one); otherwise it cancels out.
+
+Everything here is modeled (provenance ``modeled``); the inputs are measured timestamps.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from tokenpath.roofline import Roofline
+from tokenpath.stages import Phase
+
+GroupKey = tuple[str, str, int]  # (model, gpu type, tensor parallel)
+IDLE_ROUNDING_FLOOR = 1e-12  # relative; below this a slice's leftover is float rounding
+
+
+@dataclass(slots=True)
+class EngineInterval:
+    """One request's engine timeline on a node, and what it accumulated so far."""
+
+    key: int
+    group: GroupKey
+    roofline: Roofline | None  # None: model not in the catalog, equal split
+    prefill_start: float
+    decode_start: float
+    end: float
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    gpus: int
+    cost_by_phase: dict[Phase, float] = field(default_factory=dict)
+    decode_batch_seconds: float = 0.0  # integral of batch size over decode time
+    decode_seconds_seen: float = 0.0
+
+    @property
+    def new_tokens(self) -> int:
+        return max(1, self.input_tokens - self.cached_tokens)
+
+    def phase_at(self, t: float) -> Phase | None:
+        if self.prefill_start <= t < self.decode_start:
+            return Phase.PREFILL
+        if self.decode_start <= t < self.end:
+            return Phase.DECODE
+        return None
+
+    def context_at(self, t: float) -> float:
+        """Tokens in the KV cache at time ``t`` of the decode phase (linear in time)."""
+        span = self.end - self.decode_start
+        done = (t - self.decode_start) / span if span > 0 else 1.0
+        return float(self.input_tokens) + 1.0 + max(0, self.output_tokens - 1) * done
+
+    @property
+    def average_decode_batch(self) -> float:
+        if self.decode_seconds_seen <= 0:
+            return 1.0
+        return self.decode_batch_seconds / self.decode_seconds_seen
+
+
+@dataclass(slots=True)
+class SliceResult:
+    """What closing one window of a node produced."""
+
+    node_dollars: float = 0.0
+    attributed_dollars: float = 0.0
+    idle_dollars: float = 0.0
+    idle_spans: list[tuple[float, float, float]] = field(default_factory=list)
+
+
+def _group_weights(members: list[tuple[EngineInterval, Phase]], dt: float,
+                   mid: float) -> list[float]:
+    """Roofline work of each member of one engine group in a slice of length ``dt``."""
+    roofline = members[0][0].roofline
+    if roofline is None:
+        return [1.0] * len(members)
+    batch = len(members)
+    weight_share = roofline.memory_seconds(roofline.model.weight_bytes / batch)
+    decode_compute = decode_memory = 0.0
+    prefill_compute = prefill_memory = 0.0
+    per_step: list[float] = []
+    prefill_part: list[float] = []
+    for interval, phase in members:
+        if phase is Phase.DECODE:
+            ctx = int(interval.context_at(mid))
+            c = roofline.compute_seconds(roofline.decode_flops(ctx))
+            m = roofline.memory_seconds(roofline.decode_bytes(ctx))
+            decode_compute += c
+            decode_memory += m
+            per_step.append(c + m + weight_share)
+            prefill_part.append(0.0)
+        else:
+            duration = interval.decode_start - interval.prefill_start
+            frac = dt / duration if duration > 0 else 1.0
+            n, cached = interval.new_tokens, interval.cached_tokens
+            c = roofline.compute_seconds(roofline.prefill_flops(n, cached)) * frac
+            m = roofline.memory_seconds(roofline.prefill_bytes(n, cached)) * frac
+            prefill_compute += c
+            prefill_memory += m
+            per_step.append(weight_share)
+            prefill_part.append(c + m)
+    steps = 1.0
+    if prefill_compute > 0 or prefill_memory > 0:
+        overhead = roofline.step_overhead_seconds + roofline.nvlink_seconds(batch)
+        weights = roofline.memory_seconds(roofline.model.weight_bytes)
+        by_compute = (dt - prefill_compute) / (overhead + decode_compute)
+        by_memory = (dt - prefill_memory) / (overhead + weights + decode_memory)
+        steps = max(1.0, min(by_compute, by_memory))
+    return [steps * s + p for s, p in zip(per_step, prefill_part, strict=True)]
+
+
+def close_window(
+    intervals: list[EngineInterval],
+    start: float,
+    stop: float,
+    node_gpus: int,
+    dollars_per_gpu_second: float,
+) -> SliceResult:
+    """Apportion the node's GPU dollars over ``[start, stop)`` among ``intervals``.
+
+    Adds each interval's share to its ``cost_by_phase``; time (and GPUs) no request used
+    is returned as idle. attributed + idle == node dollars by construction.
+    """
+    result = SliceResult()
+    if stop <= start:
+        return result
+    cuts = {start, stop}
+    for iv in intervals:
+        for t in (iv.prefill_start, iv.decode_start, iv.end):
+            if start < t < stop:
+                cuts.add(t)
+    bounds = sorted(cuts)
+    node_rate = node_gpus * dollars_per_gpu_second
+    pending = sorted(
+        (iv for iv in intervals if iv.prefill_start < stop and iv.end > start),
+        key=lambda iv: iv.prefill_start,
+    )
+    next_index = 0
+    active: list[EngineInterval] = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        dt = b - a
+        node_dollars = node_rate * dt
+        result.node_dollars += node_dollars
+        mid = a + dt / 2.0
+        while next_index < len(pending) and pending[next_index].prefill_start <= mid:
+            active.append(pending[next_index])
+            next_index += 1
+        active = [iv for iv in active if iv.end > mid]
+        groups: dict[GroupKey, list[tuple[EngineInterval, Phase]]] = defaultdict(list)
+        for iv in active:
+            phase = iv.phase_at(mid)
+            if phase is not None:
+                groups[iv.group].append((iv, phase))
+        if not groups:
+            result.idle_dollars += node_dollars
+            result.idle_spans.append((a, b, node_dollars))
+            continue
+        demanded = {key: float(members[0][0].gpus) for key, members in groups.items()}
+        total_demand = sum(demanded.values())
+        scale = min(1.0, node_gpus / total_demand)
+        used_dollars = 0.0
+        for key, members in groups.items():
+            group_dollars = node_dollars * demanded[key] * scale / node_gpus
+            weights = _group_weights(members, dt, mid)
+            total = sum(weights)
+            if total <= 0:
+                weights, total = [1.0] * len(members), float(len(members))
+            for (iv, phase), w in zip(members, weights, strict=True):
+                share = group_dollars * w / total
+                iv.cost_by_phase[phase] = iv.cost_by_phase.get(phase, 0.0) + share
+                if phase is Phase.DECODE:
+                    iv.decode_batch_seconds += len(members) * dt
+                    iv.decode_seconds_seen += dt
+            used_dollars += group_dollars
+        result.attributed_dollars += used_dollars
+        idle = node_dollars - used_dollars
+        if idle > node_dollars * IDLE_ROUNDING_FLOOR:
+            result.idle_dollars += idle
+            result.idle_spans.append((a, b, idle))
+    return result

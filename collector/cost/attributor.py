@@ -1,0 +1,319 @@
+"""``CostAttributor``: dollars onto every record, idle cost per pool (SPEC section 5).
+
+Sits between the stage mapper and the sinks (``tokenpath.pipeline``). Records finish out of
+order, so each node's timeline is held open until a watermark (``clock() -
+max_delay_seconds``) passes; then its slices are apportioned (:mod:`.apportion`), finished
+records get their stage dollars and go downstream, and unused GPU time goes downstream as
+:class:`tokenpath.pipeline.IdleCost`. ``shutdown()`` closes every node and flushes.
+
+Conservation: per node, the attributed GPU dollars of the records plus the idle dollars
+equal gpu_count x $/GPU-second x the window (see ``ledger``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tokenpath.collector.cost.apportion import EngineInterval, close_window
+from tokenpath.collector.cost.cache import (
+    DEFAULT_BLOCK_TOKENS,
+    DEFAULT_HEAVY_HITTER_CAPACITY,
+    DEFAULT_RECENT_CAPACITY,
+    DEFAULT_RECENT_TTL_SECONDS,
+    PrefixCacheTracker,
+)
+from tokenpath.collector.cost.catalog import roofline_for_record
+from tokenpath.collector.cost.prices import DEFAULT_NODE_NAME, PriceSheet
+from tokenpath.collector.cost.stage_cost import land_cpu_and_network_cost, land_gpu_cost
+from tokenpath.config import ConfigError
+from tokenpath.pipeline import IdleCost, RecordSink
+from tokenpath.records import RequestRecord
+from tokenpath.roofline import Roofline
+from tokenpath.stages import Phase
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_DELAY_SECONDS = 120.0
+DEFAULT_MAX_PENDING_RECORDS = 100_000
+
+
+@dataclass(slots=True)
+class AttributorConfig:
+    max_delay_seconds: float = DEFAULT_MAX_DELAY_SECONDS
+    max_pending_records: int = DEFAULT_MAX_PENDING_RECORDS
+    prefix_block_tokens: int = DEFAULT_BLOCK_TOKENS
+    recent_prefix_ttl_seconds: float = DEFAULT_RECENT_TTL_SECONDS
+    recent_prefix_capacity: int = DEFAULT_RECENT_CAPACITY
+    heavy_hitter_capacity: int = DEFAULT_HEAVY_HITTER_CAPACITY
+
+    def validate(self) -> None:
+        if not self.max_delay_seconds >= 0:
+            raise ConfigError("cost.max_delay_seconds", "must be >= 0")
+        for key, value in (
+            ("cost.max_pending_records", self.max_pending_records),
+            ("cost.prefix_block_tokens", self.prefix_block_tokens),
+            ("cost.recent_prefix_capacity", self.recent_prefix_capacity),
+            ("cost.heavy_hitter_capacity", self.heavy_hitter_capacity),
+        ):
+            if value < 1:
+                raise ConfigError(key, "must be >= 1")
+        if not self.recent_prefix_ttl_seconds > 0:
+            raise ConfigError("cost.recent_prefix_ttl_seconds", "must be > 0")
+
+
+@dataclass(slots=True)
+class NodeLedger:
+    """One node's window and where its GPU dollars went."""
+
+    pool: str
+    gpu_type: str
+    gpu_count: int
+    window_start: float | None = None
+    closed_until: float | None = None
+    node_dollars: float = 0.0
+    attributed_dollars: float = 0.0
+    idle_dollars: float = 0.0
+
+
+@dataclass(slots=True)
+class AttributorStats:
+    records_in: int = 0
+    records_out: int = 0
+    without_timeline: int = 0
+    late_records: int = 0
+    forced_closes: int = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: RequestRecord
+    interval: EngineInterval
+    roofline: Roofline | None
+
+
+@dataclass(slots=True)
+class _Node:
+    ledger: NodeLedger
+    pending: list[_Pending] = field(default_factory=list)
+
+
+class CostAttributor:
+    """Mapper -> CostAttributor -> sinks. Thread-safe; downstream called outside the lock."""
+
+    def __init__(
+        self,
+        downstream: RecordSink,
+        prices: PriceSheet,
+        clock: Callable[[], float] = time.time,
+        config: AttributorConfig | None = None,
+    ) -> None:
+        self._config = config or AttributorConfig()
+        self._config.validate()
+        prices.validate()
+        self._downstream = downstream
+        self._prices = prices
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._nodes: dict[str, _Node] = {}
+        self._next_key = 0
+        self._closed = False
+        self.stats = AttributorStats()
+        self.cache = PrefixCacheTracker(
+            block_tokens=self._config.prefix_block_tokens,
+            ttl_seconds=self._config.recent_prefix_ttl_seconds,
+            capacity=self._config.recent_prefix_capacity,
+            heavy_hitter_capacity=self._config.heavy_hitter_capacity,
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Nothing to start: work happens on ``consume_record`` and ``tick``."""
+
+    def shutdown(self) -> None:
+        """Close every node's window, flush all records and idle cost, shut downstream."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            out_records: list[RequestRecord] = []
+            out_idle: list[IdleCost] = []
+            for node in self._nodes.values():
+                ends = [p.interval.end for p in node.pending]
+                stop = max([*ends, node.ledger.closed_until or 0.0])
+                self._close_node(node, stop, out_records, out_idle, flush_all=True)
+        self._emit(out_records, out_idle)
+        self._downstream.shutdown()
+
+    # -- data path ------------------------------------------------------------------------
+
+    def consume_record(self, record: RequestRecord) -> None:
+        out_records: list[RequestRecord] = []
+        out_idle: list[IdleCost] = []
+        with self._lock:
+            self.stats.records_in += 1
+            self._price_record_basics(record)
+            pending = None if self._closed else self._admit(record)
+            if pending is None:
+                record.cost_dollars = sum(t.cost_dollars for t in record.stages.values())
+                out_records.append(record)
+            self._advance(self._clock() - self._config.max_delay_seconds, out_records, out_idle)
+        self._emit(out_records, out_idle)
+
+    def consume_idle_cost(self, idle: IdleCost) -> None:
+        """Idle cost computed upstream (none today) passes through."""
+        self._downstream.consume_idle_cost(idle)
+
+    def tick(self) -> None:
+        """Close whatever the watermark allows; call periodically when traffic is sparse."""
+        out_records: list[RequestRecord] = []
+        out_idle: list[IdleCost] = []
+        with self._lock:
+            if not self._closed:
+                self._advance(self._clock() - self._config.max_delay_seconds,
+                              out_records, out_idle)
+        self._emit(out_records, out_idle)
+
+    @property
+    def ledger(self) -> dict[str, NodeLedger]:
+        with self._lock:
+            return {name: node.ledger for name, node in self._nodes.items()}
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _emit(self, records: list[RequestRecord], idle: list[IdleCost]) -> None:
+        for record in records:
+            self.stats.records_out += 1
+            self._downstream.consume_record(record)
+        for item in idle:
+            self._downstream.consume_idle_cost(item)
+
+    def _node_for(self, record: RequestRecord) -> tuple[str, _Node]:
+        name = record.node or DEFAULT_NODE_NAME
+        node = self._nodes.get(name)
+        spec = self._prices.node_spec(record.node)
+        if node is None:
+            gpu_type = spec.gpu_type or record.gpu_type or self._prices.default_gpu_type
+            if gpu_type not in self._prices.gpus:
+                gpu_type = self._prices.default_gpu_type
+            count = spec.gpu_count or max(1, record.tensor_parallel)
+            node = _Node(NodeLedger(pool=record.pool or spec.pool, gpu_type=gpu_type,
+                                    gpu_count=count))
+            self._nodes[name] = node
+        elif spec.gpu_count is None:
+            node.ledger.gpu_count = max(node.ledger.gpu_count, record.tensor_parallel)
+        return name, node
+
+    def _price_record_basics(self, record: RequestRecord) -> None:
+        land_cpu_and_network_cost(record, self._prices.cpu_dollars_per_core_second,
+                                  self._prices.network_dollars_per_byte)
+        spec = self._prices.node_spec(record.node)
+        price = self._prices.gpu_price(spec.gpu_type or record.gpu_type)
+        gpus = max(1, record.tensor_parallel)
+        record.naive_cost_dollars = record.duration_seconds * price.dollars_per_second * gpus
+
+    def _admit(self, record: RequestRecord) -> _Pending | None:
+        ps, ds, end = record.prefill_start_unix, record.decode_start_unix, record.engine_end_unix
+        if ps is None or ds is None or end is None or not ps <= ds <= end:
+            self.stats.without_timeline += 1
+            return None
+        _, node = self._node_for(record)
+        roofline = roofline_for_record(record, node.ledger.gpu_type)
+        closed = node.ledger.closed_until
+        if closed is not None and ps < closed:
+            # Its slices before the watermark were already apportioned without it.
+            self.stats.late_records += 1
+            log.warning("cost: record %s arrived after its node's slices closed; "
+                        "raise cost.max_delay_seconds", record.trace_id)
+            ps, ds = max(ps, closed), max(ds, closed)
+            end = max(end, closed)
+        interval = EngineInterval(
+            key=self._next_key,
+            group=(record.model, node.ledger.gpu_type, max(1, record.tensor_parallel)),
+            roofline=roofline,
+            prefill_start=ps,
+            decode_start=ds,
+            end=end,
+            input_tokens=max(0, record.input_tokens),
+            cached_tokens=max(0, record.cache_read_tokens),
+            output_tokens=max(0, record.output_tokens),
+            gpus=max(1, record.tensor_parallel),
+        )
+        self._next_key += 1
+        pending = _Pending(record, interval, roofline)
+        node.pending.append(pending)
+        return pending
+
+    def _advance(self, watermark: float, out_records: list[RequestRecord],
+                 out_idle: list[IdleCost]) -> None:
+        total = sum(len(node.pending) for node in self._nodes.values())
+        excess = total - self._config.max_pending_records
+        if excess > 0:
+            ends = sorted(p.interval.end for node in self._nodes.values() for p in node.pending)
+            watermark = max(watermark, ends[excess - 1])
+            self.stats.forced_closes += 1
+        for node in self._nodes.values():
+            self._close_node(node, watermark, out_records, out_idle, flush_all=False)
+
+    def _close_node(self, node: _Node, stop: float, out_records: list[RequestRecord],
+                    out_idle: list[IdleCost], flush_all: bool) -> None:
+        ledger = node.ledger
+        start = ledger.closed_until
+        if start is None:
+            if not node.pending:
+                return
+            start = min(p.interval.prefill_start for p in node.pending)
+            ledger.window_start = start
+        if stop > start:
+            price = self._prices.gpu_price(ledger.gpu_type).dollars_per_second
+            result = close_window([p.interval for p in node.pending], start, stop,
+                                  ledger.gpu_count, price)
+            ledger.node_dollars += result.node_dollars
+            ledger.attributed_dollars += result.attributed_dollars
+            ledger.idle_dollars += result.idle_dollars
+            ledger.closed_until = stop
+            out_idle.extend(_merge_idle(ledger.pool, result.idle_spans))
+        elif ledger.closed_until is None:
+            ledger.closed_until = start
+        closed_until = ledger.closed_until if ledger.closed_until is not None else start
+        done = [p for p in node.pending if flush_all or p.interval.end <= closed_until]
+        if not done:
+            return
+        node.pending = [p for p in node.pending if not (flush_all or
+                                                         p.interval.end <= closed_until)]
+        done.sort(key=lambda p: p.interval.prefill_start)
+        for item in done:
+            self._finish(item)
+            out_records.append(item.record)
+
+    def _finish(self, item: _Pending) -> None:
+        record, iv = item.record, item.interval
+        assert record.prefill_start_unix is not None and record.decode_start_unix is not None
+        assert record.engine_end_unix is not None
+        prefill_seconds = record.decode_start_unix - record.prefill_start_unix
+        decode_seconds = record.engine_end_unix - record.decode_start_unix
+        land_gpu_cost(
+            record,
+            item.roofline,
+            {Phase.PREFILL: prefill_seconds, Phase.DECODE: decode_seconds},
+            iv.cost_by_phase,
+            iv.average_decode_batch,
+        )
+        record.cache_miss_waste_dollars = self.cache.observe(
+            record, iv.cost_by_phase.get(Phase.PREFILL, 0.0), item.roofline)
+        record.cost_dollars = sum(t.cost_dollars for t in record.stages.values())
+
+
+def _merge_idle(pool: str, spans: list[tuple[float, float, float]]) -> list[IdleCost]:
+    merged: list[IdleCost] = []
+    for start, end, dollars in spans:
+        if merged and merged[-1].end_unix == start:
+            last = merged[-1]
+            merged[-1] = IdleCost(pool, last.start_unix, end, last.dollars + dollars)
+        else:
+            merged.append(IdleCost(pool, start, end, dollars))
+    return merged
