@@ -227,8 +227,11 @@ class CostAttributor:
         if closed is not None and ps < closed:
             # Its slices before the watermark were already apportioned without it.
             self.stats.late_records += 1
-            log.warning("cost: record %s arrived after its node's slices closed; "
-                        "raise cost.max_delay_seconds", record.trace_id)
+            if self.stats.late_records == 1:
+                log.warning("cost: record %s arrived after its node's slices closed (its "
+                            "earlier GPU time went to others or idle); raise "
+                            "cost.max_delay_seconds; further ones are only counted",
+                            record.trace_id)
             ps, ds = max(ps, closed), max(ds, closed)
             end = max(end, closed)
         interval = EngineInterval(
@@ -277,9 +280,9 @@ class CostAttributor:
             ledger.idle_dollars += result.idle_dollars
             ledger.closed_until = stop
             out_idle.extend(_merge_idle(ledger.pool, result.idle_spans))
-        elif ledger.closed_until is None:
-            ledger.closed_until = start
-        closed_until = ledger.closed_until if ledger.closed_until is not None else start
+        closed_until = ledger.closed_until
+        if closed_until is None:
+            return
         done = [p for p in node.pending if flush_all or p.interval.end <= closed_until]
         if not done:
             return
