@@ -90,6 +90,8 @@ SPANS_REJECTED = _m("collector_spans_rejected", "counter", (LABEL_RECEIVER, LABE
                     "Spans refused by a receiver, by reason.")
 SPANS_DROPPED = _m("collector_spans_dropped", "counter", (LABEL_REASON,),
                    "Spans accepted but dropped later (limits, duplicates, late), by reason.")
+ATTRIBUTES_DROPPED = _m("collector_attributes_dropped", "counter", (LABEL_REASON,),
+                        "Span attributes dropped or truncated on ingest, by reason.")
 SPANS_UNMAPPED = _m("collector_spans_unmapped", "counter", (),
                     "Spans that map to no stage and were ignored.")
 TRACES_EVICTED = _m("collector_traces_evicted", "counter", (LABEL_REASON,),
@@ -171,3 +173,9 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     ENGINE_PREFIX_QUERY_TOKENS, ENGINE_REQUESTS_RUNNING, ENGINE_REQUESTS_WAITING,
     ENGINE_KV_USAGE, ENGINE_SPEC_DRAFT, ENGINE_SPEC_ACCEPTED,
 )
+
+# ``phase`` label value for stages that are not split into prefill and decode.
+PHASE_NONE: Final = "none"
+# ``size`` label values of RESPONSE_CHUNKS.
+CHUNK_SIZE_SMALL: Final = "small"
+CHUNK_SIZE_NORMAL: Final = "normal"
