@@ -97,6 +97,22 @@ def split_phase_seconds(
     }
 
 
+def _measured_split(record: RequestRecord) -> bool:
+    """True when the engine measured hbm_load or kernel_exec itself: keep its seconds."""
+    return any(
+        stage in record.stages and record.stages[stage].provenance is not Provenance.MODELED
+        for stage in (StageId.HBM_LOAD, StageId.KERNEL_EXEC)
+    )
+
+
+def _spread_over_existing(record: RequestRecord, phase_dollars: dict[Phase, float]) -> None:
+    present = [record.stages[s] for s in GPU_STAGES if s in record.stages]
+    total = sum(max(0.0, t.seconds) for t in present)
+    dollars = sum(phase_dollars.values())
+    for timing in present:
+        timing.cost_dollars = dollars * max(0.0, timing.seconds) / total if total > 0 else 0.0
+
+
 def land_gpu_cost(
     record: RequestRecord,
     roofline: Roofline | None,
@@ -104,26 +120,39 @@ def land_gpu_cost(
     phase_dollars: dict[Phase, float],
     decode_batch: float,
 ) -> None:
-    """Write stages 7-10 (seconds, dollars, per-phase split) onto ``record``."""
+    """Write stages 7-10 (seconds, dollars, per-phase split) onto ``record``.
+
+    Replaces the mapper's default split (prefill -> kernel_exec, decode -> hbm_load);
+    a measured gpu_dispatch keeps its seconds and provenance.
+    """
+    if _measured_split(record):
+        _spread_over_existing(record, phase_dollars)
+        return
     total_in_model = sum(phase_seconds.values())
+    measured = {
+        phase: _measured_dispatch(record, phase, phase_seconds.get(phase, 0.0), total_in_model)
+        for phase in (Phase.PREFILL, Phase.DECODE)
+    }
+    dispatch_timing = record.stages.get(StageId.GPU_DISPATCH)
+    for stage in GPU_STAGES:
+        record.stages.pop(stage, None)
     per_stage: dict[StageId, dict[Phase, PhaseShare]] = {s: {} for s in GPU_STAGES}
     for phase in (Phase.PREFILL, Phase.DECODE):
         seconds = phase_seconds.get(phase, 0.0)
         dollars = phase_dollars.get(phase, 0.0)
         split = split_phase_seconds(
             roofline, phase, seconds, record.input_tokens, record.cache_read_tokens,
-            record.output_tokens, decode_batch,
-            _measured_dispatch(record, phase, seconds, total_in_model),
+            record.output_tokens, decode_batch, measured[phase],
         )
         for stage, stage_seconds in split.items():
             per_stage[stage][phase] = PhaseShare(stage_seconds, dollars * stage_seconds / seconds)
-    measured_dispatch = record.stages.get(StageId.GPU_DISPATCH)
     for stage, phases in per_stage.items():
         if not phases:
             continue
         provenance = Provenance.MODELED
-        if stage is StageId.GPU_DISPATCH and measured_dispatch is not None:
-            provenance = measured_dispatch.provenance
+        if (stage is StageId.GPU_DISPATCH and dispatch_timing is not None
+                and dispatch_timing.provenance is not Provenance.MODELED):
+            provenance = dispatch_timing.provenance
         record.stages[stage] = StageTiming(
             stage=stage,
             seconds=sum(p.seconds for p in phases.values()),
