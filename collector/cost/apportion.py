@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from tokenpath.roofline import Roofline
 from tokenpath.stages import Phase
@@ -149,7 +150,7 @@ def close_window(
     )
     next_index = 0
     active: list[EngineInterval] = []
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in pairwise(bounds):
         dt = b - a
         node_dollars = node_rate * dt
         result.node_dollars += node_dollars

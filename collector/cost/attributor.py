@@ -37,7 +37,11 @@ from tokenpath.stages import Phase
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_DELAY_SECONDS = 120.0
+# A record arrives after its request ended (plus the assembler's grace), so a node's slice
+# can close once every request active in it has arrived: requests longer than this delay
+# lose their earliest part to the others (counted as late_records).
+DEFAULT_MAX_DELAY_SECONDS = 60.0
+DEFAULT_TICK_SECONDS = 1.0
 DEFAULT_MAX_PENDING_RECORDS = 100_000
 
 
@@ -49,10 +53,13 @@ class AttributorConfig:
     recent_prefix_ttl_seconds: float = DEFAULT_RECENT_TTL_SECONDS
     recent_prefix_capacity: int = DEFAULT_RECENT_CAPACITY
     heavy_hitter_capacity: int = DEFAULT_HEAVY_HITTER_CAPACITY
+    tick_seconds: float = DEFAULT_TICK_SECONDS  # 0: no background ticker (call tick())
 
     def validate(self) -> None:
         if not self.max_delay_seconds >= 0:
             raise ConfigError("cost.max_delay_seconds", "must be >= 0")
+        if not self.tick_seconds >= 0:
+            raise ConfigError("cost.tick_seconds", "must be >= 0")
         for key, value in (
             ("cost.max_pending_records", self.max_pending_records),
             ("cost.prefix_block_tokens", self.prefix_block_tokens),
@@ -121,6 +128,8 @@ class CostAttributor:
         self._nodes: dict[str, _Node] = {}
         self._next_key = 0
         self._closed = False
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
         self.stats = AttributorStats()
         self.cache = PrefixCacheTracker(
             block_tokens=self._config.prefix_block_tokens,
@@ -132,10 +141,25 @@ class CostAttributor:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Nothing to start: work happens on ``consume_record`` and ``tick``."""
+        """Start the background ticker that closes slices while traffic is sparse."""
+        if self._ticker is not None or self._config.tick_seconds <= 0:
+            return
+        self._ticker = threading.Thread(target=self._tick_loop, name="tokenpath-cost-ticker",
+                                        daemon=True)
+        self._ticker.start()
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(self._config.tick_seconds):
+            try:
+                self.tick()
+            except Exception:  # a failing sink must not kill the ticker
+                log.exception("cost: tick failed")
 
     def shutdown(self) -> None:
         """Close every node's window, flush all records and idle cost, shut downstream."""
+        self._stop.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join(timeout=5)
         with self._lock:
             if self._closed:
                 return

@@ -27,11 +27,11 @@ from tokenpath.stages import (
 
 # Stages priced as CPU time. Waiting in the scheduler queue costs no extra hardware (the
 # GPU it waits for is paid by the requests being served), so it carries no dollars.
-CPU_STAGES: tuple[StageId, ...] = tuple(
-    stage.id
-    for stage in STAGE_BY_ID.values()
-    if stage.group in (StageGroup.CLIENT, StageGroup.GATEWAY)
-) + (StageId.KV_CACHE_LOOKUP,)
+CPU_STAGES: tuple[StageId, ...] = (
+    *(stage.id for stage in STAGE_BY_ID.values()
+      if stage.group in (StageGroup.CLIENT, StageGroup.GATEWAY)),
+    StageId.KV_CACHE_LOOKUP,
+)
 
 
 def _measured_dispatch(record: RequestRecord, phase: Phase, phase_seconds: float,

@@ -46,7 +46,8 @@ def check_rules_of_thumb(calibration: Calibration) -> list[RuleCheck]:
 
     speedup = speculative_speedup(DEFAULT_SPEC_ACCEPTANCE, DEFAULT_SPEC_DRAFT_TOKENS)
     spec = project(calibration, Scenario(spec_decode_speedup=speedup))
-    decode_gain = base.decode_gpu_seconds / spec.decode_gpu_seconds if spec.decode_gpu_seconds else 1
+    decode_gain = (base.decode_gpu_seconds / spec.decode_gpu_seconds
+                   if spec.decode_gpu_seconds else 1.0)
     checks.append(RuleCheck(
         "speculative decoding", "2 to 3x decode throughput, less memory-bandwidth pressure",
         f"{decode_gain:.2f}x decode throughput at acceptance {DEFAULT_SPEC_ACCEPTANCE}, "
