@@ -11,7 +11,12 @@ among its sequences by their roofline work in the slice:
 - a prefilling sequence does the fraction ``dt / prefill_duration`` of its prefill FLOPs and
   KV bytes, plus ``S`` weight shares;
 - ``S`` (steps in the slice) is solved from the roofline step time when a prefill is in
-  the slice (at least one); otherwise it cancels out.
+  the slice: ``dt = Nv + S * (overhead + nv_d) + max(Pc + S * Cd, Pm + S * (W + Md))``
+  (``Pc, Pm, Nv``: the prefill compute, memory and all-reduce seconds placed in the slice
+  by time fraction; ``Cd, Md, nv_d``: one step's decode compute, memory and all-reduce
+  seconds; ``W``: streaming the weights). The max of two increasing lines reaches ``dt``
+  at the smaller of their two solutions; at least one step. Without a prefill ``S``
+  cancels out.
 
 Everything here is modeled (provenance ``modeled``); the inputs are measured timestamps.
 """
@@ -90,7 +95,8 @@ def _group_weights(members: list[tuple[EngineInterval, Phase]], dt: float,
     batch = len(members)
     weight_share = roofline.memory_seconds(roofline.model.weight_bytes / batch)
     decode_compute = decode_memory = 0.0
-    prefill_compute = prefill_memory = 0.0
+    prefill_compute = prefill_memory = prefill_nvlink = 0.0
+    decoders = 0
     per_step: list[float] = []
     prefill_part: list[float] = []
     for interval, phase in members:
@@ -100,6 +106,7 @@ def _group_weights(members: list[tuple[EngineInterval, Phase]], dt: float,
             m = roofline.memory_seconds(roofline.decode_bytes(ctx))
             decode_compute += c
             decode_memory += m
+            decoders += 1
             per_step.append(c + m + weight_share)
             prefill_part.append(0.0)
         else:
@@ -110,14 +117,16 @@ def _group_weights(members: list[tuple[EngineInterval, Phase]], dt: float,
             m = roofline.memory_seconds(roofline.prefill_bytes(n, cached)) * frac
             prefill_compute += c
             prefill_memory += m
+            prefill_nvlink += roofline.nvlink_seconds(n) * frac  # linear in tokens
             per_step.append(weight_share)
             prefill_part.append(c + m)
     steps = 1.0
     if prefill_compute > 0 or prefill_memory > 0:
-        overhead = roofline.step_overhead_seconds + roofline.nvlink_seconds(batch)
+        overhead = roofline.step_overhead_seconds + roofline.nvlink_seconds(decoders)
         weights = roofline.memory_seconds(roofline.model.weight_bytes)
-        by_compute = (dt - prefill_compute) / (overhead + decode_compute)
-        by_memory = (dt - prefill_memory) / (overhead + weights + decode_memory)
+        busy = dt - prefill_nvlink  # the prefill tokens' all-reduces lengthen the steps
+        by_compute = (busy - prefill_compute) / (overhead + decode_compute)
+        by_memory = (busy - prefill_memory) / (overhead + weights + decode_memory)
         steps = max(1.0, min(by_compute, by_memory))
     return [steps * s + p for s, p in zip(per_step, prefill_part, strict=True)]
 
