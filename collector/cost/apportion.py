@@ -77,6 +77,23 @@ class EngineInterval:
 
 
 @dataclass(slots=True)
+class GroupSummary:
+    """What one engine group did in a closed slice, kept to price late records."""
+
+    total_work: float
+    steps: float
+    batch: int
+    dollars: float
+
+
+@dataclass(slots=True)
+class ClosedSlice:
+    start: float
+    end: float
+    groups: dict[GroupKey, GroupSummary] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class SliceResult:
     """What closing one window of a node produced."""
 
@@ -84,14 +101,15 @@ class SliceResult:
     attributed_dollars: float = 0.0
     idle_dollars: float = 0.0
     idle_spans: list[tuple[float, float, float]] = field(default_factory=list)
+    closed: list[ClosedSlice] = field(default_factory=list)
 
 
 def _group_weights(members: list[tuple[EngineInterval, Phase]], dt: float,
-                   mid: float) -> list[float]:
+                   mid: float) -> tuple[list[float], float]:
     """Roofline work of each member of one engine group in a slice of length ``dt``."""
     roofline = members[0][0].roofline
     if roofline is None:
-        return [1.0] * len(members)
+        return [1.0] * len(members), 1.0
     batch = len(members)
     weight_share = roofline.memory_seconds(roofline.model.weight_bytes / batch)
     decode_compute = decode_memory = 0.0
@@ -128,7 +146,7 @@ def _group_weights(members: list[tuple[EngineInterval, Phase]], dt: float,
         by_compute = (busy - prefill_compute) / (overhead + decode_compute)
         by_memory = (busy - prefill_memory) / (overhead + weights + decode_memory)
         steps = max(1.0, min(by_compute, by_memory))
-    return [steps * s + p for s, p in zip(per_step, prefill_part, strict=True)]
+    return [steps * s + p for s, p in zip(per_step, prefill_part, strict=True)], steps
 
 
 def close_window(
@@ -164,6 +182,8 @@ def close_window(
         node_dollars = node_rate * dt
         result.node_dollars += node_dollars
         mid = a + dt / 2.0
+        closed = ClosedSlice(a, b)
+        result.closed.append(closed)
         while next_index < len(pending) and pending[next_index].prefill_start <= mid:
             active.append(pending[next_index])
             next_index += 1
@@ -183,10 +203,11 @@ def close_window(
         used_dollars = 0.0
         for key, members in groups.items():
             group_dollars = node_dollars * demanded[key] * scale / node_gpus
-            weights = _group_weights(members, dt, mid)
+            weights, steps = _group_weights(members, dt, mid)
             total = sum(weights)
             if total <= 0:
                 weights, total = [1.0] * len(members), float(len(members))
+            closed.groups[key] = GroupSummary(total, steps, len(members), group_dollars)
             for (iv, phase), w in zip(members, weights, strict=True):
                 share = group_dollars * w / total
                 iv.cost_by_phase[phase] = iv.cost_by_phase.get(phase, 0.0) + share
@@ -200,3 +221,62 @@ def close_window(
             result.idle_dollars += idle
             result.idle_spans.append((a, b, idle))
     return result
+
+
+def _late_work(iv: EngineInterval, phase: Phase, summary: GroupSummary, seconds: float,
+               part: float, mid: float) -> float:
+    """The late interval's work in ``part`` (a fraction, ``seconds`` long) of a closed slice."""
+    roofline = iv.roofline
+    if roofline is None:
+        return part
+    weight_share = roofline.memory_seconds(roofline.model.weight_bytes / (summary.batch + 1))
+    steps = summary.steps * part
+    if phase is Phase.DECODE:
+        ctx = int(iv.context_at(mid))
+        return steps * (roofline.compute_seconds(roofline.decode_flops(ctx))
+                        + roofline.memory_seconds(roofline.decode_bytes(ctx)) + weight_share)
+    duration = iv.decode_start - iv.prefill_start
+    n, cached = iv.new_tokens, iv.cached_tokens
+    prefill = (roofline.compute_seconds(roofline.prefill_flops(n, cached))
+               + roofline.memory_seconds(roofline.prefill_bytes(n, cached)))
+    fraction = seconds / duration if duration > 0 else 1.0
+    return steps * weight_share + prefill * fraction
+
+
+def price_late_interval(
+    iv: EngineInterval,
+    closed: list[ClosedSlice],
+    until: float,
+    dollars_per_gpu_second: float,
+) -> float:
+    """Charge a record that arrived after its node's slices closed for its part before
+    ``until``: its modeled share of each closed slice it was active in (as if it had been
+    there), or the full rate of its GPUs where its group was idle. Returns the dollars,
+    which the other members of those slices have already been charged too."""
+    charged = 0.0
+    for piece in closed:
+        if piece.end <= iv.prefill_start or piece.start >= min(until, iv.end):
+            continue
+        cuts = sorted({piece.start, piece.end, *(
+            t for t in (iv.prefill_start, iv.decode_start, iv.end, until)
+            if piece.start < t < piece.end)})
+        dt = piece.end - piece.start
+        for a, b in pairwise(cuts):
+            mid = a + (b - a) / 2.0
+            phase = iv.phase_at(mid)
+            if phase is None or mid >= until:
+                continue
+            part = (b - a) / dt
+            summary = piece.groups.get(iv.group)
+            if summary is None:
+                dollars = iv.gpus * dollars_per_gpu_second * (b - a)
+            else:
+                work = _late_work(iv, phase, summary, b - a, part, mid)
+                total = summary.total_work * part
+                dollars = summary.dollars * part * work / (total + work) if work > 0 else 0.0
+                # the next late record of this slice competes with this one too
+                summary.total_work += work / part
+                summary.batch += 1
+            iv.cost_by_phase[phase] = iv.cost_by_phase.get(phase, 0.0) + dollars
+            charged += dollars
+    return charged

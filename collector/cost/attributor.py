@@ -1,10 +1,16 @@
 """``CostAttributor``: dollars onto every record, idle cost per pool (SPEC section 5).
 
-Sits between the stage mapper and the sinks (``tokenpath.pipeline``). Records finish out of
-order, so each node's timeline is held open until a watermark (``clock() -
-max_delay_seconds``) passes; then its slices are apportioned (:mod:`.apportion`), finished
-records get their stage dollars and go downstream, and unused GPU time goes downstream as
+Sits between the stage mapper and the sinks (``tokenpath.pipeline``). A record arrives only
+after its request ended, so a node's slice can be apportioned once every request active in
+it has arrived. Each node's timeline is held open until a watermark ``clock() - delay``
+passes, where the delay adapts to the traffic: the longest recent arrival lag (arrival
+minus engine start) plus a margin, bounded by ``min_delay_seconds`` and
+``max_delay_seconds``. Then its slices are apportioned (:mod:`.apportion`), finished records
+get their stage dollars and go downstream, and unused GPU time goes downstream as
 :class:`tokenpath.pipeline.IdleCost`. ``shutdown()`` closes every node and flushes.
+
+A record that still arrives after its slices closed is priced from kept summaries of those
+slices (``late_records``, ``late_dollars``): the others in them have already paid.
 
 Conservation: per node, the attributed GPU dollars of the records plus the idle dollars
 equal gpu_count x $/GPU-second x the window (see ``ledger``).
@@ -15,10 +21,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tokenpath.collector.cost.apportion import EngineInterval, close_window
+from tokenpath.collector.cost.apportion import (
+    ClosedSlice,
+    EngineInterval,
+    close_window,
+    price_late_interval,
+)
 from tokenpath.collector.cost.cache import (
     DEFAULT_BLOCK_TOKENS,
     DEFAULT_HEAVY_HITTER_CAPACITY,
@@ -37,31 +49,44 @@ from tokenpath.stages import Phase
 
 log = logging.getLogger(__name__)
 
-# A record arrives after its request ended (plus the assembler's grace), so a node's slice
-# can close once every request active in it has arrived: requests longer than this delay
-# lose their earliest part to the others (counted as late_records).
-DEFAULT_MAX_DELAY_SECONDS = 60.0
+DEFAULT_MIN_DELAY_SECONDS = 5.0  # above the assembler's root grace
+DEFAULT_MAX_DELAY_SECONDS = 300.0
+DEFAULT_LAG_WINDOW = 2048  # recent records whose arrival lag sets the delay
+DEFAULT_LAG_MARGIN_SECONDS = 2.0
+DEFAULT_LATE_HORIZON_SECONDS = 600.0  # closed slices kept this long to price late records
+MAX_CLOSED_SLICES_PER_NODE = 200_000
 DEFAULT_TICK_SECONDS = 1.0
 DEFAULT_MAX_PENDING_RECORDS = 100_000
 
 
 @dataclass(slots=True)
 class AttributorConfig:
+    min_delay_seconds: float = DEFAULT_MIN_DELAY_SECONDS
     max_delay_seconds: float = DEFAULT_MAX_DELAY_SECONDS
+    lag_window: int = DEFAULT_LAG_WINDOW
+    lag_margin_seconds: float = DEFAULT_LAG_MARGIN_SECONDS
     max_pending_records: int = DEFAULT_MAX_PENDING_RECORDS
     prefix_block_tokens: int = DEFAULT_BLOCK_TOKENS
     recent_prefix_ttl_seconds: float = DEFAULT_RECENT_TTL_SECONDS
     recent_prefix_capacity: int = DEFAULT_RECENT_CAPACITY
     heavy_hitter_capacity: int = DEFAULT_HEAVY_HITTER_CAPACITY
+    late_horizon_seconds: float = DEFAULT_LATE_HORIZON_SECONDS
     tick_seconds: float = DEFAULT_TICK_SECONDS  # 0: no background ticker (call tick())
 
     def validate(self) -> None:
-        if not self.max_delay_seconds >= 0:
-            raise ConfigError("cost.max_delay_seconds", "must be >= 0")
+        if not self.min_delay_seconds >= 0:
+            raise ConfigError("cost.min_delay_seconds", "must be >= 0")
+        if not self.max_delay_seconds >= self.min_delay_seconds:
+            raise ConfigError("cost.max_delay_seconds", "must be >= cost.min_delay_seconds")
+        if not self.lag_margin_seconds >= 0:
+            raise ConfigError("cost.lag_margin_seconds", "must be >= 0")
+        if not self.late_horizon_seconds >= 0:
+            raise ConfigError("cost.late_horizon_seconds", "must be >= 0")
         if not self.tick_seconds >= 0:
             raise ConfigError("cost.tick_seconds", "must be >= 0")
         for key, value in (
             ("cost.max_pending_records", self.max_pending_records),
+            ("cost.lag_window", self.lag_window),
             ("cost.prefix_block_tokens", self.prefix_block_tokens),
             ("cost.recent_prefix_capacity", self.recent_prefix_capacity),
             ("cost.heavy_hitter_capacity", self.heavy_hitter_capacity),
@@ -92,6 +117,7 @@ class AttributorStats:
     records_out: int = 0
     without_timeline: int = 0
     late_records: int = 0
+    late_dollars: float = 0.0  # charged to late records for slices others already paid
     forced_closes: int = 0
 
 
@@ -106,6 +132,8 @@ class _Pending:
 class _Node:
     ledger: NodeLedger
     pending: list[_Pending] = field(default_factory=list)
+    closed: deque[ClosedSlice] = field(
+        default_factory=lambda: deque(maxlen=MAX_CLOSED_SLICES_PER_NODE))
 
 
 class CostAttributor:
@@ -127,6 +155,8 @@ class CostAttributor:
         self._lock = threading.Lock()
         self._nodes: dict[str, _Node] = {}
         self._next_key = 0
+        # sliding-window maximum of arrival lags: (sequence number, lag), lags decreasing
+        self._lags: deque[tuple[int, float]] = deque()
         self._closed = False
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -185,7 +215,7 @@ class CostAttributor:
             if pending is None:
                 record.cost_dollars = sum(t.cost_dollars for t in record.stages.values())
                 out_records.append(record)
-            self._advance(self._clock() - self._config.max_delay_seconds, out_records, out_idle)
+            self._advance(self._watermark(), out_records, out_idle)
         self._emit(out_records, out_idle)
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
@@ -198,9 +228,26 @@ class CostAttributor:
         out_idle: list[IdleCost] = []
         with self._lock:
             if not self._closed:
-                self._advance(self._clock() - self._config.max_delay_seconds,
-                              out_records, out_idle)
+                self._advance(self._watermark(), out_records, out_idle)
         self._emit(out_records, out_idle)
+
+    @property
+    def delay_seconds(self) -> float:
+        """How far behind the clock slices are closed now."""
+        cfg = self._config
+        lag = self._lags[0][1] + cfg.lag_margin_seconds if self._lags else 0.0
+        return min(cfg.max_delay_seconds, max(cfg.min_delay_seconds, lag))
+
+    def _watermark(self) -> float:
+        return self._clock() - self.delay_seconds
+
+    def _observe_lag(self, lag: float) -> None:
+        sequence = self._next_key
+        while self._lags and self._lags[-1][1] <= lag:
+            self._lags.pop()
+        self._lags.append((sequence, lag))
+        while self._lags[0][0] <= sequence - self._config.lag_window:
+            self._lags.popleft()
 
     @property
     def ledger(self) -> dict[str, NodeLedger]:
@@ -247,17 +294,9 @@ class CostAttributor:
             return None
         _, node = self._node_for(record)
         roofline = roofline_for_record(record, node.ledger.gpu_type)
+        self._observe_lag(self._clock() - ps)
         closed = node.ledger.closed_until
-        if closed is not None and ps < closed:
-            # Its slices before the watermark were already apportioned without it.
-            self.stats.late_records += 1
-            if self.stats.late_records == 1:
-                log.warning("cost: record %s arrived after its node's slices closed (its "
-                            "earlier GPU time went to others or idle); raise "
-                            "cost.max_delay_seconds; further ones are only counted",
-                            record.trace_id)
-            ps, ds = max(ps, closed), max(ds, closed)
-            end = max(end, closed)
+        late = closed is not None and ps < closed
         interval = EngineInterval(
             key=self._next_key,
             group=(record.model, node.ledger.gpu_type, max(1, record.tensor_parallel)),
@@ -271,9 +310,24 @@ class CostAttributor:
             gpus=max(1, record.tensor_parallel),
         )
         self._next_key += 1
+        if late and closed is not None:
+            self._price_late(node, interval, closed, record.trace_id)
         pending = _Pending(record, interval, roofline)
         node.pending.append(pending)
         return pending
+
+    def _price_late(self, node: _Node, interval: EngineInterval, closed: float,
+                    trace_id: str) -> None:
+        """Its slices before ``closed`` were apportioned without it: charge it its modeled
+        share of them (counted in ``late_dollars``); apportion only the rest normally."""
+        self.stats.late_records += 1
+        if self.stats.late_records == 1:
+            log.warning("cost: record %s arrived after its node's slices closed; priced from "
+                        "the closed slices (cost.max_delay_seconds bounds the wait); "
+                        "further ones are only counted", trace_id)
+        price = self._prices.gpu_price(node.ledger.gpu_type).dollars_per_second
+        self.stats.late_dollars += price_late_interval(interval, list(node.closed), closed,
+                                                       price)
 
     def _advance(self, watermark: float, out_records: list[RequestRecord],
                  out_idle: list[IdleCost]) -> None:
@@ -303,6 +357,10 @@ class CostAttributor:
             ledger.attributed_dollars += result.attributed_dollars
             ledger.idle_dollars += result.idle_dollars
             ledger.closed_until = stop
+            node.closed.extend(result.closed)
+            horizon = stop - self._config.late_horizon_seconds
+            while node.closed and node.closed[0].end < horizon:
+                node.closed.popleft()
             out_idle.extend(_merge_idle(ledger.pool, result.idle_spans))
         closed_until = ledger.closed_until
         if closed_until is None:

@@ -15,6 +15,7 @@ from .helpers import FakeClock, RecordingSink, engine_record
 PRICES = load_price_sheet()
 H100_PER_SECOND = PRICES.gpus["H100-SXM"].dollars_per_hour / 3600.0
 NO_TICKER = AttributorConfig(tick_seconds=0)
+NO_DELAY = AttributorConfig(min_delay_seconds=0, max_delay_seconds=0, tick_seconds=0)
 
 
 def attributor(sink: RecordingSink, clock: FakeClock | None = None,
@@ -115,17 +116,23 @@ def test_records_are_held_until_the_watermark_passes() -> None:
     assert sink.shutdowns == 1
 
 
-def test_late_record_is_counted_and_not_double_charged() -> None:
+def test_late_record_is_priced_from_closed_slices_and_counted() -> None:
     sink = RecordingSink()
     clock = FakeClock(1000.0)
-    cost = attributor(sink, clock, AttributorConfig(max_delay_seconds=0, tick_seconds=0))
+    cost = attributor(sink, clock, NO_DELAY)
     cost.consume_record(engine_record(0, 900.0, 0.1, 50.0))  # closes up to 1000
     cost.consume_record(engine_record(1, 920.0, 0.1, 10.0))  # ended before the watermark
+    cost.consume_record(engine_record(2, 960.0, 0.1, 10.0))  # in a slice that was idle
     cost.shutdown()
-    assert cost.stats.late_records == 1
+    assert cost.stats.late_records == 2
+    late = {r.trace_id: r for r in sink.records}
+    assert late[f"{2:032x}"].gpu_cost_dollars > 0
+    # alone on the node (the slice was idle): the full rate of its GPU
+    assert math.isclose(late[f"{3:032x}"].gpu_cost_dollars, 10.1 * H100_PER_SECOND, rel_tol=1e-9)
     ledger = cost.ledger["node-a"]
     attributed = sum(r.gpu_cost_dollars for r in sink.records)
-    assert math.isclose(attributed + sink.idle_dollars, ledger.node_dollars, rel_tol=1e-9)
+    assert math.isclose(attributed + sink.idle_dollars,
+                        ledger.node_dollars + cost.stats.late_dollars, rel_tol=1e-9)
 
 
 def test_gpu_stages_are_modeled_with_phases_and_keep_measured_dispatch() -> None:
@@ -217,7 +224,8 @@ def test_background_ticker_flushes_without_new_traffic() -> None:
     sink = RecordingSink()
     clock = FakeClock(0.0)
     cost = CostAttributor(sink, PRICES, clock=clock,
-                          config=AttributorConfig(max_delay_seconds=0, tick_seconds=0.01))
+                          config=AttributorConfig(min_delay_seconds=0, max_delay_seconds=0,
+                                                  tick_seconds=0.01))
     delivered = threading.Event()
     original = sink.consume_record
 
