@@ -9,13 +9,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenpath.collector.auth import bearer_matches
@@ -72,7 +73,7 @@ def _since(value: str | None) -> float | None:
 def build_app(
     ingest: OtlpIngest,
     store: RecordStore,
-    registry: CollectorRegistry,
+    metrics_text: Callable[[], str],
     stats: CollectorStats,
     auth_token: str | None = None,
 ) -> FastAPI:
@@ -86,7 +87,7 @@ def build_app(
 
     @app.get("/metrics")
     def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/api/requests")
     def requests(limit: int = Query(DEFAULT_API_LIMIT, ge=1, le=MAX_API_LIMIT),

@@ -66,7 +66,8 @@ class CollectorService:
         self.assembler = Assembler(self.mapper, config.assembler, self.stats)
         self.ingest = OtlpIngest(self.assembler, self.node_metrics, config.limits, self.stats,
                                  config.max_buffered_spans)
-        app = build_app(self.ingest, self.store, self.registry, self.stats, config.auth_token)
+        app = build_app(self.ingest, self.store, self.prometheus.render, self.stats,
+                        config.auth_token)
         self.http = HttpListener(app, config.http_host, config.http_port)
         self.grpc: GrpcReceiver | None = None
         if config.grpc_port is not None:
