@@ -160,3 +160,25 @@ class PrefixCacheTracker:
             if at - oldest.last <= self._ttl:
                 break
             self._recent.popitem(last=False)
+
+
+def prefill_dollars(record: RequestRecord) -> float:
+    """The record's apportioned prefill dollars (sum of its GPU stages' prefill phase)."""
+    from tokenpath.stages import Phase
+
+    return sum(t.phases[Phase.PREFILL].cost_dollars for t in record.stages.values()
+               if Phase.PREFILL in t.phases)
+
+
+def top_prefixes_by_waste(records: Iterable[RequestRecord], limit: int = 10,
+                          block_tokens: int = DEFAULT_BLOCK_TOKENS) -> list[PrefixStats]:
+    """Replay stored records (in engine order) through a tracker: the repeated prefixes
+    whose recomputation cost the most. Fingerprints only."""
+    from tokenpath.collector.cost.catalog import roofline_for_record
+
+    tracker = PrefixCacheTracker(block_tokens=block_tokens)
+    ordered = sorted(records, key=lambda r: r.prefill_start_unix or r.start_unix)
+    for record in ordered:
+        roofline = roofline_for_record(record, record.gpu_type or "H100-SXM")
+        tracker.observe(record, prefill_dollars(record), roofline)
+    return tracker.heavy_hitters.top_by_waste(limit)

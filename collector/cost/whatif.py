@@ -29,8 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenpath.collector.cost.cache import token_weighted_hit_ratio
+from tokenpath.collector.cost.cache import token_weighted_hit_ratio, top_prefixes_by_waste
 from tokenpath.collector.cost.catalog import catalog_model_name
+from tokenpath.collector.cost.longcontext import spend_by_context_bucket
 from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.records import RequestRecord
 from tokenpath.roofline import GPUS, MODELS, Roofline
@@ -287,6 +288,8 @@ def what_if(records: Sequence[RequestRecord], prices: PriceSheet,
         "projected": projected.to_json(),
         "change": _change(baseline, projected),
         "scenario": dataclasses.asdict(scenario),
+        "long_context": [b.to_json() for b in spend_by_context_bucket(records)],
+        "top_prefixes_by_waste": [dataclasses.asdict(p) for p in top_prefixes_by_waste(records)],
         "calibration": {
             "requests": len(calibration.requests),
             "decode_batch": calibration.decode_batch,

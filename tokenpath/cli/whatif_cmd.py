@@ -93,6 +93,23 @@ def _render(result: dict[str, Any]) -> None:
     ):
         table.add_row(*_row(name, base[key], proj[key], fmt))
     console.print(table)
+    spend = Table(title="spend by context length (attention share of prefill FLOPs, modeled)")
+    for column in ("context tokens", "requests", "share of spend", "attention share"):
+        spend.add_column(column, justify="left" if column == "context tokens" else "right")
+    for bucket in result["long_context"]:
+        if bucket["requests"]:
+            spend.add_row(bucket["bucket"], str(bucket["requests"]),
+                          f"{bucket['share_of_spend']:.1%}", f"{bucket['attention_share']:.1%}")
+    console.print(spend)
+    prefixes = [p for p in result["top_prefixes_by_waste"] if p["waste_dollars"] > 0]
+    if prefixes:
+        waste = Table(title="repeated prefixes recomputed (fingerprints only)")
+        for column in ("fingerprint", "prefix tokens", "count", "hits", "misses", "waste $"):
+            waste.add_column(column, justify="left" if column == "fingerprint" else "right")
+        for p in prefixes:
+            waste.add_row(p["fingerprint"][:16], str(p["prefix_tokens"]), str(p["count"]),
+                          str(p["hits"]), str(p["misses"]), f"{p['waste_dollars']:.6f}")
+        console.print(waste)
     rules = result.get("rules_of_thumb")
     if rules:
         checks = Table(title="rules of thumb on your workload (modeled)")

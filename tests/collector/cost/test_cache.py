@@ -107,3 +107,21 @@ def test_more_cache_hits_never_raise_prefill_cost(input_tokens: int, low: float,
                    for t in sink.records[0].stages.values() if Phase.PREFILL in t.phases)
 
     assert prefill_dollars(cached_high) <= prefill_dollars(cached_low) * (1 + 1e-12)
+
+
+def test_top_prefixes_replay_stored_records_in_engine_order() -> None:
+    sink = RecordingSink()
+    cost = CostAttributor(sink, PRICES, clock=FakeClock(),
+                          config=AttributorConfig(tick_seconds=0))
+    for i in range(6):
+        record = engine_record(i, 10.0 * i, 0.2, 1.0, input_tokens=2048,
+                               cached_tokens=1600 if i % 2 else 0)
+        record.prefix_fingerprints = _prompt("sys", f"u{i}-", 128, 100)
+        cost.consume_record(record)
+    cost.shutdown()
+    from tokenpath.collector.cost.cache import top_prefixes_by_waste
+
+    top = top_prefixes_by_waste(list(reversed(sink.records)), limit=3)
+    assert [p.fingerprint for p in top] == ["sys99"]
+    assert (top[0].hits, top[0].misses) == (3, 2)  # the first sighting is neither
+    assert abs(top[0].waste_dollars - cost.cache.waste_dollars) < 1e-12
