@@ -131,6 +131,9 @@ def test_cli_json_has_the_spec_fields(recorded: list[RequestRecord], tmp_path: P
                     "ttft_p50_seconds"):
             assert isinstance(data[side][key], float)
     assert len(data["rules_of_thumb"]) == 5
+    assert data["provenance"] == "modeled"
+    assert sum(b["requests"] for b in data["long_context"]) == len(recorded)
+    assert data["top_prefixes_by_waste"]  # the workload repeats its system prompts
     table = CliRunner().invoke(app, ["whatif", "--records", str(path),
                                      "--spec-acceptance", "0.7"])
     assert table.exit_code == 0 and "requests/s per GPU" in table.output
@@ -142,3 +145,8 @@ def test_cli_rejects_bad_input_without_traceback(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["whatif", "--records", str(bad)])
     assert result.exit_code == 2
     assert "--records" in result.output
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("gpus: {H100-SXM: {dollars_per_hour: -1}}\n")
+    result = CliRunner().invoke(app, ["whatif", "--records", str(bad), "--prices", str(prices)])
+    assert result.exit_code == 2
+    assert "gpus.H100-SXM.dollars_per_hour" in result.output
