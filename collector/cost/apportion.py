@@ -104,9 +104,10 @@ class SliceResult:
     closed: list[ClosedSlice] = field(default_factory=list)
 
 
-def _group_weights(members: list[tuple[EngineInterval, Phase]], dt: float,
-                   mid: float) -> tuple[list[float], float]:
-    """Roofline work of each member of one engine group in a slice of length ``dt``."""
+def _group_weights(members: list[tuple[EngineInterval, Phase]], dt: float, mid: float,
+                   in_model_fraction: float = 1.0) -> tuple[list[float], float]:
+    """Roofline work of each member of one engine group in a slice of length ``dt``, of
+    which ``in_model_fraction`` was engine steps."""
     roofline = members[0][0].roofline
     if roofline is None:
         return [1.0] * len(members), 1.0
@@ -142,7 +143,8 @@ def _group_weights(members: list[tuple[EngineInterval, Phase]], dt: float,
     if prefill_compute > 0 or prefill_memory > 0:
         overhead = roofline.step_overhead_seconds + roofline.nvlink_seconds(decoders)
         weights = roofline.memory_seconds(roofline.model.weight_bytes)
-        busy = dt - prefill_nvlink  # the prefill tokens' all-reduces lengthen the steps
+        # step time in the slice; the prefill tokens' all-reduces lengthen the steps
+        busy = dt * in_model_fraction - prefill_nvlink
         by_compute = (busy - prefill_compute) / (overhead + decode_compute)
         by_memory = (busy - prefill_memory) / (overhead + weights + decode_memory)
         steps = max(1.0, min(by_compute, by_memory))
@@ -155,8 +157,13 @@ def close_window(
     stop: float,
     node_gpus: int,
     dollars_per_gpu_second: float,
+    in_model_fraction: float = 1.0,
 ) -> SliceResult:
     """Apportion the node's GPU dollars over ``[start, stop)`` among ``intervals``.
+
+    ``in_model_fraction`` is the share of the engine's elapsed time it reports as in-model
+    (its step loop's host-side gaps are GPU idle time); only that share of an active
+    slice is apportioned, the rest is idle.
 
     Adds each interval's share to its ``cost_by_phase``; time (and GPUs) no request used
     is returned as idle. attributed + idle == node dollars by construction.
@@ -202,8 +209,9 @@ def close_window(
         scale = min(1.0, node_gpus / total_demand)
         used_dollars = 0.0
         for key, members in groups.items():
-            group_dollars = node_dollars * demanded[key] * scale / node_gpus
-            weights, steps = _group_weights(members, dt, mid)
+            group_dollars = (node_dollars * demanded[key] * scale / node_gpus
+                             * in_model_fraction)
+            weights, steps = _group_weights(members, dt, mid, in_model_fraction)
             total = sum(weights)
             if total <= 0:
                 weights, total = [1.0] * len(members), float(len(members))

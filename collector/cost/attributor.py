@@ -56,6 +56,7 @@ DEFAULT_LAG_MARGIN_SECONDS = 2.0
 DEFAULT_LATE_HORIZON_SECONDS = 600.0  # closed slices kept this long to price late records
 MAX_CLOSED_SLICES_PER_NODE = 200_000
 DEFAULT_TICK_SECONDS = 1.0
+MIN_IN_MODEL_FRACTION = 0.5  # below this the elapsed-time estimate is not trusted
 DEFAULT_MAX_PENDING_RECORDS = 100_000
 
 
@@ -109,6 +110,19 @@ class NodeLedger:
     node_dollars: float = 0.0
     attributed_dollars: float = 0.0
     idle_dollars: float = 0.0
+    # decode seconds the engine reports in-model vs elapsed (first token -> end)
+    decode_in_model_seconds: float = 0.0
+    decode_elapsed_seconds: float = 0.0
+
+    @property
+    def in_model_fraction(self) -> float:
+        """Share of decode wall time the engine reports as in-model: below 1 when its step
+        loop leaves the GPU idle between steps (a simulated engine summing step times);
+        vLLM reports the whole wall time, so 1."""
+        if self.decode_elapsed_seconds <= 0:
+            return 1.0
+        fraction = self.decode_in_model_seconds / self.decode_elapsed_seconds
+        return min(1.0, max(MIN_IN_MODEL_FRACTION, fraction))
 
 
 @dataclass(slots=True)
@@ -295,6 +309,7 @@ class CostAttributor:
         _, node = self._node_for(record)
         roofline = roofline_for_record(record, node.ledger.gpu_type)
         self._observe_lag(self._clock() - ps)
+        self._observe_in_model(node.ledger, record)
         closed = node.ledger.closed_until
         late = closed is not None and ps < closed
         interval = EngineInterval(
@@ -315,6 +330,19 @@ class CostAttributor:
         pending = _Pending(record, interval, roofline)
         node.pending.append(pending)
         return pending
+
+    @staticmethod
+    def _observe_in_model(ledger: NodeLedger, record: RequestRecord) -> None:
+        """Decode in-model seconds vs first token -> end as the client saw it."""
+        ttft, end = record.ttft_seconds, record.engine_end_unix
+        decode = record.decode_seconds
+        if ttft is None or end is None or decode is None or record.output_tokens < 2:
+            return
+        elapsed = end - (record.start_unix + ttft)
+        if elapsed <= 0 or decode <= 0 or decode > elapsed * (1 + 1e-6):
+            return
+        ledger.decode_in_model_seconds += decode
+        ledger.decode_elapsed_seconds += elapsed
 
     def _price_late(self, node: _Node, interval: EngineInterval, closed: float,
                     trace_id: str) -> None:
@@ -352,7 +380,7 @@ class CostAttributor:
         if stop > start:
             price = self._prices.gpu_price(ledger.gpu_type).dollars_per_second
             result = close_window([p.interval for p in node.pending], start, stop,
-                                  ledger.gpu_count, price)
+                                  ledger.gpu_count, price, ledger.in_model_fraction)
             ledger.node_dollars += result.node_dollars
             ledger.attributed_dollars += result.attributed_dollars
             ledger.idle_dollars += result.idle_dollars
