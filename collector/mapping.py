@@ -241,6 +241,7 @@ def _map_engine(record: RequestRecord, acc: _StageAccumulator,
     last = max(engine_spans, key=lambda s: s.end_unix_nano)
     end = last.end_unix_nano / 1e9
     record.engine_end_unix = end
+    record.engine_start_unix = min(s.start_unix_nano for s in engine_spans) / 1e9
     record.decode_start_unix = end - decode
     record.prefill_start_unix = end - decode - prefill
 

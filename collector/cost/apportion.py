@@ -8,8 +8,10 @@ among its sequences by their roofline work in the slice:
 
 - a decoding sequence does ``S`` steps of ``sequence_work(decode_flops(ctx),
   decode_bytes(ctx), B)``: its own KV cache plus a ``1/B`` share of the weights;
-- a prefilling sequence does the fraction ``dt / prefill_duration`` of its prefill FLOPs and
-  KV bytes, plus ``S`` weight shares;
+- a prefilling sequence whose step count ``K`` the engine measured (chunked prefill; from
+  its per-phase gpu_dispatch) does ``S`` steps of ``1/K`` of its prefill FLOPs and KV bytes
+  plus a weight share; otherwise the fraction ``dt / prefill_duration`` of them, plus ``S``
+  weight shares;
 - ``S`` (steps in the slice) is solved from the roofline step time when a prefill is in
   the slice: ``dt = Nv + S * (overhead + nv_d) + max(Pc + S * Cd, Pm + S * (W + Md))``
   (``Pc, Pm, Nv``: the prefill compute, memory and all-reduce seconds placed in the slice
@@ -51,6 +53,7 @@ class EngineInterval:
     cost_by_phase: dict[Phase, float] = field(default_factory=dict)
     decode_batch_seconds: float = 0.0  # integral of batch size over decode time
     decode_seconds_seen: float = 0.0
+    prefill_steps: float | None = None  # engine steps of its prefill, when measured
 
     @property
     def new_tokens(self) -> int:
@@ -126,6 +129,15 @@ def _group_weights(members: list[tuple[EngineInterval, Phase]], dt: float, mid: 
             decode_compute += c
             decode_memory += m
             decoders += 1
+            per_step.append(c + m + weight_share)
+            prefill_part.append(0.0)
+        elif interval.prefill_steps is not None:
+            # measured step count: each of its steps does 1/K of the prefill
+            n, cached = interval.new_tokens, interval.cached_tokens
+            c = roofline.compute_seconds(roofline.prefill_flops(n, cached)) / interval.prefill_steps
+            m = roofline.memory_seconds(roofline.prefill_bytes(n, cached)) / interval.prefill_steps
+            decode_compute += c  # per step, like a decoder
+            decode_memory += m
             per_step.append(c + m + weight_share)
             prefill_part.append(0.0)
         else:

@@ -45,7 +45,7 @@ from tokenpath.config import ConfigError
 from tokenpath.pipeline import IdleCost, RecordSink
 from tokenpath.records import RequestRecord
 from tokenpath.roofline import Roofline
-from tokenpath.stages import Phase
+from tokenpath.stages import Phase, Provenance, StageId
 
 log = logging.getLogger(__name__)
 
@@ -110,18 +110,25 @@ class NodeLedger:
     node_dollars: float = 0.0
     attributed_dollars: float = 0.0
     idle_dollars: float = 0.0
-    # decode seconds the engine reports in-model vs elapsed (first token -> end)
-    decode_in_model_seconds: float = 0.0
-    decode_elapsed_seconds: float = 0.0
+    # seconds the engine reports in-model vs the wall time they took
+    in_model_seconds: float = 0.0
+    elapsed_seconds: float = 0.0
+    # measured gpu_dispatch seconds per engine step (decode dispatch / decode steps)
+    dispatch_seconds: float = 0.0
+    dispatch_steps: int = 0
+
+    @property
+    def dispatch_per_step(self) -> float | None:
+        return self.dispatch_seconds / self.dispatch_steps if self.dispatch_steps else None
 
     @property
     def in_model_fraction(self) -> float:
-        """Share of decode wall time the engine reports as in-model: below 1 when its step
+        """Share of the engine's wall time it reports as in-model: below 1 when its step
         loop leaves the GPU idle between steps (a simulated engine summing step times);
         vLLM reports the whole wall time, so 1."""
-        if self.decode_elapsed_seconds <= 0:
+        if self.elapsed_seconds <= 0:
             return 1.0
-        fraction = self.decode_in_model_seconds / self.decode_elapsed_seconds
+        fraction = self.in_model_seconds / self.elapsed_seconds
         return min(1.0, max(MIN_IN_MODEL_FRACTION, fraction))
 
 
@@ -324,6 +331,7 @@ class CostAttributor:
             output_tokens=max(0, record.output_tokens),
             gpus=max(1, record.tensor_parallel),
         )
+        interval.prefill_steps = self._prefill_steps(node.ledger, record)
         self._next_key += 1
         if late and closed is not None:
             self._price_late(node, interval, closed, record.trace_id)
@@ -332,17 +340,37 @@ class CostAttributor:
         return pending
 
     @staticmethod
+    def _prefill_steps(ledger: NodeLedger, record: RequestRecord) -> float | None:
+        """Engine steps of the prefill from the measured per-phase gpu_dispatch: the decode
+        phase has one step per output token after the first, which gives the dispatch time
+        of one step on this node; the prefill's dispatch divided by it counts its chunks."""
+        timing = record.stages.get(StageId.GPU_DISPATCH)
+        if timing is None or timing.provenance is Provenance.MODELED or not timing.phases:
+            return None
+        decode = timing.phases.get(Phase.DECODE)
+        if decode is not None and decode.seconds > 0 and record.output_tokens >= 2:
+            ledger.dispatch_seconds += decode.seconds
+            ledger.dispatch_steps += record.output_tokens - 1
+        prefill = timing.phases.get(Phase.PREFILL)
+        unit = ledger.dispatch_per_step
+        if prefill is None or prefill.seconds <= 0 or unit is None or unit <= 0:
+            return None
+        return float(max(1, round(prefill.seconds / unit)))
+
+    @staticmethod
     def _observe_in_model(ledger: NodeLedger, record: RequestRecord) -> None:
-        """Decode in-model seconds vs first token -> end as the client saw it."""
-        ttft, end = record.ttft_seconds, record.engine_end_unix
-        decode = record.decode_seconds
-        if ttft is None or end is None or decode is None or record.output_tokens < 2:
+        """In-model seconds vs the engine's wall time for them: scheduled (engine span
+        start + queue) to end."""
+        end, start = record.engine_end_unix, record.engine_start_unix
+        prefill, decode = record.prefill_seconds, record.decode_seconds
+        if end is None or start is None or prefill is None or decode is None:
             return
-        elapsed = end - (record.start_unix + ttft)
-        if elapsed <= 0 or decode <= 0 or decode > elapsed * (1 + 1e-6):
+        in_model = prefill + decode
+        elapsed = end - (start + (record.queue_seconds or 0.0))
+        if elapsed <= 0 or in_model <= 0 or in_model > elapsed * (1 + 1e-6):
             return
-        ledger.decode_in_model_seconds += decode
-        ledger.decode_elapsed_seconds += elapsed
+        ledger.in_model_seconds += in_model
+        ledger.elapsed_seconds += elapsed
 
     def _price_late(self, node: _Node, interval: EngineInterval, closed: float,
                     trace_id: str) -> None:
