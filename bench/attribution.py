@@ -26,6 +26,7 @@ from tokenpath.roofline import roofline_for
 
 DEFAULT_REQUESTS = 400
 DEFAULT_RPS = 6.0
+DEFAULT_PREFILL_CHUNK_TOKENS = 2048  # vLLM-style chunked prefill
 ARRIVAL_LAG_SECONDS = 1.0  # assembler grace: a record reaches the attributor after its end
 
 
@@ -56,13 +57,18 @@ def _summary(scores: dict[str, float], source: str) -> dict[str, Any]:
 
 
 def run(requests: int = DEFAULT_REQUESTS, rps: float = DEFAULT_RPS, seed: int = 1,
-        prefill_chunk_tokens: int | None = None) -> dict[str, Any]:
-    """Simulate, attribute in arrival order with a live clock, score against the truth."""
+        prefill_chunk_tokens: int | None = DEFAULT_PREFILL_CHUNK_TOKENS,
+        record_dispatch: bool = True) -> dict[str, Any]:
+    """Simulate, attribute in arrival order with a live clock, score against the truth.
+
+    ``record_dispatch``: records carry the engine hook's per-phase gpu_dispatch (which
+    counts each chunked prefill's steps), as the simulated engine's hooks record it."""
     prices = load_price_sheet()
     roofline = roofline_for("H100-SXM", "llama-3.1-8b")
     result = simulate(random_workload(seed, requests, rps), roofline,
                       prices.gpus["H100-SXM"].dollars_per_second,
-                      prefill_chunk_tokens=prefill_chunk_tokens)
+                      prefill_chunk_tokens=prefill_chunk_tokens,
+                      record_dispatch=record_dispatch)
     now = [0.0]
     sink = _Collect()
     cost = CostAttributor(sink, prices, clock=lambda: now[0],
@@ -77,6 +83,8 @@ def run(requests: int = DEFAULT_REQUESTS, rps: float = DEFAULT_RPS, seed: int = 
                        "step simulator")
     summary["late_records"] = cost.stats.late_records
     summary["mean_batch"] = sum(result.batch_sizes) / max(1, len(result.batch_sizes))
+    summary["prefill_chunk_tokens"] = prefill_chunk_tokens
+    summary["measured_dispatch"] = record_dispatch
     return summary
 
 
@@ -97,7 +105,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS)
     parser.add_argument("--rps", type=float, default=DEFAULT_RPS)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--prefill-chunk-tokens", type=int, default=None)
+    parser.add_argument("--prefill-chunk-tokens", type=int,
+                        default=DEFAULT_PREFILL_CHUNK_TOKENS, help="0: no chunked prefill")
+    parser.add_argument("--no-dispatch", action="store_true",
+                        help="records without the engine's per-phase gpu_dispatch")
     parser.add_argument("--store", help="score a demo run's store (with --ground-truth)")
     parser.add_argument("--ground-truth", help="the demo's --ground-truth JSON lines")
     args = parser.parse_args()
@@ -106,7 +117,8 @@ def main() -> None:
             parser.error("--store and --ground-truth go together")
         result = run_on_demo(args.store, args.ground_truth)
     else:
-        result = run(args.requests, args.rps, args.seed, args.prefill_chunk_tokens)
+        result = run(args.requests, args.rps, args.seed, args.prefill_chunk_tokens or None,
+                     not args.no_dispatch)
     print(json.dumps(result, indent=2))
 
 

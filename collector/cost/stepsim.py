@@ -14,8 +14,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenpath.records import RequestRecord
+from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.roofline import Roofline
+from tokenpath.stages import Phase, Provenance, StageId
 
 DEFAULT_MAX_BATCH = 32
 
@@ -35,6 +36,8 @@ class SimRequest:
     decode_start: float | None = None
     end: float | None = None
     gpu_seconds: float = 0.0
+    prefill_steps: int = 0
+    decode_steps: int = 0
 
 
 @dataclass(slots=True)
@@ -58,8 +61,12 @@ def simulate(
     model: str = "llama-3.1-8b",
     max_batch: int = DEFAULT_MAX_BATCH,
     prefill_chunk_tokens: int | None = None,
+    record_dispatch: bool = False,
 ) -> SimResult:
-    """Run ``requests`` through one engine; records as a collector would build them."""
+    """Run ``requests`` through one engine; records as a collector would build them.
+
+    With ``record_dispatch`` each record carries a measured per-phase gpu_dispatch (steps x
+    step overhead), as an engine hook records it."""
     waiting = sorted(requests, key=lambda r: r.arrival)
     running: list[SimRequest] = []
     now = waiting[0].arrival if waiting else 0.0
@@ -105,11 +112,13 @@ def simulate(
             req.gpu_seconds += duration * w / total_work
             new = max(1, req.input_tokens - req.cached_tokens)
             if req.prefilled < new:
+                req.prefill_steps += 1
                 req.prefilled += chunk
                 if req.prefilled >= new:
                     req.decode_start = end
                     req.generated = 1
             else:
+                req.decode_steps += 1
                 req.generated += 1
             if req.prefilled >= new and req.generated >= max(1, req.output_tokens):
                 req.end = end
@@ -123,6 +132,15 @@ def simulate(
     price = dollars_per_gpu_second * roofline.tensor_parallel
     records = [_record(r, node, pool, gpu_type, model, roofline.tensor_parallel)
                for r in requests]
+    if record_dispatch:
+        overhead = roofline.step_overhead_seconds
+        for req, record in zip(requests, records, strict=True):
+            phases = {Phase.PREFILL: PhaseShare(req.prefill_steps * overhead)}
+            if req.decode_steps:
+                phases[Phase.DECODE] = PhaseShare(req.decode_steps * overhead)
+            record.stages[StageId.GPU_DISPATCH] = StageTiming(
+                StageId.GPU_DISPATCH, sum(p.seconds for p in phases.values()),
+                Provenance.MEASURED, phases=phases)
     truth = [{"trace_id": r.trace_id, "gpu_seconds": r.gpu_seconds,
               "gpu_cost_dollars": r.gpu_seconds * price} for r in requests]
     return SimResult(records, truth, busy, (start, now), steps, batch_sizes, step_starts)

@@ -60,6 +60,18 @@ def test_chunked_prefill_stays_within_target_at_moderate_load() -> None:
     assert summary["median_rel_error"] <= 0.1 * summary["naive_median_rel_error"]
 
 
+@pytest.mark.parametrize("rps", [3.0, 12.0])
+def test_chunked_prefill_with_measured_dispatch_matches_ground_truth(rps: float) -> None:
+    """The engine hook's per-phase gpu_dispatch counts each prefill's steps: its chunks."""
+    roofline = roofline_for("H100-SXM", "llama-3.1-8b")
+    result = simulate(random_workload(4, 250, rps), roofline,
+                      PRICES.gpus["H100-SXM"].dollars_per_second, prefill_chunk_tokens=512,
+                      record_dispatch=True)
+    summary = compare_to_ground_truth(_attribute(result.records, 3), result.ground_truth)
+    assert summary["median_rel_error"] <= 0.05
+    assert summary["median_rel_error"] <= 0.1 * summary["naive_median_rel_error"]
+
+
 def test_comparison_skips_incomplete_and_unknown_records() -> None:
     roofline = roofline_for("H100-SXM", "llama-3.1-8b")
     result = simulate(random_workload(5, 20, 1.0), roofline, 0.001)
