@@ -98,6 +98,8 @@ class RequestRecord:
     span_count: int = 0
     # When the engine span began (request arrival at the engine; vLLM's arrival_time).
     engine_start_unix: float | None = None
+    # Sum of the engine steps the request took part in (tokenpath.engine.step_seconds).
+    engine_step_seconds: float | None = None
 
     @property
     def duration_seconds(self) -> float:
@@ -150,6 +152,7 @@ class RequestRecord:
             "complete": self.complete,
             "span_count": self.span_count,
             "engine_start_unix": self.engine_start_unix,
+            "engine_step_seconds": self.engine_step_seconds,
         }
 
     @classmethod
@@ -198,4 +201,5 @@ class RequestRecord:
             complete=bool(data.get("complete", True)),
             span_count=int(data.get("span_count", 0)),
             engine_start_unix=opt_float("engine_start_unix"),
+            engine_step_seconds=opt_float("engine_step_seconds"),
         )

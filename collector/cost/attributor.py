@@ -359,14 +359,20 @@ class CostAttributor:
 
     @staticmethod
     def _observe_in_model(ledger: NodeLedger, record: RequestRecord) -> None:
-        """In-model seconds vs the engine's wall time for them: scheduled (engine span
-        start + queue) to end."""
-        end, start = record.engine_end_unix, record.engine_start_unix
+        """GPU step seconds vs the engine's in-model wall time: the engine's own step sum
+        (tokenpath.engine.step_seconds) when it reports one, else in-model seconds vs
+        scheduled (engine span start + queue) to end."""
+        end = record.engine_end_unix
         prefill, decode = record.prefill_seconds, record.decode_seconds
-        if end is None or start is None or prefill is None or decode is None:
+        if end is None or prefill is None or decode is None:
             return
-        in_model = prefill + decode
-        elapsed = end - (start + (record.queue_seconds or 0.0))
+        if record.engine_step_seconds is not None:
+            in_model, elapsed = record.engine_step_seconds, prefill + decode
+        elif record.engine_start_unix is not None:
+            in_model = prefill + decode
+            elapsed = end - (record.engine_start_unix + (record.queue_seconds or 0.0))
+        else:
+            return
         if elapsed <= 0 or in_model <= 0 or in_model > elapsed * (1 + 1e-6):
             return
         ledger.in_model_seconds += in_model
