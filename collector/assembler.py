@@ -11,6 +11,10 @@ Rules (documented in docs/architecture.md, "Late, duplicate and out-of-order spa
   are never rewritten, so there are no duplicate records.
 - Over ``max_traces`` in flight, the least recently updated trace is finalized early as
   incomplete (``capacity``); over ``max_spans_per_trace``, extra spans are dropped.
+- Finalization runs on the collector's own monotonic clock (arrival time), never on span
+  timestamps, so hosts whose clocks disagree cannot hold a trace open or close it early.
+  Stage times come from one span's own start and end (one host's clock) or from measured
+  seconds, and are clamped at zero: clock skew between hosts never yields a negative time.
 - Spans named ``tokenpath.request_annotation`` are not requests: they are indexed by
   ``gen_ai.request.id`` for a bounded time and joined into the trace carrying that id.
 """
@@ -114,8 +118,12 @@ class Assembler:
 
     # --- ingest --------------------------------------------------------------------------
 
-    def consume_spans(self, spans: Iterable[SpanData]) -> None:
-        """Take decoded spans; never blocks on downstream work."""
+    def consume_spans(self, spans: Iterable[SpanData]) -> dict[str, int]:
+        """Take decoded spans; never blocks on downstream work.
+
+        Returns the spans refused, by reason (``late``, ``spans_per_trace``), for the
+        receiver's partial-success answer. Duplicates are not refused: the span is held.
+        """
         now = self._clock()
         evicted: list[AssembledTrace] = []
         cfg = self._config
@@ -157,6 +165,8 @@ class Assembler:
         if evicted:
             stats.add(stats.traces_evicted, "capacity", len(evicted))
             self._emit(evicted)
+        return {reason: n for reason, n in (("late", late), ("spans_per_trace", over_limit))
+                if n}
 
     def _remember_annotation(self, span: SpanData, now: float) -> None:
         request_id = span.attr(GEN_AI_REQUEST_ID)

@@ -14,6 +14,7 @@ from tokenpath.collector.assembler import AssemblerConfig
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
 from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
+from tokenpath.collector.tls import ENV_TLS_CERT, ENV_TLS_CLIENT_CA, ENV_TLS_KEY, TlsConfig
 from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
 
 DEFAULT_HTTP = "127.0.0.1:4318"
@@ -47,6 +48,7 @@ class CollectorConfig:
     auth_token: str | None = field(default=None, repr=False)
     assembler: AssemblerConfig = field(default_factory=AssemblerConfig)
     limits: IngestLimits = field(default_factory=IngestLimits)
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
     def validate(self) -> None:
         if not 0 <= self.http_port <= 65535:
@@ -61,6 +63,7 @@ class CollectorConfig:
             raise ConfigError("prices", f"no such file: {self.prices_path}")
         self.assembler.validate()
         self.limits.validate()
+        self.tls.validate()
 
     @classmethod
     def from_sources(
@@ -71,6 +74,9 @@ class CollectorConfig:
         store: str | None = None,
         prices: str | None = None,
         auth_token: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
         file: dict[str, Any] | None = None,
     ) -> CollectorConfig:
         """Arguments win over TOKENPATH_* variables, which win over the file's keys."""
@@ -90,13 +96,21 @@ class CollectorConfig:
         token = auth_token if auth_token is not None else (os.environ.get(ENV_AUTH_TOKEN) or None)
         assembler = _section(AssemblerConfig, f, "assembler")
         limits = _section(IngestLimits, f, "limits")
+        _section(TlsConfig, f, "tls")  # a mapping with known keys only
+        tls_file = {f"tls.{k}": v for k, v in (f.get("tls") or {}).items() if v is not None}
+        tls = TlsConfig(
+            cert=resolve("tls.cert", tls_cert, ENV_TLS_CERT, tls_file, None, str),
+            key=resolve("tls.key", tls_key, ENV_TLS_KEY, tls_file, None, str),
+            client_ca=resolve("tls.client_ca", tls_client_ca, ENV_TLS_CLIENT_CA, tls_file,
+                              None, str),
+        )
         max_buffered = resolve("max_buffered_spans", None, None, f, DEFAULT_MAX_BUFFERED_SPANS,
                                int)
         config = cls(
             http_host=http_host, http_port=http_port, grpc_host=grpc_host, grpc_port=grpc_port,
             store_path=store_path, prices_path=prices_path, retention_seconds=retention,
             max_buffered_spans=max_buffered, auth_token=token, assembler=assembler,
-            limits=limits,
+            limits=limits, tls=tls,
         )
         config.validate()
         return config

@@ -24,6 +24,7 @@ from tokenpath.collector.receivers.http import otlp_router
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore
+from tokenpath.collector.tls import TlsConfig
 from tokenpath.config import ConfigError, parse_duration
 from tokenpath.report import build_report
 
@@ -41,7 +42,7 @@ class BearerAuthMiddleware:
         self._token = token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") == HEALTH_PATH:
+        if scope["type"] not in ("http", "websocket") or scope.get("path") == HEALTH_PATH:
             await self._app(scope, receive, send)
             return
         header = None
@@ -51,6 +52,9 @@ class BearerAuthMiddleware:
                 break
         if bearer_matches(header, self._token):
             await self._app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
             return
         await send({
             "type": "http.response.start",
@@ -146,19 +150,21 @@ def bind_socket(host: str, port: int, key: str) -> socket.socket:
 class HttpListener:
     """Runs uvicorn on a pre-bound socket in a background thread."""
 
-    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
+    def __init__(self, app: ASGIApp, host: str, port: int, tls: TlsConfig | None = None) -> None:
         self._sock = bind_socket(host, port, "http")
         self.host = host
         self.port = self._sock.getsockname()[1]
+        self._scheme = "https" if tls is not None and tls.enabled else "http"
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
-                                timeout_graceful_shutdown=2)
+                                timeout_graceful_shutdown=2,
+                                **(tls.uvicorn_options() if tls is not None else {}))
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self._scheme}://{host}:{self.port}"
 
     def start(self) -> None:
         if self._thread is not None:

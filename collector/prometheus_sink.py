@@ -21,7 +21,7 @@ from tokenpath.records import RequestRecord
 
 DEFAULT_MAX_MODELS = 50
 DEFAULT_MAX_POOLS = 50
-DEFAULT_MAX_STATUSES = 20
+DEFAULT_MAX_STATUSES = 50
 
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                  0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -174,6 +174,14 @@ class _SelfTelemetry(Collector):
         for receiver, n in sorted(s.metric_points_received.items()):
             points.add_metric([receiver], n)
         yield points
+        points_dropped = counter(M.METRIC_POINTS_DROPPED)
+        for reason, n in sorted(s.metric_points_dropped.items()):
+            points_dropped.add_metric([reason], n)
+        yield points_dropped
+        events_dropped = counter(M.SPAN_EVENTS_DROPPED)
+        for reason, n in sorted(s.events_dropped.items()):
+            events_dropped.add_metric([reason], n)
+        yield events_dropped
         yield CounterMetricFamily(M.SPANS_UNMAPPED.name, M.SPANS_UNMAPPED.help,
                                   value=s.spans_unmapped)
         yield CounterMetricFamily(M.RECORDS_STORED.name, M.RECORDS_STORED.help,

@@ -58,7 +58,10 @@ class CollectorService:
             StoreConfig(path=config.store_path, retention_seconds=config.retention_seconds),
             self.stats,
         )
-        self.prometheus = PrometheusSink(self.registry, self.stats)
+        self.prometheus = PrometheusSink(self.registry, self.stats,
+                                         max_models=config.limits.max_label_values,
+                                         max_pools=config.limits.max_label_values,
+                                         max_statuses=config.limits.max_label_values)
         self.node_metrics = NodeMetricsState()
         sinks = FanOut([self.prometheus, self.store])
         self.attributor = build_attributor(sinks, config, self.node_metrics)
@@ -66,13 +69,14 @@ class CollectorService:
         self.assembler = Assembler(self.mapper, config.assembler, self.stats)
         self.ingest = OtlpIngest(self.assembler, self.node_metrics, config.limits, self.stats,
                                  config.max_buffered_spans)
-        app = build_app(self.ingest, self.store, self.prometheus.render, self.stats,
-                        config.auth_token)
-        self.http = HttpListener(app, config.http_host, config.http_port)
+        self.app = build_app(self.ingest, self.store, self.prometheus.render, self.stats,
+                             config.auth_token)
+        self.http = HttpListener(self.app, config.http_host, config.http_port, config.tls)
         self.grpc: GrpcReceiver | None = None
         if config.grpc_port is not None:
             self.grpc = GrpcReceiver(self.ingest, self.stats, config.grpc_host, config.grpc_port,
-                                     config.auth_token, config.limits.max_body_bytes)
+                                     config.auth_token, config.limits.max_body_bytes,
+                                     config.tls)
         self._started = False
         self._stopped = False
 

@@ -21,6 +21,8 @@ class CollectorStats:
         self.attributes_dropped: Counter[str] = Counter()  # by reason
         self.requests_rejected: Counter[tuple[str, str]] = Counter()  # (receiver, status)
         self.metric_points_received: Counter[str] = Counter()
+        self.metric_points_dropped: Counter[str] = Counter()  # by reason
+        self.events_dropped: Counter[str] = Counter()  # span events, by reason
         self.spans_unmapped = 0
         self.records_stored = 0
         self.store_errors = 0

@@ -14,14 +14,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from google.protobuf import json_format
-from google.rpc import code_pb2, status_pb2
+from google.protobuf import any_pb2, duration_pb2, json_format
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from tokenpath.collector.receivers.ingest import OtlpIngest, Overloaded
+from tokenpath.collector.receivers.ingest import OtlpIngest, Overloaded, partial_success
 from tokenpath.collector.receivers.otlp_decode import (
     MalformedPayload,
     parse_metrics_request,
@@ -81,8 +81,15 @@ async def _read_body(request: Request, max_wire: int, max_decompressed: int) -> 
 
 
 def _status_response(http_status: int, code: int, message: str, kind: str | None,
-                     headers: dict[str, str] | None = None) -> Response:
+                     headers: dict[str, str] | None = None,
+                     retry_after: int | None = None) -> Response:
+    """An error answer: a google.rpc.Status in the request's encoding (protobuf default)."""
     status = status_pb2.Status(code=code, message=message)
+    if retry_after is not None:
+        detail = any_pb2.Any()
+        detail.Pack(error_details_pb2.RetryInfo(
+            retry_delay=duration_pb2.Duration(seconds=retry_after)))
+        status.details.append(detail)
     if kind == "json":
         return Response(json_format.MessageToJson(status), http_status, headers,
                         media_type=JSON)
@@ -122,14 +129,12 @@ def otlp_router(ingest: OtlpIngest, stats: CollectorStats) -> APIRouter:
         except Overloaded as exc:
             stats.add(stats.requests_rejected, (RECEIVER, "429"))
             return _status_response(429, code_pb2.UNAVAILABLE, str(exc), kind,
-                                    {"Retry-After": str(exc.retry_after)})
+                                    {"Retry-After": str(exc.retry_after)}, exc.retry_after)
 
     def export_traces(body: bytes, kind: str) -> ExportTraceServiceResponse:
         decoded = ingest.export_traces(parse_trace_request(body, kind), RECEIVER)
         response = ExportTraceServiceResponse()
-        if decoded.rejected:
-            response.partial_success.rejected_spans = decoded.rejected
-            response.partial_success.error_message = decoded.error_message
+        partial_success(response, decoded)
         return response
 
     def export_metrics(body: bytes, kind: str) -> ExportMetricsServiceResponse:

@@ -6,7 +6,8 @@ rejected spans by receiver, sheds load when the assembler is full, and passes sp
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -36,7 +37,9 @@ class Overloaded(Exception):
 
 
 class SpanConsumer(Protocol):
-    def consume_spans(self, spans: list[SpanData]) -> None: ...
+    def consume_spans(self, spans: list[SpanData]) -> Mapping[str, int]:
+        """Take spans; returns the spans refused (late, over a limit) by reason."""
+        ...
 
 
 class MetricsConsumer(Protocol):
@@ -68,13 +71,32 @@ class OtlpIngest:
         stats.add(stats.attributes_dropped, "attributes_per_span", decoded.attributes_dropped)
         stats.add(stats.attributes_dropped, "genai_content", decoded.content_attributes_dropped)
         stats.add(stats.attributes_dropped, "value_truncated", decoded.values_truncated)
+        stats.add(stats.events_dropped, "events_per_span", decoded.events_dropped)
+        stats.add(stats.events_dropped, "genai_content", decoded.content_events_dropped)
         if decoded.spans:
             stats.add(stats.spans_received, receiver, len(decoded.spans))
-            self._spans.consume_spans(decoded.spans)
+            refused = self._spans.consume_spans(decoded.spans)
+            # Reported to the client as rejected; the assembler counted them (spans_dropped).
+            for reason, n in refused.items():
+                decoded.reject(reason, n)
         return decoded
 
     def export_metrics(self, message: ExportMetricsServiceRequest, receiver: str) -> int:
         points = decode_metrics(message, self.limits)
         accepted = self._metrics.consume_points(points)
         self._stats.add(self._stats.metric_points_received, receiver, accepted)
+        self._stats.add(self._stats.metric_points_dropped, "max_series", len(points) - accepted)
         return accepted
+
+
+def partial_success(response: Any, decoded: DecodedSpans) -> None:
+    """Fill an ExportTraceServiceResponse's partial_success (OTLP section "Partial Success").
+
+    Refused spans set ``rejected_spans`` and ``error_message``; when every span was accepted
+    but attributes were cut to the limits, ``error_message`` alone carries that warning.
+    """
+    if decoded.rejected:
+        response.partial_success.rejected_spans = decoded.rejected
+        response.partial_success.error_message = decoded.error_message
+    elif decoded.warning_message:
+        response.partial_success.error_message = decoded.warning_message

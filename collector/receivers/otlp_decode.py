@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from tokenpath.attributes import GEN_AI_CONTENT_PREFIXES
+from tokenpath.attributes import GEN_AI_CONTENT_EVENT_NAMES, GEN_AI_CONTENT_PREFIXES
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.spans import Attributes, AttrValue, SpanData, SpanEvent
 
@@ -39,10 +39,14 @@ class DecodedSpans:
     attributes_dropped: int = 0
     content_attributes_dropped: int = 0
     values_truncated: int = 0
+    events_dropped: int = 0
+    content_events_dropped: int = 0
 
-    def reject(self, reason: str) -> None:
-        self.rejected += 1
-        self.rejection_reasons[reason] = self.rejection_reasons.get(reason, 0) + 1
+    def reject(self, reason: str, n: int = 1) -> None:
+        if n <= 0:
+            return
+        self.rejected += n
+        self.rejection_reasons[reason] = self.rejection_reasons.get(reason, 0) + n
 
     @property
     def error_message(self) -> str:
@@ -50,6 +54,16 @@ class DecodedSpans:
             return ""
         parts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.rejection_reasons.items()))
         return f"rejected {self.rejected} spans: {parts}"
+
+    @property
+    def warning_message(self) -> str:
+        """Limits applied to accepted spans (sent with rejected_spans = 0)."""
+        parts = [f"{n} {what}" for n, what in (
+            (self.attributes_dropped, "attributes dropped (attributes per span)"),
+            (self.values_truncated, "attribute values truncated (value length)"),
+            (self.events_dropped, "span events dropped (events per span)"),
+        ) if n]
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +96,7 @@ class _AttributeReader:
         which = v.WhichOneof("value")
         if which == "string_value":
             s = v.string_value
-            if len(s) > self.limits.max_attribute_value_length:
+            if len(s) > self.limits.max_attribute_value_length:  # strings: characters
                 self.truncated += 1
                 s = s[: self.limits.max_attribute_value_length]
             return s
@@ -93,10 +107,18 @@ class _AttributeReader:
         if which == "bool_value":
             return v.bool_value
         if which == "array_value":
-            items = [self.value(item) for item in v.array_value.values]
+            values = v.array_value.values
+            cap = self.limits.max_attribute_value_length  # arrays: items
+            if len(values) > cap:
+                self.truncated += 1
+            items = [self.value(item) for item in values[:cap]]
             return tuple(item for item in items if item is not None)
         if which == "bytes_value":
-            return v.bytes_value.hex()
+            raw = v.bytes_value
+            if 2 * len(raw) > self.limits.max_attribute_value_length:
+                self.truncated += 1
+                raw = raw[: self.limits.max_attribute_value_length // 2]
+            return raw.hex()
         return None  # kvlist and empty values carry nothing the pipeline reads
 
     def read(self, kvs: Any) -> Attributes:
@@ -152,10 +174,7 @@ def decode_traces(message: ExportTraceServiceRequest, limits: IngestLimits) -> D
                 if parent and len(parent) != 8:
                     out.reject("invalid parent_span_id")
                     continue
-                events = [
-                    SpanEvent(ev.name, ev.time_unix_nano, reader.read(ev.attributes))
-                    for ev in span.events[:max_events]
-                ]
+                events = _read_events(span.events, reader, max_events, out)
                 out.spans.append(
                     SpanData(
                         trace_id=trace_id.hex(),
@@ -175,6 +194,21 @@ def decode_traces(message: ExportTraceServiceRequest, limits: IngestLimits) -> D
     out.content_attributes_dropped = reader.content_dropped
     out.values_truncated = reader.truncated
     return out
+
+
+def _read_events(raw_events: Any, reader: _AttributeReader, max_events: int,
+                 out: DecodedSpans) -> list[SpanEvent]:
+    events: list[SpanEvent] = []
+    keep_content = reader.limits.keep_content_attributes
+    for ev in raw_events:
+        if not keep_content and ev.name in GEN_AI_CONTENT_EVENT_NAMES:
+            out.content_events_dropped += 1
+            continue
+        if len(events) >= max_events:
+            out.events_dropped += 1
+            continue
+        events.append(SpanEvent(ev.name, ev.time_unix_nano, reader.read(ev.attributes)))
+    return events
 
 
 # --- metrics -----------------------------------------------------------------------------
@@ -250,10 +284,14 @@ def _parse_json_into(body: bytes, message: Any) -> None:
         document = json.loads(body) if body.strip() else {}
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MalformedPayload(f"invalid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise MalformedPayload("invalid JSON: nested too deeply") from exc
     if not isinstance(document, dict):
         raise MalformedPayload("OTLP/JSON body must be an object")
     try:
         json_format.ParseDict(_hex_ids_to_base64(document), message, ignore_unknown_fields=True)
     except (json_format.ParseError, binascii.Error, TypeError, ValueError) as exc:
         raise MalformedPayload(f"invalid OTLP/JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise MalformedPayload("invalid OTLP/JSON: nested too deeply") from exc
 

@@ -26,6 +26,11 @@ def register(app: typer.Typer) -> None:
         prices: str | None = typer.Option(None, help="Price sheet YAML."),
         config: Path | None = typer.Option(None, help="Collector config YAML."),
         auth_token_file: Path | None = typer.Option(None, help="File holding the bearer token."),
+        tls_cert: str | None = typer.Option(None, help="PEM server certificate: TLS on both "
+                                            "listeners (with --tls-key)."),
+        tls_key: str | None = typer.Option(None, help="PEM private key of --tls-cert."),
+        tls_client_ca: str | None = typer.Option(None, help="PEM CA: require client "
+                                                 "certificates signed by it (mTLS)."),
         log_level: str = typer.Option("info", help="Logging level."),
     ) -> None:
         """Run the collector until interrupted (SIGINT/SIGTERM flush and exit cleanly)."""
@@ -37,7 +42,8 @@ def register(app: typer.Typer) -> None:
         try:
             cfg = CollectorConfig.from_sources(
                 http=http, grpc=grpc, store=store, prices=prices,
-                auth_token=auth_token(auth_token_file), file=load_config_file(config),
+                auth_token=auth_token(auth_token_file), tls_cert=tls_cert, tls_key=tls_key,
+                tls_client_ca=tls_client_ca, file=load_config_file(config),
             )
             if cfg.store_path != ":memory:":
                 Path(cfg.store_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
