@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class Attributor(Protocol):
+    def start(self) -> None: ...
+
     def consume_record(self, record: RequestRecord) -> None: ...
 
     def consume_idle_cost(self, idle: IdleCost) -> None: ...
@@ -38,9 +40,12 @@ class Attributor(Protocol):
 
 def build_attributor(downstream: RecordSink, config: CollectorConfig,
                      node_metrics: NodeMetricsState) -> Attributor:
-    """The cost attributor in front of the sinks (pass-through until cost is configured)."""
-    del config, node_metrics
-    return downstream
+    """The cost attributor in front of the sinks: dollars per stage, idle cost per pool."""
+    from tokenpath.collector.cost.attributor import CostAttributor
+    from tokenpath.collector.cost.prices import load_price_sheet
+
+    del node_metrics  # GPU busy counters are not used by the apportionment yet
+    return CostAttributor(downstream, load_price_sheet(config.prices_path))
 
 
 class CollectorService:
@@ -88,6 +93,7 @@ class CollectorService:
             return
         self._started = True
         self.store.start()
+        self.attributor.start()
         self.assembler.start()
         if self.grpc is not None:
             self.grpc.start()
