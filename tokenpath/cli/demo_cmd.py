@@ -65,6 +65,7 @@ class DemoConfig:
     model: str = DEFAULT_DEMO_MODEL
     tensor_parallel: int = DEFAULT_DEMO_TENSOR_PARALLEL
     seed: int = DEFAULT_SEED
+    prices_path: str | None = None
 
     def validate(self) -> None:
         if self.duration is not None and self.duration <= 0:
@@ -113,6 +114,7 @@ class DemoResult:
 def run_demo(config: DemoConfig, out: Console) -> DemoResult:
     """Run the demo and print its report (also usable from benchmarks and tests)."""
     from tokenpath.collector.config import CollectorConfig
+    from tokenpath.collector.cost.prices import load_price_sheet
     from tokenpath.collector.service import CollectorService
     from tokenpath.instrumentation.reference import SIMULATED_ENGINE_LABEL
     from tokenpath.instrumentation.reference.engine import EngineConfig
@@ -131,6 +133,7 @@ def run_demo(config: DemoConfig, out: Console) -> DemoResult:
         collector = CollectorService(CollectorConfig(
             http_host=config.collector_host, http_port=config.collector_port, grpc_port=None,
             store_path=str(Path(config.store_path).expanduser()), auth_token=token,
+            prices_path=config.prices_path,
         ))
     except ConfigError as exc:
         key = {"http": "collector-http", "store": "store"}.get(exc.key, exc.key)
@@ -138,8 +141,11 @@ def run_demo(config: DemoConfig, out: Console) -> DemoResult:
     collector.start()
     provider = _tracer_provider(collector.http_url, token)
     truth = GroundTruthWriter(config.ground_truth) if config.ground_truth else None
+    # the ground truth prices GPU time like the collector's price sheet does
+    gpu_price = load_price_sheet(config.prices_path).gpu_price(config.gpu)
     engine = EngineConfig(gpu=config.gpu, model=config.model,
-                          tensor_parallel=config.tensor_parallel, time_scale=config.time_scale)
+                          tensor_parallel=config.tensor_parallel, time_scale=config.time_scale,
+                          gpu_dollars_per_hour=gpu_price.dollars_per_hour)
     path = ReferenceServingPath(ReferencePathConfig(engine=engine, replicas=config.replicas),
                                 tracer_provider=provider, ground_truth=truth)
     try:
@@ -202,16 +208,17 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
     """Flush the collector and print the report of this run's requests (the store may
     hold earlier runs too)."""
     from tokenpath.cli.render import render_report
+    from tokenpath.collector.store import open_store_readonly
     from tokenpath.report import build_report
 
+    time.sleep(0.2)  # let the last OTLP export land
+    collector.shutdown()  # flushes every buffered trace through the attributor to the store
+    store = open_store_readonly(str(Path(config.store_path).expanduser()))
     try:
-        time.sleep(0.2)  # let the last OTLP export land
-        collector.assembler.flush()
-        collector.store.flush()
-        records = collector.store.records(since_unix=started_unix)
-        report = build_report(records, collector.store.idle_cost_dollars(started_unix))
+        records = store.records(since_unix=started_unix)
+        report = build_report(records, store.idle_cost_dollars(started_unix))
     finally:
-        collector.shutdown()
+        store.shutdown()
     out.print()
     render_report(report, out)
     out.print()
@@ -255,6 +262,9 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option(DEFAULT_DEMO_MODEL, help="Model of the simulated engine."),
         tensor_parallel: int = typer.Option(DEFAULT_DEMO_TENSOR_PARALLEL, "--tensor-parallel"),
         seed: int = typer.Option(DEFAULT_SEED, help="Workload seed."),
+        prices: str | None = typer.Option(
+            None, help="Price sheet YAML for the collector and the ground truth "
+                       "(default: the built-in sheet)."),
     ) -> None:
         """Run the reference serving path with a workload and print the stage report."""
         from tokenpath.collector.config import default_store_path
@@ -270,6 +280,7 @@ def register(app: typer.Typer) -> None:
                 ground_truth=ground_truth, collector_host=host, collector_port=port,
                 time_scale=time_scale, shared_prefix=shared_prefix, replicas=replicas,
                 gpu=gpu, model=model, tensor_parallel=tensor_parallel, seed=seed,
+                prices_path=prices,
             )
             config.validate()
             from tokenpath.instrumentation.reference.engine import EngineConfig
