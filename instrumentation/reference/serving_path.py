@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import uvicorn
 from fastapi import FastAPI
 from opentelemetry.trace import TracerProvider
+from starlette.types import ASGIApp
 
 from tokenpath.config import ConfigError
 from tokenpath.instrumentation.gateway import GatewayConfig, GatewayInstrumentor
@@ -56,6 +57,49 @@ class ReferencePathConfig:
         self.gateway.validate()
 
 
+class LoopbackServer:
+    """Serves an ASGI app with uvicorn in a background thread; ``port`` 0 picks one."""
+
+    def __init__(self, app: ASGIApp, host: str = DEFAULT_HOST, port: int = 0) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> None:
+        if self._server is not None:
+            return
+        server = uvicorn.Server(uvicorn.Config(
+            self.app, host=self.host, port=self.port, log_level="warning",
+            access_log=False, lifespan="on",
+        ))
+        thread = threading.Thread(target=lambda: asyncio.run(server.serve()),
+                                  name="tokenpath-loopback-server", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server failed to start on {self.host}:{self.port}")
+            time.sleep(0.01)
+        sockets = [s for srv in server.servers for s in srv.sockets]
+        self.port = int(sockets[0].getsockname()[1])
+        self._server, self._thread = server, thread
+
+    def shutdown(self) -> None:
+        """Stop serving (in-flight requests are aborted); idempotent."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is None or thread is None:
+            return
+        server.should_exit = True
+        thread.join(timeout=STARTUP_TIMEOUT_SECONDS)
+
+
 class ReferenceServingPath:
     """The whole reference path. ``start()`` serves on ``base_url``; ``shutdown()`` stops."""
 
@@ -83,41 +127,22 @@ class ReferenceServingPath:
         if self.config.instrument:
             GatewayInstrumentor().instrument_app(self.app, tracer_provider=tracer_provider,
                                                  config=self.config.gateway)
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self.port = self.config.port
+        self._server = LoopbackServer(self.app, self.config.host, self.config.port)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.config.host}:{self.port}"
+        return self._server.base_url
 
     def start(self) -> None:
-        if self._server is not None:
-            return
-        server = uvicorn.Server(uvicorn.Config(
-            self.app, host=self.config.host, port=self.config.port, log_level="warning",
-            access_log=False, lifespan="on",
-        ))
-        thread = threading.Thread(target=lambda: asyncio.run(server.serve()),
-                                  name="tokenpath-reference-server", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"reference server failed to start on {self.config.host}")
-            time.sleep(0.01)
-        sockets = [s for srv in server.servers for s in srv.sockets]
-        self.port = int(sockets[0].getsockname()[1])
-        self._server, self._thread = server, thread
+        self._server.start()
 
     def shutdown(self) -> None:
         """Stop serving (in-flight requests are aborted); idempotent."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is None or thread is None:
-            return
-        server.should_exit = True
-        thread.join(timeout=STARTUP_TIMEOUT_SECONDS)
+        self._server.shutdown()
 
     def kv_stats(self) -> KVCacheStats:
         """Prefix-cache counters summed over the replicas (token-weighted)."""

@@ -67,7 +67,7 @@ def test_demo_reports_all_15_stages_and_prefix_sharing_raises_the_hit_ratio(
     (["--shared-prefix", "2"], "--shared-prefix"),
     (["--collector-http", "nonsense"], "--collector-http"),
     (["--model", "gpt-9"], "--model"),
-    (["--engine", "vllm"], "--engine vllm"),
+    (["--engine", "vllm", "--ground-truth", "x.jsonl"], "--ground-truth"),
 ])
 def test_demo_rejects_bad_options_naming_the_flag(args: list[str], flag: str) -> None:
     result = CliRunner().invoke(app, ["demo", *args])

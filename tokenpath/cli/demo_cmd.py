@@ -66,6 +66,7 @@ class DemoConfig:
     tensor_parallel: int = DEFAULT_DEMO_TENSOR_PARALLEL
     seed: int = DEFAULT_SEED
     prices_path: str | None = None
+    engine: EngineKind = EngineKind.SIMULATED
 
     def validate(self) -> None:
         if self.duration is not None and self.duration <= 0:
@@ -78,6 +79,8 @@ class DemoConfig:
             raise ConfigError("shared-prefix", "must be between 0 and 1")
         if self.replicas < 1:
             raise ConfigError("replicas", "must be at least 1")
+        if self.engine is EngineKind.VLLM and self.ground_truth is not None:
+            raise ConfigError("ground-truth", "only the simulated engine knows its ground truth")
 
 
 def _tracer_provider(collector_url: str, token: str | None) -> TracerProvider:
@@ -113,9 +116,55 @@ class DemoResult:
 
 def run_demo(config: DemoConfig, out: Console) -> DemoResult:
     """Run the demo and print its report (also usable from benchmarks and tests)."""
+    config.validate()
+    started_unix = time.time()
+    token = auth_token()
+    collector = _start_collector(config, token)
+    provider = _tracer_provider(collector.http_url, token)
+    try:
+        if config.engine is EngineKind.VLLM:
+            _serve_vllm(config, collector, provider, out)
+        else:
+            _serve_simulated(config, collector, provider, out)
+    except BaseException:
+        collector.shutdown()
+        raise
+    finally:
+        provider.force_flush(EXPORT_FLUSH_MILLIS)
+        provider.shutdown()
+    return _report_and_stop(collector, config, out, started_unix)
+
+
+def _start_collector(config: DemoConfig, token: str | None) -> CollectorService:
     from tokenpath.collector.config import CollectorConfig
-    from tokenpath.collector.cost.prices import load_price_sheet
     from tokenpath.collector.service import CollectorService
+
+    store_path = Path(config.store_path).expanduser()
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    # vLLM exports its spans over OTLP/gRPC; the simulated path uses OTLP/HTTP only
+    grpc_port = 0 if config.engine is EngineKind.VLLM else None
+    try:
+        collector = CollectorService(CollectorConfig(
+            http_host=config.collector_host, http_port=config.collector_port,
+            grpc_host=config.collector_host, grpc_port=grpc_port, store_path=str(store_path),
+            auth_token=token, prices_path=config.prices_path,
+        ))
+    except ConfigError as exc:
+        key = {"http": "collector-http", "store": "store"}.get(exc.key, exc.key)
+        raise ConfigError(key, str(exc).removeprefix(f"{exc.key}: ")) from exc
+    collector.start()
+    return collector
+
+
+def _banner_tail(collector: CollectorService, out: Console) -> None:
+    out.print(f"  collector {collector.http_url} (OTLP/HTTP /v1/traces, /metrics)")
+    out.print(f"  UI        {collector.http_url}/")
+    out.print("  agent     not started (the node agent is issue 5/9)")
+
+
+def _serve_simulated(config: DemoConfig, collector: CollectorService,
+                     provider: TracerProvider, out: Console) -> None:
+    from tokenpath.collector.cost.prices import load_price_sheet
     from tokenpath.instrumentation.reference import SIMULATED_ENGINE_LABEL
     from tokenpath.instrumentation.reference.engine import EngineConfig
     from tokenpath.instrumentation.reference.ground_truth import GroundTruthWriter
@@ -125,21 +174,6 @@ def run_demo(config: DemoConfig, out: Console) -> DemoResult:
     )
     from tokenpath.instrumentation.reference.workload import WorkloadConfig, WorkloadGenerator
 
-    config.validate()
-    started_unix = time.time()
-    token = auth_token()
-    Path(config.store_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    try:
-        collector = CollectorService(CollectorConfig(
-            http_host=config.collector_host, http_port=config.collector_port, grpc_port=None,
-            store_path=str(Path(config.store_path).expanduser()), auth_token=token,
-            prices_path=config.prices_path,
-        ))
-    except ConfigError as exc:
-        key = {"http": "collector-http", "store": "store"}.get(exc.key, exc.key)
-        raise ConfigError(key, str(exc).removeprefix(f"{exc.key}: ")) from exc
-    collector.start()
-    provider = _tracer_provider(collector.http_url, token)
     truth = GroundTruthWriter(config.ground_truth) if config.ground_truth else None
     # the ground truth prices GPU time like the collector's price sheet does
     gpu_price = load_price_sheet(config.prices_path).gpu_price(config.gpu)
@@ -156,23 +190,63 @@ def run_demo(config: DemoConfig, out: Console) -> DemoResult:
                   f"time scale {config.time_scale:g})")
         out.print(f"  gateway   {path.base_url}/v1/chat/completions "
                   f"(engine metrics in vLLM format: {path.base_url}/metrics)")
-        out.print(f"  collector {collector.http_url} (OTLP/HTTP /v1/traces, /metrics)")
-        out.print(f"  UI        {collector.http_url}/")
-        out.print("  agent     not started (the node agent is issue 5/9)")
+        _banner_tail(collector, out)
         workload = WorkloadGenerator(WorkloadConfig(seed=config.seed,
                                                     shared_prefix=config.shared_prefix))
-        _drive_with_progress(path.base_url, provider, workload, config, out)
+        _drive_with_progress(path.base_url, provider, workload, config, config.model, out)
     finally:
         path.shutdown()
-        provider.force_flush(EXPORT_FLUSH_MILLIS)
-        provider.shutdown()
         if truth is not None:
             truth.shutdown()
-    return _report_and_stop(collector, config, out, started_unix)
+
+
+def _serve_vllm(config: DemoConfig, collector: CollectorService, provider: TracerProvider,
+                out: Console) -> None:
+    """A local vLLM (CPU, tiny test model, issue 3/9's launcher) behind the reference
+    gateway; vLLM exports its own spans to the collector over OTLP/gRPC."""
+    from tokenpath.instrumentation.gateway import GatewayInstrumentor
+    from tokenpath.instrumentation.reference.gateway_parts import ApiKeyAuth, TokenBucket
+    from tokenpath.instrumentation.reference.serving_path import LoopbackServer
+    from tokenpath.instrumentation.reference.upstream_gateway import (
+        UpstreamGatewayParts,
+        create_upstream_gateway,
+    )
+    from tokenpath.instrumentation.reference.workload import WorkloadConfig, WorkloadGenerator
+    from tokenpath.instrumentation.vllm.launcher import LocalVllmConfig, start_local_vllm
+
+    out.print("[bold]tokenpath demo[/] — starting a local vLLM on CPU with a tiny test model "
+              "(the first run installs vLLM into its own environment: minutes)")
+    try:
+        vllm = start_local_vllm(LocalVllmConfig(otlp_endpoint=collector.grpc_endpoint))
+    except Exception as exc:
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError("engine", f"vllm is not available here: {first_line}") from exc
+    server: LoopbackServer | None = None
+    try:
+        app = create_upstream_gateway(UpstreamGatewayParts(
+            upstream_urls=[vllm.base_url], auth=ApiKeyAuth(), rate_limit=TokenBucket(),
+            model=vllm.model_name))
+        GatewayInstrumentor().instrument_app(app, tracer_provider=provider)
+        server = LoopbackServer(app)
+        server.start()
+        out.print(f"  gateway   {server.base_url}/v1/chat/completions -> vLLM {vllm.base_url} "
+                  f"(model {vllm.model_name}, metrics {vllm.base_url}/metrics)")
+        _banner_tail(collector, out)
+        # the tiny test model has a 2,048-token context: a smaller workload of the same shape
+        workload = WorkloadGenerator(WorkloadConfig(
+            seed=config.seed, shared_prefix=config.shared_prefix, system_prompt_words=48,
+            tool_definition_words=32, user_words=(4, 24), multi_turn_share=0.1,
+            long_context_share=0.02, long_context_words=(60, 120), max_tokens=(8, 24)))
+        _drive_with_progress(server.base_url, provider, workload, config, vllm.model_name,
+                             out)
+    finally:
+        if server is not None:
+            server.shutdown()
+        vllm.stop()
 
 
 def _drive_with_progress(base_url: str, provider: TracerProvider, workload: WorkloadGenerator,
-                         config: DemoConfig, out: Console) -> None:
+                         config: DemoConfig, model: str, out: Console) -> None:
     from tokenpath.instrumentation.client import InstrumentedClient
     from tokenpath.instrumentation.reference.driver import drive
     from tokenpath.instrumentation.reference.tokenizer import ToyTokenizer
@@ -191,7 +265,7 @@ def _drive_with_progress(base_url: str, provider: TracerProvider, workload: Work
         client = InstrumentedClient(base_url, tracer_provider=provider,
                                     tokenize=ToyTokenizer().encode)
         try:
-            await drive(client, workload, config.model, config.rps,
+            await drive(client, workload, model, config.rps,
                         duration=config.duration, on_progress=update, seed=config.seed)
         finally:
             await client.aclose()
@@ -249,8 +323,10 @@ def register(app: typer.Typer) -> None:
                                            help="Collector HTTP listener HOST:PORT."),
         agent_listen: str = typer.Option(DEFAULT_AGENT_LISTEN, "--agent-listen",
                                          help="Node agent listener HOST:PORT."),
-        engine: EngineKind = typer.Option(EngineKind.SIMULATED, "--engine",
-                                          help="simulated (built in) or vllm."),
+        engine: EngineKind = typer.Option(
+            EngineKind.SIMULATED, "--engine",
+            help="simulated (built in), or vllm: a local vLLM on CPU with a tiny test model "
+                 "(installed on first use)."),
         time_scale: float = typer.Option(
             DEFAULT_TIME_SCALE, "--time-scale",
             help="Multiply the simulated engine's step times (0.01 = 100x faster)."),
@@ -269,9 +345,6 @@ def register(app: typer.Typer) -> None:
         """Run the reference serving path with a workload and print the stage report."""
         from tokenpath.collector.config import default_store_path
 
-        if engine is EngineKind.VLLM:
-            fail("--engine vllm: not available in the demo yet; see docs/instrumentation.md "
-                 "for pointing a running vLLM at `tokenpath collector` (issue 3/9).")
         try:
             host, port = parse_host_port(collector_http, "collector-http")
             parse_host_port(agent_listen, "agent-listen")
@@ -280,7 +353,7 @@ def register(app: typer.Typer) -> None:
                 ground_truth=ground_truth, collector_host=host, collector_port=port,
                 time_scale=time_scale, shared_prefix=shared_prefix, replicas=replicas,
                 gpu=gpu, model=model, tensor_parallel=tensor_parallel, seed=seed,
-                prices_path=prices,
+                prices_path=prices, engine=engine,
             )
             config.validate()
             from tokenpath.instrumentation.reference.engine import EngineConfig
