@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +21,16 @@ pytestmark = pytest.mark.integration
 def _demo(tmp: Path, shared_prefix: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     store = tmp / f"store-{shared_prefix}.db"
     truth = tmp / f"truth-{shared_prefix}.jsonl"
+    # as a user runs it: its own process (and its own event loop)
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenpath.cli.main", "demo", "--duration", "3", "--rps", "8",
+         "--time-scale", "0.02", "--shared-prefix", str(shared_prefix), "--store", str(store),
+         "--ground-truth", str(truth), "--collector-http", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "simulated engine" in result.stdout
     runner = CliRunner()
-    result = runner.invoke(app, [
-        "demo", "--duration", "3", "--rps", "8", "--time-scale", "0.02",
-        "--shared-prefix", str(shared_prefix), "--store", str(store),
-        "--ground-truth", str(truth), "--collector-http", "127.0.0.1:0",
-    ])
-    assert result.exit_code == 0, result.output
-    assert "simulated engine" in result.output
     report = runner.invoke(app, ["report", "--store", str(store), "--format", "json"])
     assert report.exit_code == 0, report.output
     requests = runner.invoke(app, ["requests", "--store", str(store), "--format", "json",

@@ -5,6 +5,7 @@ from fastapi import FastAPI
 from opentelemetry.trace import SpanKind
 
 from tests.fakes.otel_sink import SpanSink, stage_entries
+from tests.instrumentation.reference.support import run_async
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.gateway import (
     GatewayInstrumentor,
@@ -31,14 +32,13 @@ def _app() -> FastAPI:
 
 
 def _call(app: FastAPI, headers: dict[str, str] | None = None) -> httpx.Response:
-    import asyncio
 
     async def run() -> httpx.Response:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             return await client.post("/v1/echo", headers=headers or {})
 
-    return asyncio.run(run())
+    return run_async(run)
 
 
 def test_instrument_app_is_idempotent_and_uninstrument_removes_it() -> None:

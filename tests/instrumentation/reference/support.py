@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.trace import TracerProvider
 
@@ -20,8 +21,30 @@ from tokenpath.instrumentation.reference.serving_path import (
 from tokenpath.instrumentation.reference.tokenizer import ToyTokenizer
 from tokenpath.instrumentation.reference.workload import WorkloadConfig, WorkloadGenerator
 
+T = TypeVar("T")
+
 FAST_TIME_SCALE = 0.002
 MODEL = "llama-3.1-8b"
+
+
+def run_async(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``asyncio.run`` in a fresh thread, so a test does not depend on what the session left
+    in the main thread (Playwright's sync API keeps an event loop running there)."""
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            results.append(asyncio.run(make()))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="test-asyncio")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return results[0]
 
 
 def fast_config(**overrides: Any) -> ReferencePathConfig:
@@ -67,7 +90,7 @@ def send(path: ReferenceServingPath, provider: TracerProvider | None,
         finally:
             await client.aclose()
 
-    return asyncio.run(run())
+    return run_async(run)
 
 
 def workload_requests(count: int, **config: Any) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from tests.fakes.otel_sink import SpanSink
+from tests.instrumentation.reference.support import run_async
 from tokenpath import attributes as attr
 from tokenpath.config import ConfigError
 from tokenpath.instrumentation.reference.engine import (
@@ -31,7 +32,7 @@ def test_every_request_gets_its_tokens_even_when_blocks_run_out_and_preempt() ->
         finally:
             await engine.shutdown()
 
-    outputs = asyncio.run(run())
+    outputs = run_async(run)
     assert [len(o) for o in outputs] == [12] * 4
     spans = [s for s in sink.spans() if s.name == attr.VLLM_REQUEST_SPAN_NAME]
     assert len(spans) == 4
@@ -56,7 +57,7 @@ def test_batched_steps_are_shorter_than_running_the_requests_one_by_one() -> Non
         finally:
             await engine.shutdown()
 
-    assert asyncio.run(busy(True)) < asyncio.run(busy(False)) / 4
+    assert run_async(lambda: busy(True)) < run_async(lambda: busy(False)) / 4
 
 
 def test_a_prompt_larger_than_the_cache_is_refused() -> None:
@@ -66,7 +67,7 @@ def test_a_prompt_larger_than_the_cache_is_refused() -> None:
             await _collect(engine, list(range(40)), 4)
         await engine.shutdown()
 
-    asyncio.run(run())
+    run_async(run)
 
 
 def test_step_time_follows_the_roofline() -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from tests.fakes.otel_sink import SpanSink, stage_entries
+from tests.instrumentation.reference.support import run_async
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.client import InstrumentedClient
 from tokenpath.instrumentation.gateway import GatewayInstrumentor
@@ -62,7 +62,7 @@ def test_forwards_with_the_gateway_trace_and_records_the_gateway_stages() -> Non
             await client.aclose()
 
     try:
-        trace_id = asyncio.run(run())
+        trace_id = run_async(run)
     finally:
         gateway.shutdown()
         upstream.shutdown()
