@@ -9,25 +9,34 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import Body, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tokenpath.collector import api_views
 from tokenpath.collector.auth import bearer_matches
 from tokenpath.collector.receivers.http import otlp_router
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore
 from tokenpath.collector.tls import TlsConfig
+from tokenpath.collector.whatif_view import WhatIfRequest, load_engine, whatif_view
 from tokenpath.config import ConfigError, parse_duration
 from tokenpath.report import build_report
 
 HEALTH_PATH = "/healthz"
+UI_ASSET_PREFIX = "/ui/"
+# The UI shell holds no data (every figure comes from /api with the token), so the page
+# and its static assets load without auth; the page then asks for the token.
+PUBLIC_PATHS = frozenset({HEALTH_PATH, "/"})
+UI_MEDIA_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
+                  ".html": "text/html"}
 DEFAULT_API_LIMIT = 100
 MAX_API_LIMIT = 10_000
 UI_DIR = Path(__file__).parent / "ui" / "static"
@@ -41,7 +50,9 @@ class BearerAuthMiddleware:
         self._token = token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope.get("path") == HEALTH_PATH:
+        path = scope.get("path", "")
+        if (scope["type"] not in ("http", "websocket") or path in PUBLIC_PATHS
+                or path.startswith(UI_ASSET_PREFIX)):
             await self._app(scope, receive, send)
             return
         header = None
@@ -76,7 +87,7 @@ def _since(value: str | None) -> float | None:
 def build_app(
     ingest: OtlpIngest,
     store: RecordStore,
-    registry: CollectorRegistry,
+    metrics_text: Callable[[], str],
     stats: CollectorStats,
     auth_token: str | None = None,
 ) -> FastAPI:
@@ -90,7 +101,7 @@ def build_app(
 
     @app.get("/metrics")
     def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/api/requests")
     def requests(limit: int = Query(DEFAULT_API_LIMIT, ge=1, le=MAX_API_LIMIT),
@@ -110,6 +121,41 @@ def build_app(
         report = build_report(store.records(since_unix=since_unix),
                               store.idle_cost_dollars(since_unix))
         return report.to_json()
+
+    @app.get("/api/stages")
+    def stages() -> list[dict[str, Any]]:
+        return api_views.stages_view()
+
+    @app.get("/api/timeseries")
+    def timeseries(since: str | None = None,
+                   buckets: int = Query(api_views.DEFAULT_TIMESERIES_BUCKETS, ge=1,
+                                        le=api_views.MAX_TIMESERIES_BUCKETS)) -> dict[str, Any]:
+        return api_views.timeseries_view(store.records(since_unix=_since(since)), buckets)
+
+    @app.get("/api/leaks")
+    def leaks(since: str | None = None, limit: int = Query(api_views.DEFAULT_LEAK_LIMIT, ge=1,
+                                                            le=1000),
+              long_context_tokens: int = Query(api_views.DEFAULT_LONG_CONTEXT_TOKENS, ge=1)
+              ) -> dict[str, Any]:
+        return api_views.leaks_view(store.records(since_unix=_since(since)), limit,
+                                    long_context_tokens)
+
+    @app.post("/api/whatif")
+    def whatif(body: dict[str, Any] = Body(default_factory=dict),
+               since: str | None = None) -> dict[str, Any]:
+        request = WhatIfRequest.from_json(body)
+        since_unix = _since(since)
+        return whatif_view(store.records(since_unix=since_unix),
+                           store.idle_cost_dollars(since_unix), request, load_engine())
+
+    @app.get(UI_ASSET_PREFIX + "{name}")
+    def ui_asset(name: str) -> Response:
+        path = UI_DIR / name
+        media_type = UI_MEDIA_TYPES.get(path.suffix)
+        if media_type is None or "/" in name or name.startswith(".") or not path.is_file():
+            raise HTTPException(404, "no such asset")
+        return Response(path.read_bytes(), media_type=media_type,
+                        headers={"cache-control": "no-cache"})
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> Response:

@@ -28,7 +28,14 @@ from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.spans import SPAN_KIND_SERVER, STATUS_CODE_ERROR, AttrValue, SpanData
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
-from tokenpath.stages import Phase, Provenance, StageId, parse_phase, parse_stage
+from tokenpath.stages import (
+    Phase,
+    Provenance,
+    StageId,
+    parse_phase,
+    parse_provenance,
+    parse_stage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +123,6 @@ class _StageAccumulator:
 _RANK = {Provenance.MEASURED: 0, Provenance.DERIVED: 1, Provenance.MODELED: 2}
 
 
-def _provenance(value: AttrValue | None, default: Provenance) -> Provenance:
-    if isinstance(value, str):
-        try:
-            return Provenance(value)
-        except ValueError:
-            return default
-    return default
-
-
 def _is_http_server(span: SpanData) -> bool:
     return (
         span.kind == SPAN_KIND_SERVER
@@ -143,7 +141,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
         stage = parse_stage(span.attributes.get(A.STAGE))
         if stage is not None:
             acc.add(stage, span.duration_seconds,
-                    _provenance(span.attributes.get(A.PROVENANCE), Provenance.MEASURED),
+                    parse_provenance(span.attributes.get(A.PROVENANCE), Provenance.MEASURED),
                     parse_phase(span.attributes.get(A.PHASE)))
         for event in span.events:
             if event.name != A.STAGE_EVENT:
@@ -153,7 +151,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
             if ev_stage is None or ev_seconds is None:
                 continue
             acc.add(ev_stage, ev_seconds,
-                    _provenance(event.attributes.get(A.PROVENANCE), Provenance.MEASURED),
+                    parse_provenance(event.attributes.get(A.PROVENANCE), Provenance.MEASURED),
                     parse_phase(event.attributes.get(A.PHASE)))
     if not engine_spans and not server_spans and not acc.stages:
         return None
@@ -243,6 +241,10 @@ def _map_engine(record: RequestRecord, acc: _StageAccumulator,
     last = max(engine_spans, key=lambda s: s.end_unix_nano)
     end = last.end_unix_nano / 1e9
     record.engine_end_unix = end
+    record.engine_start_unix = min(s.start_unix_nano for s in engine_spans) / 1e9
+    step_seconds = [_seconds(s.attributes.get(A.STEP_SECONDS)) for s in engine_spans]
+    if any(v is not None for v in step_seconds):
+        record.engine_step_seconds = sum(v for v in step_seconds if v is not None)
     record.decode_start_unix = end - decode
     record.prefill_start_unix = end - decode - prefill
 

@@ -1,7 +1,7 @@
 """Prometheus exposition of request records and collector self-telemetry.
 
-A sink: it consumes finished RequestRecords and IdleCost slices and owns a registry
-(never the global one). Metric names and labels come from tokenpath.metric_names.
+A sink: it consumes finished RequestRecords and IdleCost slices and owns its metrics
+(never the global registry). Metric names and labels come from tokenpath.metric_names.
 """
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tokenpath import metric_names as M
+from tokenpath.collector.exposition import FastCounter, FastHistogram, render
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.pipeline import IdleCost
 from tokenpath.records import RequestRecord
@@ -53,17 +54,13 @@ class BoundedLabel:
         return M.OTHER_LABEL_VALUE
 
 
-def _counter(spec: M.MetricSpec, registry: CollectorRegistry) -> Counter:
-    return Counter(spec.name, spec.help, spec.labels, registry=registry)
-
-
-def _histogram(spec: M.MetricSpec, registry: CollectorRegistry,
-               buckets: tuple[float, ...]) -> Histogram:
-    return Histogram(spec.name, spec.help, spec.labels, registry=registry, buckets=buckets)
-
-
 class PrometheusSink:
-    """Turns records into the SPEC metrics on a registry this sink owns."""
+    """Turns records into the SPEC metrics.
+
+    Request metrics live in :mod:`tokenpath.collector.exposition` (fast to scrape); the
+    collector's self-telemetry is a custom collector on ``registry``, which this sink owns
+    when none is given. :meth:`render` returns the whole /metrics text.
+    """
 
     def __init__(
         self,
@@ -78,18 +75,22 @@ class PrometheusSink:
         self._model = BoundedLabel(M.LABEL_MODEL, max_models, self._stats)
         self._pool = BoundedLabel(M.LABEL_POOL, max_pools, self._stats)
         self._status = BoundedLabel(M.LABEL_STATUS, max_statuses, self._stats)
-        r = self.registry
-        self.requests = _counter(M.REQUESTS, r)
-        self.stage_duration = _histogram(M.STAGE_DURATION, r, STAGE_BUCKETS)
-        self.ttft = _histogram(M.TTFT, r, TTFT_BUCKETS)
-        self.tpot = _histogram(M.TPOT, r, TPOT_BUCKETS)
-        self.tokens = _counter(M.TOKENS, r)
-        self.cost = _counter(M.COST, r)
-        self.idle_cost = _counter(M.IDLE_COST, r)
-        self.cache_miss_waste = _counter(M.CACHE_MISS_WASTE, r)
-        self.naive_cost = _counter(M.NAIVE_COST, r)
-        self.response_chunks = _counter(M.RESPONSE_CHUNKS, r)
-        r.register(_SelfTelemetry(self._stats, [self._model, self._pool, self._status]))
+        self.requests = FastCounter(M.REQUESTS)
+        self.stage_duration = FastHistogram(M.STAGE_DURATION, STAGE_BUCKETS)
+        self.ttft = FastHistogram(M.TTFT, TTFT_BUCKETS)
+        self.tpot = FastHistogram(M.TPOT, TPOT_BUCKETS)
+        self.tokens = FastCounter(M.TOKENS)
+        self.cost = FastCounter(M.COST)
+        self.idle_cost = FastCounter(M.IDLE_COST)
+        self.cache_miss_waste = FastCounter(M.CACHE_MISS_WASTE)
+        self.naive_cost = FastCounter(M.NAIVE_COST)
+        self.response_chunks = FastCounter(M.RESPONSE_CHUNKS)
+        self._families: list[FastCounter | FastHistogram] = [
+            self.requests, self.stage_duration, self.ttft, self.tpot, self.tokens, self.cost,
+            self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
+        ]
+        self.registry.register(
+            _SelfTelemetry(self._stats, [self._model, self._pool, self._status]))
 
     def consume_record(self, record: RequestRecord) -> None:
         model = self._model(record.model)
@@ -113,17 +114,20 @@ class PrometheusSink:
         self.tokens.labels(model, M.TOKEN_KIND_INPUT).inc(record.input_tokens)
         self.tokens.labels(model, M.TOKEN_KIND_CACHE_READ).inc(record.cache_read_tokens)
         self.tokens.labels(model, M.TOKEN_KIND_OUTPUT).inc(record.output_tokens)
-        self.cache_miss_waste.labels(model).inc(record.cache_miss_waste_dollars)
-        self.naive_cost.labels(model).inc(record.naive_cost_dollars)
+        self.cache_miss_waste.labels(model).inc(max(0.0, record.cache_miss_waste_dollars))
+        self.naive_cost.labels(model).inc(max(0.0, record.naive_cost_dollars))
         if record.response_chunks:
             small = min(record.small_chunks, record.response_chunks)
             self.response_chunks.labels(model, M.CHUNK_SIZE_SMALL).inc(small)
             self.response_chunks.labels(model, M.CHUNK_SIZE_NORMAL).inc(
-                record.response_chunks - small
-            )
+                record.response_chunks - small)
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
         self.idle_cost.labels(self._pool(idle.pool)).inc(max(0.0, idle.dollars))
+
+    def render(self) -> str:
+        """The /metrics body: request metrics, then the registry (self-telemetry)."""
+        return render(self._families) + generate_latest(self.registry).decode("utf-8")
 
     def shutdown(self) -> None:
         """Nothing buffered: metrics are updated as records arrive."""

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class Attributor(Protocol):
+    def start(self) -> None: ...
+
     def consume_record(self, record: RequestRecord) -> None: ...
 
     def consume_idle_cost(self, idle: IdleCost) -> None: ...
@@ -38,9 +40,12 @@ class Attributor(Protocol):
 
 def build_attributor(downstream: RecordSink, config: CollectorConfig,
                      node_metrics: NodeMetricsState) -> Attributor:
-    """The cost attributor in front of the sinks (pass-through until cost is configured)."""
-    del config, node_metrics
-    return downstream
+    """The cost attributor in front of the sinks: dollars per stage, idle cost per pool."""
+    from tokenpath.collector.cost.attributor import CostAttributor
+    from tokenpath.collector.cost.prices import load_price_sheet
+
+    del node_metrics  # GPU busy counters are not used by the apportionment yet
+    return CostAttributor(downstream, load_price_sheet(config.prices_path))
 
 
 class CollectorService:
@@ -64,7 +69,7 @@ class CollectorService:
         self.assembler = Assembler(self.mapper, config.assembler, self.stats)
         self.ingest = OtlpIngest(self.assembler, self.node_metrics, config.limits, self.stats,
                                  config.max_buffered_spans)
-        self.app = build_app(self.ingest, self.store, self.registry, self.stats,
+        self.app = build_app(self.ingest, self.store, self.prometheus.render, self.stats,
                              config.auth_token)
         self.http = HttpListener(self.app, config.http_host, config.http_port, config.tls)
         self.grpc: GrpcReceiver | None = None
@@ -88,6 +93,7 @@ class CollectorService:
             return
         self._started = True
         self.store.start()
+        self.attributor.start()
         self.assembler.start()
         if self.grpc is not None:
             self.grpc.start()

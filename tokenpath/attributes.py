@@ -55,6 +55,10 @@ VLLM_LATENCY_TIME_IN_MODEL_EXECUTE: Final = "gen_ai.latency.time_in_model_execut
 VLLM_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"
 VLLM_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"
 VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
+# Also on llm_request in vLLM 0.32 (seen live, docs/vllm.md), when the request set them.
+VLLM_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+VLLM_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+VLLM_REQUEST_N: Final = "gen_ai.request.n"
 
 # --- tokenpath ---------------------------------------------------------------------------
 STAGE: Final = "tokenpath.stage"
@@ -106,3 +110,26 @@ PREFILL_NEW_TOKENS: Final = "tokenpath.prefill.new_tokens"
 # live in another trace (vLLM's stat-logger plugin cannot see the trace context). The
 # collector joins its attributes into the trace whose engine span has the same request id.
 SPAN_REQUEST_ANNOTATION: Final = "tokenpath.request_annotation"
+
+# --- vLLM stat-logger plugin (tokenpath.instrumentation.vllm) ------------------------------
+# Per-request step summary on SPAN_REQUEST_ANNOTATION: over the engine steps (iterations)
+# that ran while the request was being served, the batch's scheduled prefill and decode
+# tokens summed, and the largest batch seen. STEP_COUNT / STEP_SECONDS above carry the
+# number of those steps and their summed duration. Derived: a step is attributed to every
+# request in flight when it ran.
+STEP_PREFILL_TOKENS: Final = "tokenpath.engine.step.prefill_tokens"
+STEP_DECODE_TOKENS: Final = "tokenpath.engine.step.decode_tokens"
+STEP_MAX_BATCH_REQUESTS: Final = "tokenpath.engine.step.max_batch_requests"
+# Where STEP_SECONDS came from: "measured" (vLLM's iteration details, elapsed per step) or
+# "derived" (gaps between the frontend's iteration timestamps).
+STEP_SECONDS_SOURCE: Final = "tokenpath.engine.step_seconds.source"
+
+# A span with this name summarizes the engine's steps over one export interval (span start
+# and end bound the interval); it is not a request. Carries STEP_COUNT, STEP_SECONDS,
+# STEP_PREFILL_TOKENS, STEP_DECODE_TOKENS, STEP_MAX_BATCH_REQUESTS, STEP_SECONDS_SOURCE,
+# ENGINE, and the exporter's own health below.
+SPAN_ENGINE_STEPS: Final = "tokenpath.engine_steps"
+# Cumulative counts of the plugin's exporter: items dropped because its bounded queue was
+# full, and span batches the OTLP exporter failed to send.
+EXPORT_DROPPED: Final = "tokenpath.export.dropped"
+EXPORT_FAILED_BATCHES: Final = "tokenpath.export.failed_batches"

@@ -183,3 +183,18 @@ PHASE_NONE: Final = "none"
 # ``size`` label values of RESPONSE_CHUNKS.
 CHUNK_SIZE_SMALL: Final = "small"
 CHUNK_SIZE_NORMAL: Final = "normal"
+
+# Label names and values used by the cost and response-chunk metrics above (appended for the
+# dashboards and rules, issue 6/9; the spellings match the metric specs).
+LABEL_CONTEXT_BUCKET: Final = "context_bucket"
+LABEL_SIZE: Final = "size"
+# Scrape-target labels set by the Prometheus scrape config (deploy/), not by the exporters.
+LABEL_JOB: Final = "job"
+LABEL_INSTANCE: Final = "instance"
+# The histogram bucket bound label and series suffixes Prometheus exposes.
+LABEL_LE: Final = "le"
+HISTOGRAM_BUCKET_SUFFIX: Final = "_bucket"
+HISTOGRAM_COUNT_SUFFIX: Final = "_count"
+HISTOGRAM_SUM_SUFFIX: Final = "_sum"
+# Prometheus's own per-target health series.
+UP_SERIES: Final = "up"

@@ -96,6 +96,10 @@ class RequestRecord:
     cache_miss_waste_dollars: float = 0.0
     complete: bool = True
     span_count: int = 0
+    # When the engine span began (request arrival at the engine; vLLM's arrival_time).
+    engine_start_unix: float | None = None
+    # Sum of the engine steps the request took part in (tokenpath.engine.step_seconds).
+    engine_step_seconds: float | None = None
 
     @property
     def duration_seconds(self) -> float:
@@ -147,6 +151,8 @@ class RequestRecord:
             "cache_miss_waste_dollars": self.cache_miss_waste_dollars,
             "complete": self.complete,
             "span_count": self.span_count,
+            "engine_start_unix": self.engine_start_unix,
+            "engine_step_seconds": self.engine_step_seconds,
         }
 
     @classmethod
@@ -194,4 +200,6 @@ class RequestRecord:
             cache_miss_waste_dollars=float(data.get("cache_miss_waste_dollars", 0.0)),
             complete=bool(data.get("complete", True)),
             span_count=int(data.get("span_count", 0)),
+            engine_start_unix=opt_float("engine_start_unix"),
+            engine_step_seconds=opt_float("engine_step_seconds"),
         )

@@ -31,7 +31,7 @@ from tests.support.processes import collector_process, poll_records
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
 from tokenpath.collector.config import CollectorConfig
-from tokenpath.collector.http_app import HEALTH_PATH
+from tokenpath.collector.http_app import HEALTH_PATH, PUBLIC_PATHS, UI_ASSET_PREFIX, UI_DIR
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.receivers.grpc import TRACE_SERVICE
 from tokenpath.collector.receivers.otlp_decode import decode_traces
@@ -49,6 +49,9 @@ def _grpc_export(endpoint: str, token: str | None) -> object:
 
 
 def test_every_http_route_but_healthz_needs_the_token(make_service: ServiceFactory) -> None:
+    """Every route but /healthz and the UI's static shell (the page and its script and
+    style files, which hold no data: a browser cannot send a bearer header when it
+    navigates, so the page asks for the token and sends it on every /api call)."""
     service = make_service(auth_token=TOKEN)
     url = service.http_url
     routes = [(method.upper(), path) for path, item in service.app.openapi()["paths"].items()
@@ -57,7 +60,7 @@ def test_every_http_route_but_healthz_needs_the_token(make_service: ServiceFacto
                if isinstance(route, Route) and not isinstance(route, APIRoute)]
     assert ("POST", "/v1/traces") in routes and ("GET", "/metrics") in routes
     for method, path in [*routes, ("GET", "/no/such/path")]:
-        if path == HEALTH_PATH:
+        if path in PUBLIC_PATHS or path.startswith(UI_ASSET_PREFIX):
             continue
         concrete = path.replace("{trace_id}", "0" * 32)
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
@@ -66,6 +69,9 @@ def test_every_http_route_but_healthz_needs_the_token(make_service: ServiceFacto
             assert response.status_code == 401, (method, path, headers)
             assert response.headers["www-authenticate"].startswith("Bearer")
     assert httpx.get(url + HEALTH_PATH, timeout=5).status_code == 200
+    shell = httpx.get(url + "/", timeout=5)
+    assert shell.status_code == 200
+    assert shell.text == (UI_DIR / "index.html").read_text(encoding="utf-8")  # static only
     authorized = {"Authorization": f"bearer {TOKEN}"}  # the scheme is case-insensitive
     assert httpx.get(url + "/metrics", headers=authorized, timeout=5).status_code == 200
     posted = httpx.post(url + "/v1/traces", headers={**authorized, **PROTOBUF_HEADERS},

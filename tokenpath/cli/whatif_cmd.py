@@ -1,14 +1,172 @@
-"""``tokenpath whatif``: projections from the roofline model (issue 4/9)."""
+"""``tokenpath whatif``: projections from the roofline model, calibrated on recorded requests.
+
+Reads the recorded requests from ``--store``, ``--collector`` or ``--records`` (the JSON of
+``tokenpath requests --format json``) and prints the baseline beside the projection
+(SPEC section 4). Formulas: docs/cost-model.md. All figures are modeled.
+"""
 
 from __future__ import annotations
 
-import typer
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
 
-from tokenpath.cli.common import not_yet_available
+import typer
+from rich.table import Table
+
+from tokenpath.cli.client import Source
+from tokenpath.cli.common import console, fail
+from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.collector.cost.whatif import (
+    DEFAULT_SPEC_DRAFT_TOKENS,
+    QUANTIZATION,
+    Scenario,
+    WhatIfError,
+    calibrate,
+    speculative_speedup,
+    what_if,
+)
+from tokenpath.collector.cost.whatif_rules import check_rules_of_thumb
+from tokenpath.config import ConfigError
+from tokenpath.records import RequestRecord
+
+RECORDS_LIMIT = 100_000
+
+
+class OutputFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+
+
+def parse_cache_hit_rate(value: str, current: float) -> float:
+    """``+0.10``/``-0.05`` is a change in the hit rate; ``0.6`` is a target rate."""
+    text = value.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        fail(f"--cache-hit-rate: not a number: {value!r} (use +0.10 or 0.6)")
+    if text.startswith(("+", "-")):
+        return number
+    if not 0 <= number <= 1:
+        fail("--cache-hit-rate: a target rate must be within [0, 1]")
+    return number - current
+
+
+def _load_records(store: str | None, collector: str | None,
+                  records_file: Path | None) -> list[RequestRecord]:
+    if records_file is not None:
+        try:
+            data = json.loads(records_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            fail(f"--records: cannot read {records_file}: {exc}")
+        if not isinstance(data, list):
+            fail("--records: expected the JSON list of `tokenpath requests --format json`")
+        try:
+            return [RequestRecord.from_json(item) for item in data]
+        except (KeyError, TypeError, ValueError) as exc:
+            fail(f"--records: not a request record: {exc}")
+    return Source(store, collector).records(RECORDS_LIMIT, None)
+
+
+def _row(name: str, base: Any, projected: Any, fmt: str) -> list[str]:
+    def show(value: Any) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    change = ""
+    if isinstance(base, float) and isinstance(projected, float) and base:
+        change = f"{(projected / base - 1) * 100:+.1f}%"
+    return [name, show(base), show(projected), change]
+
+
+def _render(result: dict[str, Any]) -> None:
+    base, proj = result["baseline"], result["projected"]
+    table = Table(title="what-if (modeled, calibrated on the recorded requests)")
+    for column in ("metric", "baseline", "projected", "change"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for name, key, fmt in (
+        ("$ per million output tokens", "cost_per_million_output_tokens", ".4f"),
+        ("requests/s per GPU", "requests_per_second_per_gpu", ".3f"),
+        ("TTFT p50 (s)", "ttft_p50_seconds", ".4f"),
+        ("GPU utilization", "gpu_utilization", ".2f"),
+        ("prefix-cache hit ratio", "prefix_cache_hit_ratio", ".3f"),
+    ):
+        table.add_row(*_row(name, base[key], proj[key], fmt))
+    console.print(table)
+    spend = Table(title="spend by context length (attention share of prefill FLOPs, modeled)")
+    for column in ("context tokens", "requests", "share of spend", "attention share"):
+        spend.add_column(column, justify="left" if column == "context tokens" else "right")
+    for bucket in result["long_context"]:
+        if bucket["requests"]:
+            spend.add_row(bucket["bucket"], str(bucket["requests"]),
+                          f"{bucket['share_of_spend']:.1%}", f"{bucket['attention_share']:.1%}")
+    console.print(spend)
+    prefixes = [p for p in result["top_prefixes_by_waste"] if p["waste_dollars"] > 0]
+    if prefixes:
+        waste = Table(title="repeated prefixes recomputed (fingerprints only)")
+        for column in ("fingerprint", "prefix tokens", "count", "hits", "misses", "waste $"):
+            waste.add_column(column, justify="left" if column == "fingerprint" else "right")
+        for p in prefixes:
+            waste.add_row(p["fingerprint"][:16], str(p["prefix_tokens"]), str(p["count"]),
+                          str(p["hits"]), str(p["misses"]), f"{p['waste_dollars']:.6f}")
+        console.print(waste)
+    rules = result.get("rules_of_thumb")
+    if rules:
+        checks = Table(title="rules of thumb on your workload (modeled)")
+        for column in ("claim", "rule of thumb", "model on your traffic", "agrees"):
+            checks.add_column(column)
+        for rule in rules:
+            checks.add_row(rule["claim"], rule["rule_of_thumb"], rule["model_says"],
+                           "yes" if rule["agrees"] else "no")
+        console.print(checks)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("whatif")
-    def whatif() -> None:
-        """Project cost and throughput under better caching, batching or spec decoding."""
-        not_yet_available("whatif", "4/9")
+    def whatif(
+        store: str | None = typer.Option(None, help="Store path (default $TOKENPATH_STORE)."),
+        collector: str | None = typer.Option(None, help="Read from a running collector, "
+                                             "e.g. http://127.0.0.1:4318."),
+        records: Path | None = typer.Option(None, help="JSON of `tokenpath requests "
+                                            "--format json` instead of a store."),
+        prices: Path | None = typer.Option(None, help="Price sheet YAML (default: shipped)."),
+        cache_hit_rate: str | None = typer.Option(None, help="+0.10 (change) or 0.6 (target)."),
+        spec_decode_speedup: float | None = typer.Option(None, help="Decode speedup, e.g. 2.0."),
+        spec_acceptance: float | None = typer.Option(None, help="Draft acceptance rate (0-1); "
+                                                     "speedup computed from it."),
+        spec_draft_tokens: int = typer.Option(DEFAULT_SPEC_DRAFT_TOKENS,
+                                              help="Draft length with --spec-acceptance."),
+        gpu_utilization: float | None = typer.Option(None, help="Target GPU utilization (0-1]."),
+        quantization: str | None = typer.Option(None, help="|".join(QUANTIZATION)),
+        rules_of_thumb: bool = typer.Option(False, "--rules-of-thumb",
+                                            help="Check industry claims on this workload."),
+        format: OutputFormat = typer.Option(OutputFormat.TABLE, "--format"),
+    ) -> None:
+        """Project cost and throughput under better caching, batching, spec decoding or
+        quantization."""
+        try:
+            sheet = load_price_sheet(prices)
+        except ConfigError as exc:
+            fail(f"--prices: {exc}")
+        recorded = _load_records(store, collector, records)
+        try:
+            calibration = calibrate(recorded, sheet)
+            speedup = spec_decode_speedup or 1.0
+            if spec_acceptance is not None:
+                speedup = speculative_speedup(spec_acceptance, spec_draft_tokens)
+            scenario = Scenario(
+                cache_hit_rate_delta=(parse_cache_hit_rate(cache_hit_rate, calibration.hit_ratio)
+                                      if cache_hit_rate is not None else 0.0),
+                spec_decode_speedup=speedup,
+                gpu_utilization=gpu_utilization,
+                quantization=quantization,
+            )
+            result = what_if(recorded, sheet, scenario)
+            if rules_of_thumb:
+                result["rules_of_thumb"] = [c.to_json() for c in check_rules_of_thumb(calibration)]
+        except WhatIfError as exc:
+            fail(str(exc))
+        if format is OutputFormat.JSON:
+            print(json.dumps(result, indent=2))
+        else:
+            _render(result)

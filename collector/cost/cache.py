@@ -1,0 +1,184 @@
+"""Prefix cache accounting: hit ratio, heavy-hitter prefixes, miss waste.
+
+Fingerprints only: ``record.prefix_fingerprints[i]`` is a salted hash of the prompt prefix
+through block ``i`` (``block_tokens`` tokens per block), never content.
+
+- Hit ratio is token-weighted: sum(cache_read_tokens) / sum(input_tokens).
+- Miss waste: a prefix whose fingerprint was seen recently (before this request, within
+  ``ttl_seconds``) but was recomputed. Its dollars are the request's prefill dollars times
+  the recomputed tokens' share of the prefill FLOPs.
+- Heavy hitters: a space-saving sketch (Metwally et al., 2005) of the longest previously
+  seen prefix of each request: bounded memory, count over-estimated by at most ``error``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tokenpath.records import RequestRecord
+from tokenpath.roofline import Roofline
+
+DEFAULT_BLOCK_TOKENS = 16  # vLLM's default KV block size
+DEFAULT_RECENT_TTL_SECONDS = 600.0
+DEFAULT_RECENT_CAPACITY = 65_536
+DEFAULT_HEAVY_HITTER_CAPACITY = 256
+
+
+def token_weighted_hit_ratio(records: Iterable[RequestRecord]) -> float:
+    """cache_read tokens / input tokens over all records (never a mean of ratios)."""
+    cached = total = 0
+    for record in records:
+        cached += max(0, record.cache_read_tokens)
+        total += max(0, record.input_tokens)
+    return cached / total if total > 0 else 0.0
+
+
+@dataclass(slots=True)
+class PrefixStats:
+    fingerprint: str
+    prefix_tokens: int
+    count: int
+    error: int
+    hits: int
+    misses: int
+    waste_dollars: float
+
+
+class HeavyHitters:
+    """Space-saving top-k: at most ``capacity`` fingerprints are held."""
+
+    def __init__(self, capacity: int = DEFAULT_HEAVY_HITTER_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self._capacity = capacity
+        self._entries: dict[str, PrefixStats] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def update(self, fingerprint: str, prefix_tokens: int, hit: bool, waste: float) -> None:
+        entry = self._entries.get(fingerprint)
+        if entry is None:
+            floor = 0
+            if len(self._entries) >= self._capacity:
+                victim = min(self._entries.values(), key=lambda e: e.count)
+                floor = victim.count
+                del self._entries[victim.fingerprint]
+            entry = PrefixStats(fingerprint, prefix_tokens, floor, floor, 0, 0, 0.0)
+            self._entries[fingerprint] = entry
+        entry.count += 1
+        entry.prefix_tokens = max(entry.prefix_tokens, prefix_tokens)
+        if hit:
+            entry.hits += 1
+        else:
+            entry.misses += 1
+        entry.waste_dollars += waste
+
+    def top_by_waste(self, limit: int = 10) -> list[PrefixStats]:
+        ranked = sorted(self._entries.values(), key=lambda e: (-e.waste_dollars, -e.count))
+        return ranked[:limit]
+
+    def top_by_count(self, limit: int = 10) -> list[PrefixStats]:
+        return sorted(self._entries.values(), key=lambda e: -e.count)[:limit]
+
+
+@dataclass(slots=True)
+class _Seen:
+    first: float
+    last: float
+
+
+class PrefixCacheTracker:
+    """Remembers recent prefix fingerprints; prices recomputed prefixes that were seen."""
+
+    def __init__(
+        self,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        ttl_seconds: float = DEFAULT_RECENT_TTL_SECONDS,
+        capacity: int = DEFAULT_RECENT_CAPACITY,
+        heavy_hitter_capacity: int = DEFAULT_HEAVY_HITTER_CAPACITY,
+    ) -> None:
+        self._block_tokens = block_tokens
+        self._ttl = ttl_seconds
+        self._capacity = capacity
+        self._recent: OrderedDict[str, _Seen] = OrderedDict()
+        self.heavy_hitters = HeavyHitters(heavy_hitter_capacity)
+        self.waste_dollars = 0.0
+
+    def seen_prefix_tokens(self, record: RequestRecord, at: float) -> tuple[int, int]:
+        """(tokens of the longest prefix seen before ``at``, its block index or -1)."""
+        depth = -1
+        for index, fingerprint in enumerate(record.prefix_fingerprints):
+            seen = self._recent.get(fingerprint)
+            if seen is None or not seen.first < at or at - seen.last > self._ttl:
+                break
+            depth = index
+        tokens = min(record.input_tokens, (depth + 1) * self._block_tokens)
+        return tokens, depth
+
+    def observe(self, record: RequestRecord, prefill_dollars: float,
+                roofline: Roofline | None) -> float:
+        """Waste dollars of ``record`` (0 when nothing seen was recomputed); remembers it."""
+        if not record.prefix_fingerprints:
+            return 0.0
+        at = record.prefill_start_unix if record.prefill_start_unix is not None else (
+            record.start_unix)
+        seen_tokens, depth = self.seen_prefix_tokens(record, at)
+        cached = max(0, record.cache_read_tokens)
+        new_tokens = max(1, record.input_tokens - cached)
+        wasted_tokens = min(new_tokens, max(0, seen_tokens - cached))
+        waste = 0.0
+        if wasted_tokens > 0 and prefill_dollars > 0:
+            if roofline is not None:
+                share = (roofline.prefill_flops(wasted_tokens, cached)
+                         / roofline.prefill_flops(new_tokens, cached))
+            else:
+                share = wasted_tokens / new_tokens
+            waste = prefill_dollars * min(1.0, share)
+        if depth >= 0:
+            self.heavy_hitters.update(record.prefix_fingerprints[depth], seen_tokens,
+                                      hit=cached >= seen_tokens, waste=waste)
+        self._remember(record.prefix_fingerprints, at)
+        self.waste_dollars += waste
+        return waste
+
+    def _remember(self, fingerprints: Iterable[str], at: float) -> None:
+        for fingerprint in fingerprints:
+            seen = self._recent.pop(fingerprint, None)
+            if seen is None:
+                seen = _Seen(at, at)
+            else:
+                seen.first = min(seen.first, at)
+                seen.last = max(seen.last, at)
+            self._recent[fingerprint] = seen
+        while len(self._recent) > self._capacity:
+            self._recent.popitem(last=False)
+        while self._recent:
+            oldest = next(iter(self._recent.values()))
+            if at - oldest.last <= self._ttl:
+                break
+            self._recent.popitem(last=False)
+
+
+def prefill_dollars(record: RequestRecord) -> float:
+    """The record's apportioned prefill dollars (sum of its GPU stages' prefill phase)."""
+    from tokenpath.stages import Phase
+
+    return sum(t.phases[Phase.PREFILL].cost_dollars for t in record.stages.values()
+               if Phase.PREFILL in t.phases)
+
+
+def top_prefixes_by_waste(records: Iterable[RequestRecord], limit: int = 10,
+                          block_tokens: int = DEFAULT_BLOCK_TOKENS) -> list[PrefixStats]:
+    """Replay stored records (in engine order) through a tracker: the repeated prefixes
+    whose recomputation cost the most. Fingerprints only."""
+    from tokenpath.collector.cost.catalog import roofline_for_record
+
+    tracker = PrefixCacheTracker(block_tokens=block_tokens)
+    ordered = sorted(records, key=lambda r: r.prefill_start_unix or r.start_unix)
+    for record in ordered:
+        roofline = roofline_for_record(record, record.gpu_type or "H100-SXM")
+        tracker.observe(record, prefill_dollars(record), roofline)
+    return tracker.heavy_hitters.top_by_waste(limit)

@@ -1,0 +1,181 @@
+"""Landing dollars on stages.
+
+- GPU stages 7-10 split each phase's measured in-model time by the roofline (provenance
+  modeled): ``gpu_dispatch`` is the host-side step overhead (kept as measured when the
+  engine recorded it), ``nvlink`` the tensor-parallel collectives (TP > 1), and the rest
+  splits into ``kernel_exec`` (compute-bound share) and ``hbm_load`` (memory-bound share).
+  The four stages' seconds sum to the phase's in-model seconds; the phase's apportioned
+  dollars split in proportion to seconds.
+- CPU stages: measured seconds x CPU $/core-second (one core per stage second).
+- Network stages: response bytes x $/byte, spread over the network stages present by their
+  seconds.
+"""
+
+from __future__ import annotations
+
+from tokenpath.records import PhaseShare, RequestRecord, StageTiming
+from tokenpath.roofline import Roofline
+from tokenpath.stages import (
+    GPU_STAGES,
+    NETWORK_STAGES,
+    STAGE_BY_ID,
+    Phase,
+    Provenance,
+    StageGroup,
+    StageId,
+)
+
+# Stages priced as CPU time. Waiting in the scheduler queue costs no extra hardware (the
+# GPU it waits for is paid by the requests being served), so it carries no dollars.
+CPU_STAGES: tuple[StageId, ...] = (
+    *(stage.id for stage in STAGE_BY_ID.values()
+      if stage.group in (StageGroup.CLIENT, StageGroup.GATEWAY)),
+    StageId.KV_CACHE_LOOKUP,
+)
+
+
+def _measured_dispatch(record: RequestRecord, phase: Phase, phase_seconds: float,
+                       total_in_model: float) -> float | None:
+    timing = record.stages.get(StageId.GPU_DISPATCH)
+    if timing is None or timing.provenance is Provenance.MODELED:
+        return None
+    if timing.phases:
+        share = timing.phases.get(phase)
+        seconds = share.seconds if share is not None else 0.0
+    elif total_in_model > 0:
+        seconds = timing.seconds * phase_seconds / total_in_model
+    else:
+        seconds = 0.0
+    return min(max(0.0, seconds), phase_seconds)
+
+
+def split_phase_seconds(
+    roofline: Roofline | None,
+    phase: Phase,
+    phase_seconds: float,
+    input_tokens: int,
+    cached_tokens: int,
+    output_tokens: int,
+    decode_batch: float,
+    measured_dispatch: float | None,
+) -> dict[StageId, float]:
+    """Seconds of one phase on each GPU stage; they sum to ``phase_seconds``."""
+    if phase_seconds <= 0:
+        return {}
+    new_tokens = max(1, input_tokens - cached_tokens)
+    decode_steps = max(0, output_tokens - 1)
+    if roofline is None:
+        dispatch = measured_dispatch or 0.0
+        bulk = StageId.KERNEL_EXEC if phase is Phase.PREFILL else StageId.HBM_LOAD
+        return {StageId.GPU_DISPATCH: dispatch, bulk: phase_seconds - dispatch}
+    batch = max(1.0, decode_batch)
+    if phase is Phase.PREFILL:
+        steps = 1
+        flops = roofline.prefill_flops(new_tokens, cached_tokens)
+        nbytes = roofline.prefill_bytes(new_tokens, cached_tokens) + (
+            roofline.model.weight_bytes / batch)
+        nvlink = roofline.nvlink_seconds(new_tokens)
+    else:
+        steps = decode_steps
+        mid_context = input_tokens + 1 + decode_steps // 2
+        flops = steps * roofline.decode_flops(mid_context)
+        nbytes = steps * (roofline.decode_bytes(mid_context) + roofline.model.weight_bytes / batch)
+        nvlink = steps * roofline.nvlink_seconds(max(1, round(batch)))
+    if measured_dispatch is not None:
+        dispatch = measured_dispatch
+    else:
+        dispatch = min(phase_seconds, steps * roofline.step_overhead_seconds)
+    nvlink = min(nvlink, phase_seconds - dispatch)
+    rest = phase_seconds - dispatch - nvlink
+    compute_share = roofline.compute_fraction(flops, nbytes)
+    kernel = rest * compute_share
+    return {
+        StageId.GPU_DISPATCH: dispatch,
+        StageId.HBM_LOAD: rest - kernel,
+        StageId.KERNEL_EXEC: kernel,
+        StageId.NVLINK: nvlink,
+    }
+
+
+def _measured_split(record: RequestRecord) -> bool:
+    """True when the engine measured hbm_load or kernel_exec itself: keep its seconds."""
+    return any(
+        stage in record.stages and record.stages[stage].provenance is not Provenance.MODELED
+        for stage in (StageId.HBM_LOAD, StageId.KERNEL_EXEC)
+    )
+
+
+def _spread_over_existing(record: RequestRecord, phase_dollars: dict[Phase, float]) -> None:
+    present = [record.stages[s] for s in GPU_STAGES if s in record.stages]
+    total = sum(max(0.0, t.seconds) for t in present)
+    dollars = sum(phase_dollars.values())
+    for timing in present:
+        timing.cost_dollars = dollars * max(0.0, timing.seconds) / total if total > 0 else 0.0
+
+
+def land_gpu_cost(
+    record: RequestRecord,
+    roofline: Roofline | None,
+    phase_seconds: dict[Phase, float],
+    phase_dollars: dict[Phase, float],
+    decode_batch: float,
+) -> None:
+    """Write stages 7-10 (seconds, dollars, per-phase split) onto ``record``.
+
+    Replaces the mapper's default split (prefill -> kernel_exec, decode -> hbm_load);
+    a measured gpu_dispatch keeps its seconds and provenance.
+    """
+    if _measured_split(record):
+        _spread_over_existing(record, phase_dollars)
+        return
+    total_in_model = sum(phase_seconds.values())
+    measured = {
+        phase: _measured_dispatch(record, phase, phase_seconds.get(phase, 0.0), total_in_model)
+        for phase in (Phase.PREFILL, Phase.DECODE)
+    }
+    dispatch_timing = record.stages.get(StageId.GPU_DISPATCH)
+    for stage in GPU_STAGES:
+        record.stages.pop(stage, None)
+    per_stage: dict[StageId, dict[Phase, PhaseShare]] = {s: {} for s in GPU_STAGES}
+    for phase in (Phase.PREFILL, Phase.DECODE):
+        seconds = phase_seconds.get(phase, 0.0)
+        dollars = phase_dollars.get(phase, 0.0)
+        split = split_phase_seconds(
+            roofline, phase, seconds, record.input_tokens, record.cache_read_tokens,
+            record.output_tokens, decode_batch, measured[phase],
+        )
+        for stage, stage_seconds in split.items():
+            per_stage[stage][phase] = PhaseShare(stage_seconds, dollars * stage_seconds / seconds)
+    for stage, phases in per_stage.items():
+        if not phases:
+            continue
+        provenance = Provenance.MODELED
+        if (stage is StageId.GPU_DISPATCH and dispatch_timing is not None
+                and dispatch_timing.provenance is not Provenance.MODELED):
+            provenance = dispatch_timing.provenance
+        record.stages[stage] = StageTiming(
+            stage=stage,
+            seconds=sum(p.seconds for p in phases.values()),
+            provenance=provenance,
+            cost_dollars=sum(p.cost_dollars for p in phases.values()),
+            phases=phases,
+        )
+
+
+def land_cpu_and_network_cost(record: RequestRecord, cpu_dollars_per_core_second: float,
+                              network_dollars_per_byte: float) -> None:
+    """Price CPU stages by their seconds and network stages by the response bytes."""
+    for stage in CPU_STAGES:
+        timing = record.stages.get(stage)
+        if timing is not None:
+            timing.cost_dollars = max(0.0, timing.seconds) * cpu_dollars_per_core_second
+    present = [record.stages[s] for s in NETWORK_STAGES if s in record.stages]
+    if not present:
+        return
+    network_dollars = max(0, record.response_bytes) * network_dollars_per_byte
+    total_seconds = sum(max(0.0, t.seconds) for t in present)
+    for timing in present:
+        if total_seconds > 0:
+            timing.cost_dollars = network_dollars * max(0.0, timing.seconds) / total_seconds
+        else:
+            timing.cost_dollars = network_dollars / len(present)

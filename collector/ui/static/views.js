@@ -1,0 +1,390 @@
+// tokenpath UI views: overview, requests, request waterfall, cache & leaks, what-if.
+// Each view fetches its data and returns a DOM node; app.js routes and polls.
+"use strict";
+
+(() => {
+  const { el, fmtSeconds, fmtDollars, fmtPct, fmtNum, fmtTime, isNum, DASH } = tp;
+  const { api, withWindow } = tpApp;
+
+  const stageList = () => tpApp.loadStages();
+
+  function provenanceBadge(provenance) {
+    if (!provenance) return el("span", { class: "badge none", text: "not recorded" });
+    return el("span", { class: `badge ${provenance}`, text: provenance,
+                        title: provenance === "modeled"
+                          ? "modeled: a documented roofline or apportionment model"
+                          : provenance === "derived" ? "derived: arithmetic on measured values"
+                            : "measured: a span or counter timed it" });
+  }
+
+  function kpi(label, value, sub, id) {
+    return el("div", { class: "kpi", id },
+      el("div", { class: "kpi-label", text: label }),
+      el("div", { class: "kpi-value", text: value }),
+      sub ? el("div", { class: "kpi-sub", text: sub }) : null);
+  }
+
+  function card(title, ...children) {
+    return el("section", { class: "card", "aria-label": title }, el("h2", { text: title }),
+              ...children);
+  }
+
+  function note(text) {
+    return el("p", { class: "note", text });
+  }
+
+  function table(caption, headers, rows, cls) {
+    return el("table", { class: cls || "" },
+      el("caption", { text: caption }),
+      el("thead", {}, el("tr", {}, headers.map((h) => el("th", { scope: "col", text: h })))),
+      el("tbody", {}, rows));
+  }
+
+  function td(content, cls) {
+    return el("td", { class: cls || null }, content);
+  }
+
+  // --- overview ---------------------------------------------------------------------------
+
+  async function overview() {
+    const [summary, leaks, series, stages] = await Promise.all([
+      api(withWindow("/api/summary")), api(withWindow("/api/leaks?limit=5")), api(withWindow("/api/timeseries?buckets=20")),
+      stageList(),
+    ]);
+    const byStage = Object.fromEntries(summary.stages.map((s) => [s.stage, s]));
+    const anyCost = summary.cost_dollars > 0 || summary.idle_cost_dollars > 0;
+    const modeledTag = summary.simulated ? " · simulated engine" : "";
+    const root = el("div", { class: "page" },
+      el("h1", { text: "Overview" }),
+      el("p", { class: "lede",
+                text: `${fmtNum(summary.requests)} requests over ${fmtSeconds(summary.window_seconds)}`
+                  + ` · models: ${summary.models.join(", ") || DASH}${modeledTag}`
+                  + ` · window: ${tpApp.timeWindow()}` }),
+      el("div", { class: "kpis", id: "kpis" },
+        kpi("Prefix-cache hit ratio", fmtPct(summary.prefix_cache_hit_ratio),
+            `${fmtNum(summary.cache_read_tokens)} of ${fmtNum(summary.input_tokens)} input tokens`,
+            "kpi-hit-ratio"),
+        kpi("TTFT p50 / p95", fmtSeconds(summary.ttft_p50_seconds),
+            `p95 ${fmtSeconds(summary.ttft_p95_seconds)} · time to first token`, "kpi-ttft"),
+        kpi("Output tokens/s", fmtNum(summary.output_tokens_per_second, 1),
+            `${fmtNum(summary.output_tokens)} output tokens`, "kpi-tps"),
+        kpi("$ per 1M output tokens", anyCost
+          ? fmtDollars(summary.cost_per_million_output_tokens) : DASH,
+        anyCost ? "apportioned cost incl. idle · modeled" : "not priced yet", "kpi-cpm"),
+        kpi("Cost", anyCost ? fmtDollars(summary.cost_dollars) : DASH, anyCost
+          ? `naive wall-clock: ${fmtDollars(summary.naive_cost_dollars)}` : "not priced yet",
+        "kpi-cost"),
+        kpi("Idle cost", anyCost ? fmtDollars(summary.idle_cost_dollars) : DASH,
+            "GPU time with no request", "kpi-idle")),
+      el("h2", { class: "section", text: "The three money leaks" }),
+      el("div", { class: "leaks" }, leakCards(leaks)),
+      el("div", { class: "grid2" },
+        card("$ by stage",
+          anyCost ? null : note("No dollars recorded yet: the collector prices stages once a "
+                                + "price sheet / cost model is configured."),
+          !anyCost ? null : tp.barChart(stages.map((s) => ({
+            label: `${s.order}. ${s.title}`,
+            value: byStage[s.id] ? byStage[s.id].cost_dollars : 0,
+            colour: tp.GROUP_COLOURS[s.group],
+            note: byStage[s.id] && byStage[s.id].provenance === "modeled" ? "modeled" : "",
+          })), { fmt: fmtDollars, title: "Dollars by stage, in path order" })),
+        card("Latency by stage (p50)",
+          tp.barChart(stages.map((s) => ({
+            label: `${s.order}. ${s.title}`,
+            value: byStage[s.id] ? byStage[s.id].p50_seconds : null,
+            colour: tp.GROUP_COLOURS[s.group],
+            note: byStage[s.id] && byStage[s.id].provenance === "modeled" ? "modeled" : "",
+          })), { fmt: fmtSeconds, title: "p50 seconds by stage, in path order" }))),
+      card("Prefix-cache hit ratio over time",
+        tp.lineChart(series.points.map((p) => ({ t: p.start_unix, v: p.prefix_cache_hit_ratio })),
+                     { fmtY: (v) => fmtPct(v, 0), yMax: 1, width: 1300, height: 200,
+                       title: "Token-weighted hit ratio" })),
+      groupLegend());
+    return root;
+  }
+  overview.live = true;
+
+  function leakCards(leaks) {
+    const cache = leaks.cache;
+    const longCtx = leaks.long_context;
+    const small = leaks.small_packets;
+    const top = cache.top_prefixes[0];
+    return [
+      el("a", { class: "leak", href: "#/leaks", id: "leak-cache" },
+        el("div", { class: "leak-title", text: "1 · Prefix-cache misses" }),
+        cache.cache_miss_waste_dollars > 0
+          ? el("div", { class: "leak-value", text: fmtDollars(cache.cache_miss_waste_dollars) })
+          : el("div", { class: "leak-value", text: `${fmtNum(cache.recomputed_prefix_tokens)} tok` }),
+        el("div", { class: "kpi-sub", text: (cache.cache_miss_waste_dollars > 0
+          ? "wasted on recomputed prefixes" : "prefix tokens recomputed (not priced yet)")
+          + ` · hit ratio ${fmtPct(cache.prefix_cache_hit_ratio)}` }),
+        el("div", { class: "kpi-sub", text: top ? `top prefix ${top.fingerprint.slice(0, 10)}… `
+          + `${fmtNum(top.prefix_tokens)} tokens × ${top.requests}` : "no repeated prefixes yet" })),
+      el("a", { class: "leak", href: "#/leaks", id: "leak-long-context" },
+        el("div", { class: "leak-title", text: "2 · Long contexts" }),
+        el("div", { class: "leak-value", text: fmtPct(longCtx.share_of_requests) }),
+        el("div", { class: "kpi-sub", text: `of requests ≥ ${fmtNum(longCtx.threshold_tokens)} `
+          + "input tokens" }),
+        el("div", { class: "kpi-sub", text: `their share of cost ${fmtPct(longCtx.share_of_cost)}`
+          + ` · of prefill time ${fmtPct(longCtx.share_of_prefill_seconds)}` })),
+      el("a", { class: "leak", href: "#/leaks", id: "leak-small-packets" },
+        el("div", { class: "leak-title", text: "3 · Small packets" }),
+        el("div", { class: "leak-value", text: fmtPct(small.share) }),
+        el("div", { class: "kpi-sub", text: "of response chunks are tiny" }),
+        el("div", { class: "kpi-sub", text: "response path: "
+          + `${fmtPct(small.response_path_share_of_latency)} of stage time` })),
+    ];
+  }
+
+  function groupLegend() {
+    return el("p", { class: "legend" }, Object.entries(tp.GROUP_COLOURS).map(([group, c]) =>
+      el("span", {}, el("i", { style: `background:${c}` }), group)),
+      el("span", {}, el("i", { class: "hatch" }), "modeled"));
+  }
+
+  // --- requests ---------------------------------------------------------------------------
+
+  const priced = (r) => r.cost_dollars > 0 || r.naive_cost_dollars > 0;
+
+  async function requests() {
+    const records = await api(withWindow("/api/requests?limit=200"));
+    const rows = records.map((r) => el("tr", {},
+      td(fmtTime(r.end_unix)),
+      td(el("a", { href: `#/requests/${r.trace_id}`, class: "mono",
+                   "aria-label": `Request ${r.trace_id}` }, r.trace_id.slice(0, 16) + "…")),
+      td(r.model), td(fmtNum(r.input_tokens), "num"), td(fmtNum(r.cache_read_tokens), "num"),
+      td(fmtNum(r.output_tokens), "num"), td(fmtSeconds(r.ttft_seconds), "num"),
+      td(fmtSeconds(r.duration_seconds), "num"),
+      td(priced(r) ? fmtDollars(r.cost_dollars) : DASH, "num"),
+      td(priced(r) ? fmtDollars(r.naive_cost_dollars) : DASH, "num"),
+      td(r.complete ? "yes" : el("span", { class: "badge warn", text: "partial" }))));
+    return el("div", { class: "page" },
+      el("h1", { text: "Requests" }),
+      el("p", { class: "lede", text: `${records.length} most recent requests, newest first. `
+        + "Open one for its 15-stage waterfall." }),
+      records.length ? table("Recent requests", ["ended", "trace id", "model", "input",
+        "cached", "output", "TTFT", "duration", "cost", "naive cost", "complete"], rows,
+      "data requests-table") : note("No requests recorded yet."));
+  }
+  requests.live = true;
+
+  // --- one request: the waterfall ----------------------------------------------------------
+
+  async function request(route) {
+    const [r, stages] = await Promise.all([
+      api(`/api/requests/${encodeURIComponent(route.traceId)}`), stageList()]);
+    const total = stages.reduce((s, st) => s + (r.stages[st.id] ? r.stages[st.id].seconds : 0), 0);
+    let offset = 0;
+    const rows = stages.map((st) => {
+      const t = r.stages[st.id];
+      const seconds = t ? t.seconds : 0;
+      const phases = t && t.phases ? t.phases : null;
+      const segments = phases
+        ? ["prefill", "decode"].filter((p) => phases[p])
+          .map((p) => ({ w: phases[p].seconds, colour: tp.PHASE_COLOURS[p] }))
+        : [];
+      const phased = segments.reduce((sum, seg) => sum + seg.w, 0);
+      if (seconds - phased > 1e-12) { // time recorded without a phase
+        segments.push({ w: seconds - phased, colour: tp.GROUP_COLOURS[st.group] });
+      }
+      const bar = tp.waterfallBar(offset, t ? segments : [], total, {
+        modeled: t && t.provenance === "modeled",
+        label: `${st.title}: ${fmtSeconds(seconds)} starting at ${fmtSeconds(offset)}`,
+      });
+      offset += seconds;
+      const phaseText = phases ? ["prefill", "decode"].filter((p) => phases[p])
+        .map((p) => `${p} ${fmtSeconds(phases[p].seconds)} / ${fmtDollars(phases[p].cost_dollars)}`)
+        .join(" · ") : "";
+      return el("tr", { class: t ? "stage-row" : "stage-row missing", "data-stage": st.id },
+        td(String(st.order), "num"),
+        el("th", { scope: "row" }, el("span", { class: "swatch",
+          style: `background:${tp.GROUP_COLOURS[st.group]}` }), st.title,
+        el("div", { class: "sub", text: `${st.id} · bound by ${st.bound_by}` })),
+        td(bar, "bar"), td(t ? fmtSeconds(seconds) : DASH, "num"),
+        td(t ? fmtDollars(t.cost_dollars) : DASH, "num"),
+        td(t ? provenanceBadge(t.provenance) : provenanceBadge(null)), td(phaseText, "sub"));
+    });
+    const gpuCost = stages.filter((s) => s.gpu && r.stages[s.id])
+      .reduce((sum, s) => sum + r.stages[s.id].cost_dollars, 0);
+    const naiveRatio = r.cost_dollars > 0 ? r.naive_cost_dollars / r.cost_dollars : null;
+    return el("div", { class: "page" },
+      el("p", {}, el("a", { href: "#/requests", text: "← All requests" })),
+      el("h1", { text: "Request " }, el("span", { class: "mono", text: r.trace_id })),
+      el("p", { class: "lede", text: [r.model, r.node && `node ${r.node}`,
+        r.gpu_type && `${r.gpu_type} × ${r.tensor_parallel}`, r.engine && `engine ${r.engine}`,
+        r.simulated ? "simulated" : null, r.complete ? null : "partial trace"]
+        .filter(Boolean).join(" · ") }),
+      el("div", { class: "kpis" },
+        kpi("Input tokens", fmtNum(r.input_tokens), `${fmtNum(r.cache_read_tokens)} cached `
+            + `(${fmtPct(r.input_tokens ? r.cache_read_tokens / r.input_tokens : null)})`,
+            "kpi-input"),
+        kpi("Output tokens", fmtNum(r.output_tokens), `TPOT ${fmtSeconds(r.tpot_seconds)}`),
+        kpi("TTFT", fmtSeconds(r.ttft_seconds), `queue ${fmtSeconds(r.queue_seconds)}`),
+        kpi("Duration", fmtSeconds(r.duration_seconds), `${r.span_count} spans`),
+        kpi("Cost (apportioned)", fmtDollars(r.cost_dollars), `GPU ${fmtDollars(gpuCost)}`,
+            "kpi-cost"),
+        kpi("Naive wall-clock cost", fmtDollars(r.naive_cost_dollars), naiveRatio
+          ? `${naiveRatio.toFixed(1)}× the apportioned cost` : "duration × $/s, for comparison",
+        "kpi-naive")),
+      card("Prefill vs decode",
+        tp.stackedBar([
+          { label: "prefill", value: r.prefill_seconds || 0, colour: tp.PHASE_COLOURS.prefill },
+          { label: "decode", value: r.decode_seconds || 0, colour: tp.PHASE_COLOURS.decode },
+        ], { fmt: fmtSeconds, title: "Engine in-model seconds: prefill versus decode" }),
+        r.cache_miss_waste_dollars > 0 ? note(`Prefix-cache miss waste on this request: `
+          + `${fmtDollars(r.cache_miss_waste_dollars)}`) : null),
+      el("section", { class: "card", "aria-label": "Waterfall" },
+        el("h2", { text: "Waterfall: the 15 stages in path order" }),
+        note("Bars are laid end to end in path order; width is the stage's time. GPU stages "
+             + "split the engine's measured in-model time into prefill and decode; hatched "
+             + "bars are modeled, not measured."),
+        table("Stages of this request", ["#", "stage", "time line", "seconds", "dollars",
+          "provenance", "phases"], rows, "data waterfall"),
+        el("p", { class: "legend" },
+          el("span", {}, el("i", { style: `background:${tp.PHASE_COLOURS.prefill}` }), "prefill"),
+          el("span", {}, el("i", { style: `background:${tp.PHASE_COLOURS.decode}` }), "decode"),
+          el("span", {}, el("i", { class: "hatch" }), "modeled"))));
+  }
+
+  // --- cache & leaks ----------------------------------------------------------------------
+
+  async function leaks() {
+    const [data, series] = await Promise.all([
+      api(withWindow("/api/leaks?limit=15")), api(withWindow("/api/timeseries?buckets=30"))]);
+    const cache = data.cache;
+    const money = (v) => (data.priced ? fmtDollars(v) : DASH);
+    const prefixRows = cache.top_prefixes.map((p) => el("tr", {},
+      td(el("code", { title: p.fingerprint, text: p.fingerprint.slice(0, 16) })),
+      td(fmtNum(p.prefix_tokens), "num"), td(fmtNum(p.requests), "num"),
+      td(fmtNum(p.hits), "num"), td(fmtNum(p.misses), "num"),
+      td(fmtNum(p.recomputed_tokens), "num"), td(money(p.waste_dollars), "num")));
+    const longCtx = data.long_context;
+    const small = data.small_packets;
+    return el("div", { class: "page" },
+      el("h1", { text: "Cache & leaks" }),
+      el("div", { class: "kpis" },
+        kpi("Prefix-cache hit ratio", fmtPct(cache.prefix_cache_hit_ratio), "token-weighted"),
+        data.priced
+          ? kpi("Miss waste", fmtDollars(cache.cache_miss_waste_dollars),
+                "prefill re-run for recently seen prefixes", "kpi-waste")
+          : kpi("Recomputed prefix tokens", fmtNum(cache.recomputed_prefix_tokens),
+                "prefill re-run for recently seen prefixes (not priced yet)", "kpi-waste"),
+        kpi("Long-context share", fmtPct(longCtx.share_of_requests),
+            `requests ≥ ${fmtNum(longCtx.threshold_tokens)} tokens`, "kpi-long-context"),
+        kpi("Small-packet share", fmtPct(small.share),
+            `mean chunk ${fmtNum(small.mean_chunk_bytes)} bytes`, "kpi-small-packets")),
+      card("Hit ratio over time",
+        tp.lineChart(series.points.map((p) => ({ t: p.start_unix, v: p.prefix_cache_hit_ratio })),
+                     { fmtY: (v) => fmtPct(v, 0), yMax: 1, width: 1300,
+                       title: "Token-weighted prefix-cache hit ratio per interval" })),
+      card("Top repeated prefixes by waste",
+        note("Salted fingerprints and lengths only: prompt content never reaches the "
+             + `collector. Computed from ${cache.source}; ${cache.block_tokens} tokens per block.`),
+        prefixRows.length ? table("Repeated prefixes", ["fingerprint", "prefix tokens",
+          "requests", "hits", "misses", "recomputed tokens", "waste"], prefixRows,
+        "data prefixes-table") : note("No prefix seen twice yet.")),
+      el("div", { class: "grid2" },
+        card("Long contexts (attention grows as n²)",
+          tp.barChart(longCtx.histogram.map((b) => ({ label: `${b.label} tokens`,
+            value: b.requests, colour: b.min_tokens >= longCtx.threshold_tokens
+              ? "#b91c1c" : "#2563eb" })), { fmt: (v) => `${fmtNum(v)} req`,
+            title: "Requests by input length", width: 460 }),
+          note(`≥ ${fmtNum(longCtx.threshold_tokens)} tokens: ${fmtPct(longCtx.share_of_requests)}`
+            + ` of requests, ${fmtPct(longCtx.share_of_cost)} of cost, `
+            + `${fmtPct(longCtx.share_of_prefill_seconds)} of prefill time.`)),
+        card("Last-mile serialization",
+          el("dl", { class: "facts" },
+            el("dt", { text: "small chunks" }),
+            el("dd", { text: `${fmtNum(small.small_chunks)} of ${fmtNum(small.response_chunks)} `
+              + `(${fmtPct(small.share)})` }),
+            el("dt", { text: "mean chunk size" }),
+            el("dd", { text: `${fmtNum(small.mean_chunk_bytes)} bytes` }),
+            el("dt", { text: "response path share of stage time" }),
+            el("dd", { text: fmtPct(small.response_path_share_of_latency) }),
+            el("dt", { text: "response path cost" }),
+            el("dd", { text: money(small.response_path_cost_dollars) })),
+          note("Streaming one token per tiny packet makes the network, not the GPU, the "
+               + "latency floor."))));
+  }
+  leaks.live = true;
+
+  // --- what-if ----------------------------------------------------------------------------
+
+  function field(id, label, input, hint) {
+    return el("div", { class: "field" }, el("label", { for: id, text: label }), input,
+              hint ? el("div", { class: "hint", id: `${id}-hint`, text: hint }) : null);
+  }
+
+  async function whatif() {
+    const result = el("div", { id: "whatif-result", "aria-live": "polite" });
+    const form = el("form", { id: "whatif-form", class: "card form" },
+      el("h2", { text: "Scenario" }),
+      field("wi-cache", "Prefix-cache hit rate change", el("input", { id: "wi-cache",
+        name: "cache_hit_rate_delta", type: "number", step: "0.01", min: "-1", max: "1",
+        value: "0.10", "aria-describedby": "wi-cache-hint" }), "fraction: 0.10 = +10 points"),
+      field("wi-spec", "Speculative-decoding speedup", el("input", { id: "wi-spec",
+        name: "spec_decode_speedup", type: "number", step: "0.1", min: "1", max: "10",
+        value: "1.0", "aria-describedby": "wi-spec-hint" }), "decode throughput ×, 1 = off"),
+      field("wi-util", "GPU utilization", el("input", { id: "wi-util", name: "gpu_utilization",
+        type: "number", step: "0.05", min: "0.05", max: "1", placeholder: "unchanged",
+        "aria-describedby": "wi-util-hint" }), "0.05 to 1; empty = as recorded"),
+      field("wi-quant", "Weight quantization", el("select", { id: "wi-quant",
+        name: "quantization" }, ["none", "int8", "int4"].map((q) =>
+        el("option", { value: q, text: q })))),
+      el("div", { class: "actions" }, el("button", { type: "submit", class: "primary",
+        id: "wi-submit", text: "Project" })));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const data = new FormData(form);
+      const body = {};
+      for (const [key, value] of data.entries()) {
+        if (value === "") continue;
+        body[key] = key === "quantization" ? value : Number(value);
+      }
+      result.replaceChildren(note("Projecting…"));
+      try {
+        result.replaceChildren(renderProjection(await api(withWindow("/api/whatif"),
+          { method: "POST", body })));
+      } catch (error) {
+        if (!(error instanceof tpApp.AuthRequired)) {
+          result.replaceChildren(el("p", { class: "error", role: "alert", text: error.message }));
+        }
+      }
+    });
+    return el("div", { class: "page" },
+      el("h1", { text: "What-if" }),
+      el("p", { class: "lede", text: "Project cost and throughput of the recorded workload "
+        + "under better caching, speculative decoding, busier GPUs or quantized weights." }),
+      el("div", { class: "grid-whatif" }, form, result));
+  }
+
+  function renderProjection(out) {
+    const metrics = [
+      ["$ per 1M output tokens", "cost_per_million_output_tokens", fmtDollars, -1],
+      ["Requests/s per GPU", "requests_per_second_per_gpu", (v) => fmtNum(v, 3), 1],
+      ["TTFT p50", "ttft_p50_seconds", fmtSeconds, -1],
+      ["Prefix-cache hit ratio", "prefix_cache_hit_ratio", (v) => fmtPct(v), 1],
+      ["GPU utilization", "gpu_utilization", (v) => fmtPct(v, 0), 1],
+    ].filter(([, key]) => key in out.baseline || key in out.projected);
+    const rows = metrics.map(([label, key, fmt, better]) => {
+      const a = out.baseline[key];
+      const b = out.projected[key];
+      const change = isNum(a) && isNum(b) && a !== 0 ? (b - a) / Math.abs(a) : null;
+      const good = change === null || change === 0 ? "" : (change * better > 0 ? "good" : "bad");
+      return el("tr", { "data-metric": key }, el("th", { scope: "row", text: label }),
+        td(fmt(a), "num baseline"), td(fmt(b), "num projected"),
+        td(change === null ? DASH : `${change > 0 ? "+" : ""}${fmtPct(change)}`, `num ${good}`));
+    });
+    return el("section", { class: "card", "aria-label": "Projection" },
+      el("h2", {}, "Projection ", el("span", { class: "badge modeled", text: "modeled" })),
+      out.engine === "fallback"
+        ? note(`Fallback projection: ${out.note}. See the assumptions below.`)
+        : note(`Engine: ${out.engine || "roofline"}, calibrated on the recorded requests.`),
+      table("Baseline and projected figures", ["metric", "baseline", "projected", "change"],
+            rows, "data whatif-table"),
+      out.assumptions ? el("details", {}, el("summary", { text: "Assumptions" }),
+        el("ul", {}, out.assumptions.map((a) => el("li", { text: a })))) : null);
+  }
+
+  window.tpViews = { overview, requests, request, leaks, whatif };
+})();

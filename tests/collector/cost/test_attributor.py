@@ -1,0 +1,264 @@
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
+from tokenpath.collector.cost.prices import load_price_sheet, price_sheet_from_mapping
+from tokenpath.records import StageTiming
+from tokenpath.stages import GPU_STAGES, Phase, Provenance, StageId
+
+from .helpers import FakeClock, RecordingSink, engine_record
+
+PRICES = load_price_sheet()
+H100_PER_SECOND = PRICES.gpus["H100-SXM"].dollars_per_hour / 3600.0
+NO_TICKER = AttributorConfig(tick_seconds=0)
+NO_DELAY = AttributorConfig(min_delay_seconds=0, max_delay_seconds=0, tick_seconds=0)
+
+
+def attributor(sink: RecordingSink, clock: FakeClock | None = None,
+               config: AttributorConfig | None = None) -> CostAttributor:
+    return CostAttributor(sink, PRICES, clock=clock or FakeClock(), config=config or NO_TICKER)
+
+
+workloads = st.lists(
+    st.tuples(
+        st.sampled_from(["node-a", "node-b"]),
+        st.floats(0, 50),  # prefill start
+        st.floats(0.0005, 3),  # prefill seconds
+        st.floats(0, 20),  # decode seconds
+        st.integers(1, 20_000),  # input tokens
+        st.floats(0, 1),  # cached fraction
+        st.integers(1, 2_000),  # output tokens
+        st.sampled_from(["llama-3.1-8b", "llama-3.1-70b", "not-in-catalog"]),
+        st.sampled_from([1, 2, 4]),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(workloads, st.randoms())
+def test_attributed_plus_idle_equals_node_cost(workload: list, rng: object) -> None:
+    sink = RecordingSink()
+    cost = attributor(sink)
+    records = [
+        engine_record(i, 1e9 + ps, pf, dec, node=node, input_tokens=n,
+                      cached_tokens=int(n * frac), output_tokens=out, model=model,
+                      tensor_parallel=tp)
+        for i, (node, ps, pf, dec, n, frac, out, model, tp) in enumerate(workload)
+    ]
+    rng.shuffle(records)  # type: ignore[attr-defined]
+    for record in records:
+        cost.consume_record(record)
+    cost.shutdown()
+    assert len(sink.records) == len(records)
+    node_dollars = sum(ledger.node_dollars for ledger in cost.ledger.values())
+    attributed = sum(r.gpu_cost_dollars for r in sink.records)
+    assert math.isclose(attributed + sink.idle_dollars, node_dollars, rel_tol=1e-9)
+    for record in sink.records:
+        assert record.cost_dollars >= 0
+        assert record.naive_cost_dollars >= 0
+        for timing in record.stages.values():
+            assert timing.cost_dollars >= 0 and timing.seconds >= 0
+            for share in timing.phases.values():
+                assert share.cost_dollars >= 0 and share.seconds >= 0
+        in_model = record.engine_end_unix - record.prefill_start_unix  # type: ignore[operator]
+        gpu_seconds = sum(record.stages[s].seconds for s in GPU_STAGES if s in record.stages)
+        assert math.isclose(gpu_seconds, in_model, rel_tol=1e-9, abs_tol=1e-12)
+    assert all(item.dollars >= 0 for item in sink.idle)
+
+
+def test_two_overlapping_decodes_split_by_work_not_wall_clock() -> None:
+    sink = RecordingSink()
+    cost = attributor(sink)
+    short_ctx = engine_record(0, 100.0, 0.05, 10.0, input_tokens=100, output_tokens=300)
+    long_ctx = engine_record(1, 100.0, 0.05, 10.0, input_tokens=100_000, output_tokens=300)
+    cost.consume_record(long_ctx)
+    cost.consume_record(short_ctx)
+    cost.shutdown()
+    by_id = {r.trace_id: r for r in sink.records}
+    # Same wall clock, but the long context reads far more KV cache: it pays more.
+    assert by_id[long_ctx.trace_id].gpu_cost_dollars > by_id[short_ctx.trace_id].gpu_cost_dollars
+    total = sum(r.gpu_cost_dollars for r in sink.records)
+    assert math.isclose(total, 10.05 * H100_PER_SECOND, rel_tol=1e-9)
+    # Naive counts the whole wall clock for each: twice the node's cost.
+    naive = sum(r.naive_cost_dollars for r in sink.records)
+    assert naive > 1.9 * total
+
+
+def test_gap_between_requests_is_idle_cost_for_the_pool() -> None:
+    sink = RecordingSink()
+    cost = attributor(sink)
+    cost.consume_record(engine_record(0, 10.0, 0.1, 1.9))
+    cost.consume_record(engine_record(1, 15.0, 0.1, 0.9))
+    cost.shutdown()
+    assert [(i.pool, i.start_unix, i.end_unix) for i in sink.idle] == [("default", 12.0, 15.0)]
+    assert math.isclose(sink.idle_dollars, 3.0 * H100_PER_SECOND, rel_tol=1e-12)
+
+
+def test_records_are_held_until_the_watermark_passes() -> None:
+    sink = RecordingSink()
+    clock = FakeClock(1000.0)
+    cost = attributor(sink, clock, AttributorConfig(max_delay_seconds=30, tick_seconds=0))
+    cost.consume_record(engine_record(0, 990.0, 0.1, 5.0))
+    assert sink.records == []  # its node's slices are not closed yet
+    clock.now = 1030.0  # watermark 1000 > end 995.1
+    cost.tick()
+    assert [r.trace_id for r in sink.records] == [f"{1:032x}"]
+    assert sink.records[0].gpu_cost_dollars > 0
+    cost.shutdown()
+    assert sink.shutdowns == 1
+    cost.shutdown()  # idempotent
+    assert sink.shutdowns == 1
+
+
+def test_late_record_is_priced_from_closed_slices_and_counted() -> None:
+    sink = RecordingSink()
+    clock = FakeClock(1000.0)
+    cost = attributor(sink, clock, NO_DELAY)
+    cost.consume_record(engine_record(0, 900.0, 0.1, 50.0))  # closes up to 1000
+    cost.consume_record(engine_record(1, 920.0, 0.1, 10.0))  # ended before the watermark
+    cost.consume_record(engine_record(2, 960.0, 0.1, 10.0))  # in a slice that was idle
+    cost.shutdown()
+    assert cost.stats.late_records == 2
+    late = {r.trace_id: r for r in sink.records}
+    assert late[f"{2:032x}"].gpu_cost_dollars > 0
+    # alone on the node (the slice was idle): the full rate of its GPU
+    assert math.isclose(late[f"{3:032x}"].gpu_cost_dollars, 10.1 * H100_PER_SECOND, rel_tol=1e-9)
+    ledger = cost.ledger["node-a"]
+    attributed = sum(r.gpu_cost_dollars for r in sink.records)
+    assert math.isclose(attributed + sink.idle_dollars,
+                        ledger.node_dollars + cost.stats.late_dollars, rel_tol=1e-9)
+
+
+def test_gpu_stages_are_modeled_with_phases_and_keep_measured_dispatch() -> None:
+    sink = RecordingSink()
+    cost = attributor(sink)
+    record = engine_record(0, 50.0, 0.2, 4.0, input_tokens=8000, output_tokens=200)
+    record.stages[StageId.GPU_DISPATCH] = StageTiming(StageId.GPU_DISPATCH, 0.05,
+                                                      Provenance.MEASURED)
+    cost.consume_record(record)
+    cost.shutdown()
+    out = sink.records[0]
+    assert out.stages[StageId.GPU_DISPATCH].provenance is Provenance.MEASURED
+    assert math.isclose(out.stages[StageId.GPU_DISPATCH].seconds, 0.05, rel_tol=1e-9)
+    kernel, hbm = out.stages[StageId.KERNEL_EXEC], out.stages[StageId.HBM_LOAD]
+    assert kernel.provenance is Provenance.MODELED and hbm.provenance is Provenance.MODELED
+    # prefill mostly kernel_exec, decode mostly hbm_load
+    assert kernel.phases[Phase.PREFILL].seconds > hbm.phases[Phase.PREFILL].seconds
+    assert hbm.phases[Phase.DECODE].seconds > kernel.phases[Phase.DECODE].seconds
+    assert math.isclose(sum(t.seconds for s, t in out.stages.items() if s in GPU_STAGES), 4.2)
+
+
+def test_tensor_parallel_gets_nvlink_time() -> None:
+    sink = RecordingSink()
+    cost = attributor(sink)
+    cost.consume_record(engine_record(0, 1.0, 0.3, 3.0, model="llama-3.1-70b",
+                                      tensor_parallel=4, input_tokens=4000))
+    cost.shutdown()
+    nvlink = sink.records[0].stages[StageId.NVLINK]
+    assert nvlink.seconds > 0 and nvlink.cost_dollars > 0
+    assert math.isclose(sink.records[0].gpu_cost_dollars, 3.3 * 4 * H100_PER_SECOND,
+                        rel_tol=1e-9)
+
+
+def test_cpu_and_network_stages_are_priced() -> None:
+    prices = price_sheet_from_mapping({
+        "gpus": {"H100-SXM": {"dollars_per_hour": 3.6}},
+        "cpu": {"dollars_per_core_hour": 3.6},
+        "network": {"dollars_per_gb": 1.0},
+    })
+    sink = RecordingSink()
+    cost = CostAttributor(sink, prices, clock=FakeClock(), config=NO_TICKER)
+    record = engine_record(0, 1.0, 0.1, 0.9)
+    record.response_bytes = 2_000_000_000
+    record.stages[StageId.API_GATEWAY] = StageTiming(StageId.API_GATEWAY, 0.5, Provenance.MEASURED)
+    record.stages[StageId.SCHEDULER_QUEUE] = StageTiming(StageId.SCHEDULER_QUEUE, 2.0,
+                                                         Provenance.MEASURED)
+    record.stages[StageId.NIC_TX] = StageTiming(StageId.NIC_TX, 0.3, Provenance.DERIVED)
+    record.stages[StageId.SWITCH_HOP] = StageTiming(StageId.SWITCH_HOP, 0.1, Provenance.DERIVED)
+    cost.consume_record(record)
+    cost.shutdown()
+    out = sink.records[0]
+    assert math.isclose(out.stages[StageId.API_GATEWAY].cost_dollars, 0.5 * 0.001)
+    assert out.stages[StageId.SCHEDULER_QUEUE].cost_dollars == 0.0
+    assert math.isclose(out.stages[StageId.NIC_TX].cost_dollars, 1.5)
+    assert math.isclose(out.stages[StageId.SWITCH_HOP].cost_dollars, 0.5)
+    assert math.isclose(out.cost_dollars, sum(t.cost_dollars for t in out.stages.values()))
+
+
+def test_record_without_engine_timeline_passes_through_with_cpu_cost() -> None:
+    sink = RecordingSink()
+    cost = attributor(sink)
+    record = engine_record(0, 1.0, 0.1, 0.9)
+    record.prefill_start_unix = record.decode_start_unix = record.engine_end_unix = None
+    record.stages[StageId.ROUTER] = StageTiming(StageId.ROUTER, 0.01, Provenance.MEASURED)
+    cost.consume_record(record)
+    assert sink.records == [record]  # not held: there is nothing to apportion
+    assert record.stages[StageId.ROUTER].cost_dollars > 0
+    assert cost.stats.without_timeline == 1
+    cost.shutdown()
+
+
+def test_node_inventory_charges_unused_gpus_as_idle() -> None:
+    prices = price_sheet_from_mapping({
+        "gpus": {"H100-SXM": {"dollars_per_hour": 3.6}},
+        "nodes": {"big": {"gpu_type": "H100-SXM", "gpu_count": 8, "pool": "prod"}},
+    })
+    sink = RecordingSink()
+    cost = CostAttributor(sink, prices, clock=FakeClock(), config=NO_TICKER)
+    cost.consume_record(engine_record(0, 0.0, 0.5, 9.5, node="big", tensor_parallel=2))
+    cost.shutdown()
+    assert math.isclose(sink.records[0].gpu_cost_dollars, 10 * 2 * 0.001)
+    assert math.isclose(sink.idle_dollars, 10 * 6 * 0.001)
+    assert {i.pool for i in sink.idle} == {"prod"}
+
+
+def test_background_ticker_flushes_without_new_traffic() -> None:
+    import threading
+
+    sink = RecordingSink()
+    clock = FakeClock(0.0)
+    cost = CostAttributor(sink, PRICES, clock=clock,
+                          config=AttributorConfig(min_delay_seconds=0, max_delay_seconds=0,
+                                                  tick_seconds=0.01))
+    delivered = threading.Event()
+    original = sink.consume_record
+
+    def consume(record):  # type: ignore[no-untyped-def]
+        original(record)
+        delivered.set()
+
+    sink.consume_record = consume  # type: ignore[method-assign]
+    cost.start()
+    cost.consume_record(engine_record(0, 0.0, 0.1, 0.9))
+    clock.now = 5.0
+    assert delivered.wait(timeout=10)
+    cost.shutdown()
+
+
+def test_engine_step_gaps_reported_out_of_model_become_idle() -> None:
+    """An engine that reports in-model time below its wall time (a simulated engine summing
+    its step times) leaves the GPU idle between steps: that share is idle, not charged."""
+    sink = RecordingSink()
+    cost = attributor(sink)
+    record = engine_record(0, 100.0, 0.5, 8.0, output_tokens=100)
+    # the engine span began at 97.375, queued 0.5 s: 10.625 s of wall time from scheduled
+    # to end, of which the engine reports 8.5 s in-model
+    record.engine_start_unix = 97.375
+    record.queue_seconds = 0.5
+    cost.consume_record(record)
+    cost.shutdown()
+    ledger = cost.ledger["node-a"]
+    assert math.isclose(ledger.in_model_fraction, 0.8)
+    out = sink.records[0]
+    assert math.isclose(out.gpu_cost_dollars, 0.8 * 8.5 * H100_PER_SECOND, rel_tol=1e-9)
+    assert sink.idle_dollars > 0
+    assert math.isclose(out.gpu_cost_dollars + sink.idle_dollars, ledger.node_dollars,
+                        rel_tol=1e-9)
+    gpu_seconds = sum(out.stages[s].seconds for s in GPU_STAGES)
+    assert math.isclose(gpu_seconds, 8.5)  # stage seconds stay the measured in-model time

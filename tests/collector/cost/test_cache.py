@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
+from tokenpath.collector.cost.cache import (
+    HeavyHitters,
+    PrefixCacheTracker,
+    token_weighted_hit_ratio,
+)
+from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.collector.cost.stepsim import SimRequest, simulate
+from tokenpath.records import RequestRecord
+from tokenpath.roofline import roofline_for
+from tokenpath.stages import Phase
+
+from .helpers import FakeClock, RecordingSink, engine_record
+
+ROOFLINE = roofline_for("H100-SXM", "llama-3.1-8b")
+PRICES = load_price_sheet()
+
+
+def test_hit_ratio_is_token_weighted_not_a_mean_of_ratios() -> None:
+    small = RequestRecord(trace_id="a" * 32, input_tokens=10, cache_read_tokens=10)
+    large = RequestRecord(trace_id="b" * 32, input_tokens=990, cache_read_tokens=0)
+    assert token_weighted_hit_ratio([small, large]) == 0.01  # mean of ratios would be 0.5
+    assert token_weighted_hit_ratio([]) == 0.0
+
+
+def test_heavy_hitters_stay_bounded_and_keep_the_heavy_prefix() -> None:
+    sketch = HeavyHitters(capacity=4)
+    for i in range(200):
+        sketch.update("system-prompt", 512, hit=i % 2 == 0, waste=0.01)
+        sketch.update(f"one-off-{i}", 16, hit=False, waste=0.0)
+    assert len(sketch) == 4
+    top = sketch.top_by_waste(1)[0]
+    assert top.fingerprint == "system-prompt"
+    assert top.count >= 200 and top.hits == 100 and top.misses == 100
+    assert abs(top.waste_dollars - 2.0) < 1e-9
+
+
+def _prompt(system: str, user: str, blocks: int, system_blocks: int) -> tuple[str, ...]:
+    return tuple(f"{system}{b}" if b < system_blocks else f"{user}{b}" for b in range(blocks))
+
+
+def test_recomputed_prefix_that_was_seen_recently_is_waste() -> None:
+    tracker = PrefixCacheTracker(block_tokens=16, ttl_seconds=60)
+    first = engine_record(0, 10.0, 0.1, 1.0, input_tokens=160, cached_tokens=0)
+    first.prefix_fingerprints = _prompt("s", "u1-", 10, 8)
+    assert tracker.observe(first, prefill_dollars=1.0, roofline=ROOFLINE) == 0.0  # never seen
+
+    missed = engine_record(1, 20.0, 0.1, 1.0, input_tokens=160, cached_tokens=0)
+    missed.prefix_fingerprints = _prompt("s", "u2-", 10, 8)
+    waste = tracker.observe(missed, prefill_dollars=1.0, roofline=ROOFLINE)
+    # 128 of 160 tokens were seen 10 s before and recomputed
+    assert 0.7 < waste < 0.85
+
+    hit = engine_record(2, 30.0, 0.1, 1.0, input_tokens=160, cached_tokens=128)
+    hit.prefix_fingerprints = _prompt("s", "u3-", 10, 8)
+    assert tracker.observe(hit, prefill_dollars=0.2, roofline=ROOFLINE) == 0.0
+
+    stale = engine_record(3, 500.0, 0.1, 1.0, input_tokens=160, cached_tokens=0)
+    stale.prefix_fingerprints = _prompt("s", "u4-", 10, 8)
+    assert tracker.observe(stale, prefill_dollars=1.0, roofline=ROOFLINE) == 0.0  # past TTL
+
+    top = tracker.heavy_hitters.top_by_waste(1)[0]
+    assert top.fingerprint == "s7" and top.prefix_tokens == 128
+    assert (top.hits, top.misses) == (1, 1)
+
+
+def test_attributor_sets_miss_waste_on_records() -> None:
+    sink = RecordingSink()
+    cost = CostAttributor(sink, PRICES, clock=FakeClock(),
+                          config=AttributorConfig(tick_seconds=0))
+    for i, (start, cached) in enumerate(((0.0, 0), (5.0, 0))):
+        record = engine_record(i, start, 0.2, 1.0, input_tokens=2048, cached_tokens=cached)
+        record.prefix_fingerprints = _prompt("sys", f"u{i}-", 128, 100)
+        cost.consume_record(record)
+    cost.shutdown()
+    first, second = sorted(sink.records, key=lambda r: r.prefill_start_unix or 0)
+    assert first.cache_miss_waste_dollars == 0.0
+    prefill = second.stages
+    assert 0 < second.cache_miss_waste_dollars < sum(
+        t.phases[Phase.PREFILL].cost_dollars for t in prefill.values() if Phase.PREFILL in t.phases)
+    assert cost.cache.waste_dollars == second.cache_miss_waste_dollars
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 30_000), st.floats(0, 1), st.floats(0, 1))
+def test_more_cache_hits_never_raise_prefill_cost(input_tokens: int, low: float,
+                                                  extra: float) -> None:
+    """Same request alone on a node, timed by the step simulator, with more cached tokens:
+    its attributed prefill dollars never go up."""
+    cached_low = int((input_tokens - 1) * low)
+    cached_high = min(input_tokens - 1, cached_low + int((input_tokens - 1) * extra))
+
+    def prefill_dollars(cached: int) -> float:
+        request = SimRequest("f" * 32, 0.0, input_tokens, cached, 4)
+        result = simulate([request], ROOFLINE, PRICES.gpus["H100-SXM"].dollars_per_second)
+        sink = RecordingSink()
+        cost = CostAttributor(sink, PRICES, clock=FakeClock(),
+                              config=AttributorConfig(tick_seconds=0))
+        cost.consume_record(result.records[0])
+        cost.shutdown()
+        return sum(t.phases[Phase.PREFILL].cost_dollars
+                   for t in sink.records[0].stages.values() if Phase.PREFILL in t.phases)
+
+    assert prefill_dollars(cached_high) <= prefill_dollars(cached_low) * (1 + 1e-12)
+
+
+def test_top_prefixes_replay_stored_records_in_engine_order() -> None:
+    sink = RecordingSink()
+    cost = CostAttributor(sink, PRICES, clock=FakeClock(),
+                          config=AttributorConfig(tick_seconds=0))
+    for i in range(6):
+        record = engine_record(i, 10.0 * i, 0.2, 1.0, input_tokens=2048,
+                               cached_tokens=1600 if i % 2 else 0)
+        record.prefix_fingerprints = _prompt("sys", f"u{i}-", 128, 100)
+        cost.consume_record(record)
+    cost.shutdown()
+    from tokenpath.collector.cost.cache import top_prefixes_by_waste
+
+    top = top_prefixes_by_waste(list(reversed(sink.records)), limit=3)
+    assert [p.fingerprint for p in top] == ["sys99"]
+    assert (top[0].hits, top[0].misses) == (3, 2)  # the first sighting is neither
+    assert abs(top[0].waste_dollars - cost.cache.waste_dollars) < 1e-12

@@ -1,0 +1,152 @@
+"""What-if sanity from first principles (issue 4/9 acceptance)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tokenpath.cli.main import app
+from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
+from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.collector.cost.stepsim import random_workload, simulate
+from tokenpath.collector.cost.whatif import (
+    Scenario,
+    WhatIfError,
+    calibrate,
+    project,
+    speculative_speedup,
+    what_if,
+)
+from tokenpath.collector.cost.whatif_rules import check_rules_of_thumb
+from tokenpath.records import RequestRecord
+from tokenpath.roofline import roofline_for
+
+from .helpers import FakeClock, RecordingSink
+
+PRICES = load_price_sheet()
+
+
+@pytest.fixture(scope="module")
+def recorded() -> list[RequestRecord]:
+    roofline = roofline_for("H100-SXM", "llama-3.1-8b")
+    result = simulate(random_workload(11, 150, 3.0), roofline,
+                      PRICES.gpus["H100-SXM"].dollars_per_second)
+    sink = RecordingSink()
+    cost = CostAttributor(sink, PRICES, clock=FakeClock(),
+                          config=AttributorConfig(tick_seconds=0))
+    for record in result.records:
+        cost.consume_record(record)
+    cost.shutdown()
+    return sink.records
+
+
+def test_utilization_half_to_eighty_percent_cuts_unit_cost_by_37_5_percent(
+        recorded: list[RequestRecord]) -> None:
+    calibration = calibrate(recorded, PRICES)
+    at_half = project(calibration, Scenario(gpu_utilization=0.5))
+    at_eighty = project(calibration, Scenario(gpu_utilization=0.8))
+    change = at_eighty.cost_per_million_output_tokens / at_half.cost_per_million_output_tokens
+    assert math.isclose(1 - change, 0.375, rel_tol=1e-9)
+    assert at_eighty.ttft_p50_seconds == at_half.ttft_p50_seconds
+
+
+def test_higher_cache_hit_rate_lowers_cost_and_ttft(recorded: list[RequestRecord]) -> None:
+    result = what_if(recorded, PRICES, Scenario(cache_hit_rate_delta=0.2))
+    base, proj = result["baseline"], result["projected"]
+    assert proj["prefix_cache_hit_ratio"] > base["prefix_cache_hit_ratio"]
+    assert proj["cost_per_million_output_tokens"] < base["cost_per_million_output_tokens"]
+    assert proj["ttft_p50_seconds"] < base["ttft_p50_seconds"]
+    assert proj["requests_per_second_per_gpu"] > base["requests_per_second_per_gpu"]
+
+
+def test_baseline_is_calibrated_to_the_attributed_cost(recorded: list[RequestRecord]) -> None:
+    calibration = calibrate(recorded, PRICES)
+    baseline = project(calibration, Scenario())
+    attributed = sum(r.gpu_cost_dollars for r in recorded)
+    assert math.isclose(baseline.cost_dollars * calibration.utilization, attributed,
+                        rel_tol=1e-6)
+
+
+def test_spec_decoding_and_quantization_lower_decode_cost(recorded: list[RequestRecord]) -> None:
+    calibration = calibrate(recorded, PRICES)
+    base = project(calibration, Scenario())
+    spec = project(calibration, Scenario(spec_decode_speedup=2.0))
+    assert math.isclose(spec.decode_gpu_seconds, base.decode_gpu_seconds / 2, rel_tol=1e-9)
+    assert spec.prefill_gpu_seconds == base.prefill_gpu_seconds
+    int8 = project(calibration, Scenario(quantization="int8"))
+    int4 = project(calibration, Scenario(quantization="int4"))
+    assert int4.decode_gpu_seconds < int8.decode_gpu_seconds < base.decode_gpu_seconds
+
+
+def test_speculative_speedup_formula() -> None:
+    # acceptance 0 accepts nothing: one token per step, paying for the drafts
+    assert math.isclose(speculative_speedup(0.0, 4, draft_cost_ratio=0.05), 1 / 1.2)
+    # acceptance 0.8, 4 drafts: (1 - 0.8^5) / 0.2 = 3.3616 tokens per step
+    assert math.isclose(speculative_speedup(0.8, 4, draft_cost_ratio=0.0), 3.3616)
+    with pytest.raises(WhatIfError):
+        speculative_speedup(1.0, 4)
+
+
+def test_invalid_scenarios_are_rejected(recorded: list[RequestRecord]) -> None:
+    calibration = calibrate(recorded, PRICES)
+    for scenario in (Scenario(gpu_utilization=1.5), Scenario(quantization="int2"),
+                     Scenario(spec_decode_speedup=0)):
+        with pytest.raises(WhatIfError):
+            project(calibration, scenario)
+    with pytest.raises(WhatIfError):
+        calibrate([], PRICES)
+
+
+def test_rules_of_thumb_cover_every_claim(recorded: list[RequestRecord]) -> None:
+    checks = check_rules_of_thumb(calibrate(recorded, PRICES))
+    assert [c.claim for c in checks] == [
+        "+1 pp prefix-cache hit rate",
+        "speculative decoding",
+        "GPU utilization 50% -> 80% (continuous batching)",
+        "prompt caching of repeated prefixes",
+        "no caching + no quantization + long contexts",
+    ]
+    by_claim = {c.claim: c for c in checks}
+    assert math.isclose(by_claim["GPU utilization 50% -> 80% (continuous batching)"].value,
+                        -0.375, rel_tol=1e-9)
+    assert by_claim["no caching + no quantization + long contexts"].value < 1.0
+
+
+def test_cli_json_has_the_spec_fields(recorded: list[RequestRecord], tmp_path: Path) -> None:
+    path = tmp_path / "requests.json"
+    path.write_text(json.dumps([r.to_json() for r in recorded]))
+    result = CliRunner().invoke(app, [
+        "whatif", "--records", str(path), "--cache-hit-rate", "+0.10",
+        "--gpu-utilization", "0.8", "--quantization", "int8", "--rules-of-thumb",
+        "--format", "json",
+    ])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    for side in ("baseline", "projected"):
+        for key in ("cost_per_million_output_tokens", "requests_per_second_per_gpu",
+                    "ttft_p50_seconds"):
+            assert isinstance(data[side][key], float)
+    assert len(data["rules_of_thumb"]) == 5
+    assert data["provenance"] == "modeled"
+    assert sum(b["requests"] for b in data["long_context"]) == len(recorded)
+    assert data["top_prefixes_by_waste"]  # the workload repeats its system prompts
+    table = CliRunner().invoke(app, ["whatif", "--records", str(path),
+                                     "--spec-acceptance", "0.7"])
+    assert table.exit_code == 0 and "requests/s per GPU" in table.output
+
+
+def test_cli_rejects_bad_input_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    result = CliRunner().invoke(app, ["whatif", "--records", str(bad)])
+    assert result.exit_code == 2
+    assert "--records" in result.output
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("gpus: {H100-SXM: {dollars_per_hour: -1}}\n")
+    result = CliRunner().invoke(app, ["whatif", "--records", str(bad), "--prices", str(prices)])
+    assert result.exit_code == 2
+    assert "gpus.H100-SXM.dollars_per_hour" in result.output
