@@ -1,0 +1,162 @@
+"""Scrapes engine /metrics endpoints (vLLM, SGLang) and normalizes them.
+
+Each poll fetches every configured URL with the injected httpx client, keeps only the
+lines whose name is in :mod:`tokenpath.agent.engine_names`, parses them with
+``prometheus_client.parser.text_string_to_metric_families`` and folds them into
+tokenpath's ``engine, model`` series. Counters are made monotonic per source series, so
+an engine restart never makes a total go backwards; a dead endpoint is counted in
+``scrape_errors{source="engine:<host:port>"}``, keeps its last counter totals, drops
+its gauges, and is tried again next poll.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tokenpath.agent.engine_names import (
+    MODEL_LABELS,
+    RULES_BY_SOURCE,
+    SOURCE_LINE_PREFIXES,
+    UNKNOWN_MODEL,
+)
+from tokenpath.agent.monotonic import MonotonicCounters
+from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts, LabelValues
+from tokenpath.metric_names import MetricSpec
+
+logger = logging.getLogger(__name__)
+
+TOTAL_SUFFIX = "_total"
+# Raw engine series tracked for monotonic accumulation, all endpoints together.
+MAX_ENGINE_SOURCE_SERIES = 8192
+
+EngineKey = tuple[MetricSpec, LabelValues]
+
+
+def endpoint_source(url: str) -> str:
+    """``engine:<host:port>``: the ``source`` label value for one endpoint."""
+    parts = urlsplit(url)
+    return f"engine:{parts.netloc or url}"
+
+
+def filter_lines(text: str) -> str:
+    """Only the sample lines a rule may match; comments and other metrics dropped."""
+    prefixes = SOURCE_LINE_PREFIXES
+    return "\n".join(line for line in text.splitlines() if line.startswith(prefixes))
+
+
+@dataclass(slots=True)
+class EngineReadings:
+    """Normalized values from every endpoint at one poll."""
+
+    counters: dict[EngineKey, float] = field(default_factory=dict)
+    gauges: dict[EngineKey, float] = field(default_factory=dict)
+    up: dict[str, float] = field(default_factory=dict)
+
+
+RawKey = tuple[str, str, tuple[tuple[str, str], ...]]
+
+
+@dataclass(slots=True)
+class _EndpointState:
+    url: str
+    source: str
+    # Every raw source series ever seen per tokenpath series: the sum of their monotonic
+    # totals is the tokenpath total, so a series that vanishes after a restart still
+    # counts what it counted before.
+    raw_keys: dict[EngineKey, set[RawKey]] = field(default_factory=dict)
+    counters: dict[EngineKey, float] = field(default_factory=dict)
+
+
+class EngineScraper:
+    """Polls engine /metrics URLs; never raises into the poll loop."""
+
+    def __init__(
+        self,
+        urls: Iterable[str],
+        client: httpx.Client,
+        *,
+        model_label: BoundedLabel,
+    ) -> None:
+        self._endpoints = [_EndpointState(url, endpoint_source(url)) for url in urls]
+        self._client = client
+        self._model_label = model_label
+        self._accumulators = MonotonicCounters(MAX_ENGINE_SOURCE_SERIES)
+
+    @property
+    def urls(self) -> list[str]:
+        return [endpoint.url for endpoint in self._endpoints]
+
+    @property
+    def restarts_seen(self) -> int:
+        return self._accumulators.resets
+
+    def read(self, errors: ErrorCounts) -> EngineReadings:
+        readings = EngineReadings()
+        gauge_parts: dict[EngineKey, list[float]] = {}
+        mean_keys: set[EngineKey] = set()
+        for endpoint in self._endpoints:
+            try:
+                text = self._fetch(endpoint.url)
+                gauges = self._parse(endpoint, text, mean_keys)
+            except Exception as exc:
+                errors.count(endpoint.source)
+                logger.debug("engine scrape %s failed: %s", endpoint.url, exc)
+                readings.up[endpoint.source] = 0.0
+                gauges = {}
+            else:
+                readings.up[endpoint.source] = 1.0
+            for key, total in endpoint.counters.items():
+                readings.counters[key] = readings.counters.get(key, 0.0) + total
+            for key, value in gauges.items():
+                gauge_parts.setdefault(key, []).append(value)
+        for key, values in gauge_parts.items():
+            combined = sum(values)
+            readings.gauges[key] = combined / len(values) if key in mean_keys else combined
+        return readings
+
+    def _fetch(self, url: str) -> str:
+        response = self._client.get(url)
+        response.raise_for_status()
+        return response.text
+
+    def _parse(
+        self, endpoint: _EndpointState, text: str, mean_keys: set[EngineKey]
+    ) -> dict[EngineKey, float]:
+        """Fold one page into the endpoint's counter totals; returns its gauges."""
+        gauges: dict[EngineKey, float] = {}
+        gauge_counts: dict[EngineKey, int] = {}
+        accumulators = self._accumulators
+        for family in text_string_to_metric_families(filter_lines(text)):
+            for sample in family.samples:
+                name = sample.name
+                base = name[: -len(TOTAL_SUFFIX)] if name.endswith(TOTAL_SUFFIX) else name
+                rule = RULES_BY_SOURCE.get(base)
+                if rule is None:
+                    continue
+                labels = sample.labels
+                model = next((labels[k] for k in MODEL_LABELS if k in labels), UNKNOWN_MODEL)
+                key: EngineKey = (rule.target, (rule.engine, self._model_label(model)))
+                if rule.target.type == "counter":
+                    raw_key: RawKey = (endpoint.url, base, tuple(sorted(labels.items())))
+                    if accumulators.update(raw_key, float(sample.value)) is not None:
+                        endpoint.raw_keys.setdefault(key, set()).add(raw_key)
+                else:
+                    gauges[key] = gauges.get(key, 0.0) + float(sample.value)
+                    gauge_counts[key] = gauge_counts.get(key, 0) + 1
+                    if rule.aggregate == "mean":
+                        mean_keys.add(key)
+        for key in mean_keys:
+            count = gauge_counts.get(key)
+            if count:
+                gauges[key] /= count
+        endpoint.counters = {
+            key: sum(accumulators.total(raw) or 0.0 for raw in raws)
+            for key, raws in endpoint.raw_keys.items()
+        }
+        return gauges
