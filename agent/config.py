@@ -13,6 +13,7 @@ from typing import Any, Final, cast
 from urllib.parse import urlsplit
 
 from tokenpath.agent.nic_sampler import DEFAULT_NIC_EXCLUDE, NIC_SOURCES, NicSource
+
 from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
 
 DEFAULT_LISTEN: Final = "127.0.0.1:9400"

@@ -33,7 +33,9 @@ class EngineMetricRule:
     note: str = ""
 
 
-def _rule(source: str, target: MetricSpec, aggregate: Aggregate, note: str = "") -> EngineMetricRule:
+def _rule(
+    source: str, target: MetricSpec, aggregate: Aggregate, note: str = ""
+) -> EngineMetricRule:
     engine = source.split(":", 1)[0]
     return EngineMetricRule(source, engine, target, aggregate, note)
 

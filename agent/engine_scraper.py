@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-
 from tokenpath.agent.engine_names import (
     MODEL_LABELS,
     RULES_BY_SOURCE,
@@ -27,6 +26,7 @@ from tokenpath.agent.engine_names import (
 )
 from tokenpath.agent.monotonic import MonotonicCounters
 from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts, LabelValues
+
 from tokenpath.metric_names import MetricSpec
 
 logger = logging.getLogger(__name__)

@@ -100,7 +100,7 @@ class AgentHttpServer:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve_forever,
+            self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,),
                                             name="tokenpath-agent-http", daemon=True)
             self._thread.start()
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import psutil
-
 from tokenpath.agent.snapshot import ErrorCounts
 
 NicSource = Literal["auto", "psutil", "sysfs"]

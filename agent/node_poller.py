@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tokenpath import metric_names as mn
 from tokenpath.agent.engine_scraper import EngineScraper
 from tokenpath.agent.monotonic import MonotonicCounters
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.nvml_sampler import GpuReading, NvmlSampler
 from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts, Snapshot
+
+from tokenpath import metric_names as mn
 
 # Longest gap over which a utilization reading is integrated into busy seconds: after a
 # GPU was unreadable for longer, the gap is not guessed.
@@ -130,7 +131,8 @@ class NodePoller:
             else:
                 rx_bytes, tx_bytes, rx_packets, tx_packets = totals[:4]
                 before = previous.get(device)
-                if before is not None:
+                # A mean packet size of several devices folded into "other" means nothing.
+                if before is not None and labels[0] != mn.OTHER_LABEL_VALUE:
                     add(mn.NODE_NET_RX_AVG_PACKET, labels,
                         _mean_size(rx_bytes - before[0], rx_packets - before[2]))
                     add(mn.NODE_NET_TX_AVG_PACKET, labels,

@@ -74,7 +74,7 @@ class NvmlSampler:
         retry_seconds: float = NVML_RETRY_SECONDS,
         pcie_throughput: bool = True,
     ) -> None:
-        self._nvml = nvml
+        self._nvml: Any = nvml
         self._clock = clock
         self._retry_seconds = retry_seconds
         self._pcie_throughput = pcie_throughput

@@ -29,8 +29,8 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     Sum,
 )
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-
 from tokenpath.agent.snapshot import Snapshot
+
 from tokenpath.attributes import NODE
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry
-
 from tokenpath.agent.config import AgentConfig
 from tokenpath.agent.engine_scraper import EngineScraper
 from tokenpath.agent.http_server import AgentHttpServer
