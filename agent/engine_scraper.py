@@ -1,6 +1,6 @@
 """Scrapes engine /metrics endpoints (vLLM, SGLang) and normalizes them.
 
-Each poll fetches every configured URL with the injected httpx client, keeps only the
+Each poll fetches every configured URL with the injected HTTP client, keeps only the
 lines whose name is in :mod:`tokenpath.agent.engine_names`, parses them with
 ``prometheus_client.parser.text_string_to_metric_families`` and folds them into
 tokenpath's ``engine, model`` series. Counters are made monotonic per source series, so
@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from tokenpath.agent.engine_names import (
     MODEL_LABELS,
@@ -24,6 +23,7 @@ from tokenpath.agent.engine_names import (
     SOURCE_LINE_PREFIXES,
     UNKNOWN_MODEL,
 )
+from tokenpath.agent.http_fetch import HttpClient
 from tokenpath.agent.monotonic import MonotonicCounters
 from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts, LabelValues
 
@@ -35,7 +35,13 @@ TOTAL_SUFFIX = "_total"
 # Raw engine series tracked for monotonic accumulation, all endpoints together.
 MAX_ENGINE_SOURCE_SERIES = 8192
 
+HTTP_OK = 200
+
 EngineKey = tuple[MetricSpec, LabelValues]
+
+
+class EngineScrapeError(Exception):
+    """An engine endpoint answered, but not with a page."""
 
 
 def endpoint_source(url: str) -> str:
@@ -79,7 +85,7 @@ class EngineScraper:
     def __init__(
         self,
         urls: Iterable[str],
-        client: httpx.Client,
+        client: HttpClient,
         *,
         model_label: BoundedLabel,
     ) -> None:
@@ -122,7 +128,8 @@ class EngineScraper:
 
     def _fetch(self, url: str) -> str:
         response = self._client.get(url)
-        response.raise_for_status()
+        if response.status_code != HTTP_OK:
+            raise EngineScrapeError(f"HTTP {response.status_code}")
         return response.text
 
     def _parse(

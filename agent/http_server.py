@@ -11,11 +11,11 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class _Handler(BaseHTTPRequestHandler):
                             {"WWW-Authenticate": "Bearer"})
                 return
             try:
-                body = generate_latest(self.server.registry)
+                body = self.server.render()
             except Exception:
                 logger.exception("rendering /metrics failed")
                 self._reply(500, b"error\n", "text/plain; charset=utf-8")
@@ -69,10 +69,10 @@ class _Handler(BaseHTTPRequestHandler):
 class _AgentHttpServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], registry: CollectorRegistry,
+    def __init__(self, address: tuple[str, int], render: Callable[[], bytes],
                  auth_token: str | None) -> None:
         super().__init__(address, _Handler)
-        self.registry = registry
+        self.render = render
         self._expected = f"Bearer {auth_token}".encode() if auth_token else None
 
     def authorized(self, header: str | None) -> bool:
@@ -83,11 +83,12 @@ class _AgentHttpServer(ThreadingHTTPServer):
 
 
 class AgentHttpServer:
-    """Serves ``registry`` on ``host:port`` (port 0 picks a free one)."""
+    """Serves ``render()`` (Prometheus text, e.g. ``generate_latest(registry)``) as
+    ``/metrics`` on ``host:port`` (port 0 picks a free one)."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry,
+    def __init__(self, host: str, port: int, render: Callable[[], bytes],
                  *, auth_token: str | None = None) -> None:
-        self._server = _AgentHttpServer((host, port), registry, auth_token)
+        self._server = _AgentHttpServer((host, port), render, auth_token)
         self._thread: threading.Thread | None = None
 
     @property

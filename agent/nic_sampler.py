@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,15 +28,9 @@ ERROR_SOURCE_PSUTIL = "psutil"
 ERROR_SOURCE_SYSFS = "sysfs"
 
 
-@dataclass(slots=True)
-class NicReading:
-    device: str
-    rx_bytes: float
-    tx_bytes: float
-    rx_packets: float
-    tx_packets: float
-    rx_drops: float
-    tx_drops: float
+# One NIC: its name and raw counters in NIC_FIELDS order.
+NicReading = tuple[str, list[float]]
+NIC_FIELDS = ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_drops", "tx_drops")
 
 
 NetIoCounters = Callable[..., Any]
@@ -82,8 +75,8 @@ class NicSampler:
         counters = self._net_io_counters(pernic=True)
         wanted = self._wanted
         return [
-            NicReading(device, c.bytes_recv, c.bytes_sent, c.packets_recv, c.packets_sent,
-                       c.dropin, c.dropout)
+            (device, [c.bytes_recv, c.bytes_sent, c.packets_recv, c.packets_sent,
+                      c.dropin, c.dropout])
             for device, c in counters.items()
             if wanted(device)
         ]
@@ -104,5 +97,5 @@ class NicSampler:
             except (OSError, ValueError):
                 errors.count(f"{ERROR_SOURCE_SYSFS}:{device}")
                 continue
-            readings.append(NicReading(device, *values))
+            readings.append((device, values))
         return readings

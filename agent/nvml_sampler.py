@@ -59,10 +59,6 @@ class GpuReading:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
-class _GpuFailed(Exception):
-    """One optional call failed with an error that is not NOT_SUPPORTED."""
-
-
 class NvmlSampler:
     """Reads every GPU NVML can see; one failing GPU never fails the others."""
 
@@ -83,6 +79,8 @@ class NvmlSampler:
         self._handles: dict[int, Any] = {}
         self._unsupported: dict[int, set[str]] = {}
         self._nvlink_fields: list[tuple[int, int]] = []
+        self._not_supported = -1
+        self._clock_sm = self._pcie_tx = self._pcie_rx = -1
         self.init_error: str | None = None
 
     @property
@@ -106,6 +104,10 @@ class NvmlSampler:
             return
         self._initialized = True
         self.init_error = None
+        self._not_supported = int(nvml.NVML_ERROR_NOT_SUPPORTED)
+        self._clock_sm = int(nvml.NVML_CLOCK_SM)
+        self._pcie_tx = int(nvml.NVML_PCIE_UTIL_TX_BYTES)
+        self._pcie_rx = int(nvml.NVML_PCIE_UTIL_RX_BYTES)
         self._nvlink_fields = [
             (int(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX), NVLINK_ALL_LINKS_SCOPE),
             (int(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX), NVLINK_ALL_LINKS_SCOPE),
@@ -148,26 +150,18 @@ class NvmlSampler:
             self._handles.pop(index, None)
             errors.count(f"nvml:gpu{index}")
             return None
-        reading = GpuReading(
-            index=index,
-            utilization_ratio=rates.gpu / PERCENT,
-            memory_bandwidth_ratio=rates.memory / PERCENT,
-            memory_used_bytes=float(memory.used),
-            memory_total_bytes=float(memory.total),
-        )
-        unsupported = self._unsupported.setdefault(index, set())
-        failed = False
-        try:
-            self._read_optional(handle, reading, unsupported)
-        except _GpuFailed:
-            failed = True
-        if failed:
+        reading = GpuReading(index, rates.gpu / PERCENT, rates.memory / PERCENT,
+                             float(memory.used), float(memory.total))
+        unsupported = self._unsupported.get(index)
+        if unsupported is None:
+            self._unsupported[index] = unsupported = set()
+        if self._read_optional(handle, reading, unsupported):
             errors.count(f"nvml:gpu{index}")
         return reading
 
-    def _read_optional(self, handle: Any, reading: GpuReading, unsupported: set[str]) -> None:
-        """Power, SM clock, NVLink and PCIe; each skipped once NOT_SUPPORTED. Raises
-        :class:`_GpuFailed` after reading all of them if any failed otherwise."""
+    def _read_optional(self, handle: Any, reading: GpuReading, unsupported: set[str]) -> bool:
+        """Power, SM clock, NVLink and PCIe, each skipped once NOT_SUPPORTED; True when
+        any failed otherwise (the others are still read)."""
         nvml = self._nvml
         failed = False
         if OPT_POWER not in unsupported:
@@ -177,41 +171,35 @@ class NvmlSampler:
                 failed |= self._note_failure(exc, OPT_POWER, unsupported)
         if OPT_SM_CLOCK not in unsupported:
             try:
-                mhz = nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
-                reading.sm_clock_hertz = mhz * HERTZ_PER_MHZ
+                reading.sm_clock_hertz = (nvml.nvmlDeviceGetClockInfo(handle, self._clock_sm)
+                                          * HERTZ_PER_MHZ)
             except Exception as exc:
                 failed |= self._note_failure(exc, OPT_SM_CLOCK, unsupported)
         if OPT_NVLINK not in unsupported:
             try:
-                self._read_nvlink(handle, reading, unsupported)
+                tx, rx = nvml.nvmlDeviceGetFieldValues(handle, self._nvlink_fields)[:2]
+                if tx.nvmlReturn == NVML_SUCCESS and rx.nvmlReturn == NVML_SUCCESS:
+                    reading.nvlink_tx_bytes = tx.value.ullVal * KIB
+                    reading.nvlink_rx_bytes = rx.value.ullVal * KIB
+                elif self._not_supported in (tx.nvmlReturn, rx.nvmlReturn):
+                    unsupported.add(OPT_NVLINK)
+                else:
+                    failed = True
             except Exception as exc:
                 failed |= self._note_failure(exc, OPT_NVLINK, unsupported)
         if self._pcie_throughput and OPT_PCIE not in unsupported:
             try:
-                tx = nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES)
-                rx = nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES)
-                reading.pcie_tx_bytes_per_second = tx * KIB
-                reading.pcie_rx_bytes_per_second = rx * KIB
+                tx_kb = nvml.nvmlDeviceGetPcieThroughput(handle, self._pcie_tx)
+                rx_kb = nvml.nvmlDeviceGetPcieThroughput(handle, self._pcie_rx)
+                reading.pcie_tx_bytes_per_second = tx_kb * KIB
+                reading.pcie_rx_bytes_per_second = rx_kb * KIB
             except Exception as exc:
                 failed |= self._note_failure(exc, OPT_PCIE, unsupported)
-        if failed:
-            raise _GpuFailed
-
-    def _read_nvlink(self, handle: Any, reading: GpuReading, unsupported: set[str]) -> None:
-        values = self._nvml.nvmlDeviceGetFieldValues(handle, self._nvlink_fields)
-        tx, rx = values[0], values[1]
-        not_supported = int(self._nvml.NVML_ERROR_NOT_SUPPORTED)
-        if tx.nvmlReturn == not_supported or rx.nvmlReturn == not_supported:
-            unsupported.add(OPT_NVLINK)
-            return
-        if tx.nvmlReturn != NVML_SUCCESS or rx.nvmlReturn != NVML_SUCCESS:
-            raise _GpuFailed
-        reading.nvlink_tx_bytes = tx.value.ullVal * KIB
-        reading.nvlink_rx_bytes = rx.value.ullVal * KIB
+        return failed
 
     def _note_failure(self, exc: Exception, option: str, unsupported: set[str]) -> bool:
         """True when ``exc`` is a real failure; NOT_SUPPORTED only marks ``option``."""
-        if getattr(exc, "value", None) == self._nvml.NVML_ERROR_NOT_SUPPORTED:
+        if getattr(exc, "value", None) == self._not_supported:
             unsupported.add(option)
             return False
         return True

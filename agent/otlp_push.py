@@ -13,25 +13,22 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
-import httpx
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     AGGREGATION_TEMPORALITY_CUMULATIVE,
-    Gauge,
     Metric,
     NumberDataPoint,
-    ResourceMetrics,
-    ScopeMetrics,
-    Sum,
 )
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from tokenpath.agent.snapshot import Snapshot
+from tokenpath.agent.http_fetch import HttpClient
+from tokenpath.agent.snapshot import LabelValues, Snapshot
 
 from tokenpath.attributes import NODE
+from tokenpath.metric_names import MetricSpec
 
 logger = logging.getLogger(__name__)
 
@@ -47,39 +44,78 @@ def _attribute(key: str, value: str) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
+class OtlpRequestBuilder:
+    """Builds the export request for each snapshot, reusing the previous message.
+
+    Constructing ~150 protobuf data points from scratch every second costs more CPU
+    than the poll itself; instead the request is kept and only values and timestamps
+    are written, and it is rebuilt only when a series disappears.
+    """
+
+    def __init__(self, *, node: str, start_unix_nano: int) -> None:
+        self._node = node
+        self._start_unix_nano = start_unix_nano
+        self._reset()
+
+    def _reset(self) -> None:
+        self._request = ExportMetricsServiceRequest()
+        resource_metrics = self._request.resource_metrics.add()
+        resource_metrics.resource.attributes.extend([
+            _attribute(SERVICE_NAME_KEY, AGENT_SERVICE_NAME),
+            _attribute(NODE, self._node),
+            _attribute(HOST_NAME_KEY, self._node),
+        ])
+        self._scope = resource_metrics.scope_metrics.add()
+        self._scope.scope.name = SCOPE_NAME
+        self._containers: dict[MetricSpec, Any] = {}
+        self._points: dict[tuple[MetricSpec, LabelValues], NumberDataPoint] = {}
+
+    def _container(self, spec: MetricSpec) -> Any:
+        container = self._containers.get(spec)
+        if container is None:
+            metric: Metric = self._scope.metrics.add()
+            metric.name = spec.name
+            metric.description = spec.help
+            if spec.type == "counter":
+                metric.sum.is_monotonic = True
+                metric.sum.aggregation_temporality = AGGREGATION_TEMPORALITY_CUMULATIVE
+                container = metric.sum
+            else:
+                container = metric.gauge
+            self._containers[spec] = container
+        return container
+
+    def build(self, snapshot: Snapshot) -> ExportMetricsServiceRequest:
+        """The request for ``snapshot`` (the same object each call; serialize it now)."""
+        now = snapshot.taken_unix_nano
+        points = self._points
+        seen = 0
+        for spec, series in snapshot.points.items():
+            container = None
+            for labels, value in series.items():
+                point = points.get((spec, labels))
+                if point is None:
+                    if container is None:
+                        container = self._container(spec)
+                    point = container.data_points.add()
+                    point.attributes.extend(
+                        [_attribute(k, v) for k, v in zip(spec.labels, labels, strict=True)])
+                    point.start_time_unix_nano = self._start_unix_nano
+                    points[(spec, labels)] = point
+                point.time_unix_nano = now
+                point.as_double = value
+                seen += 1
+        if seen != len(points):  # a series vanished: never resend its stale value
+            self._reset()
+            return self.build(snapshot)
+        return self._request
+
+
 def build_export_request(
     snapshot: Snapshot, *, node: str, start_unix_nano: int
 ) -> ExportMetricsServiceRequest:
-    """The OTLP request for one snapshot."""
-    metrics: list[Metric] = []
-    now = snapshot.taken_unix_nano
-    for spec, series in snapshot.points.items():
-        points = [
-            NumberDataPoint(
-                attributes=[_attribute(k, v) for k, v in zip(spec.labels, labels, strict=True)],
-                start_time_unix_nano=start_unix_nano,
-                time_unix_nano=now,
-                as_double=value,
-            )
-            for labels, value in series.items()
-        ]
-        if spec.type == "counter":
-            metric = Metric(name=spec.name, description=spec.help, sum=Sum(
-                data_points=points, is_monotonic=True,
-                aggregation_temporality=AGGREGATION_TEMPORALITY_CUMULATIVE))
-        else:
-            metric = Metric(name=spec.name, description=spec.help, gauge=Gauge(data_points=points))
-        metrics.append(metric)
-    resource = Resource(attributes=[
-        _attribute(SERVICE_NAME_KEY, AGENT_SERVICE_NAME),
-        _attribute(NODE, node),
-        _attribute(HOST_NAME_KEY, node),
-    ])
-    return ExportMetricsServiceRequest(resource_metrics=[ResourceMetrics(
-        resource=resource,
-        scope_metrics=[ScopeMetrics(scope=InstrumentationScope(name=SCOPE_NAME),
-                                    metrics=metrics)],
-    )])
+    """A fresh OTLP request for one snapshot."""
+    return OtlpRequestBuilder(node=node, start_unix_nano=start_unix_nano).build(snapshot)
 
 
 class OtlpMetricsPusher:
@@ -91,13 +127,12 @@ class OtlpMetricsPusher:
         *,
         node: str,
         start_unix_nano: int,
-        client: httpx.Client,
+        client: HttpClient,
         auth_token: str | None = None,
         on_error: Callable[[], None] | None = None,
     ) -> None:
         self._url = collector_url.rstrip("/") + OTLP_METRICS_PATH
-        self._node = node
-        self._start_unix_nano = start_unix_nano
+        self._builder = OtlpRequestBuilder(node=node, start_unix_nano=start_unix_nano)
         self._client = client
         self._headers = {"Content-Type": PROTOBUF_CONTENT_TYPE}
         if auth_token:
@@ -141,9 +176,7 @@ class OtlpMetricsPusher:
     def send(self, snapshot: Snapshot) -> bool:
         """Export one snapshot now; True on a 2xx answer. Never raises."""
         try:
-            body = build_export_request(
-                snapshot, node=self._node, start_unix_nano=self._start_unix_nano
-            ).SerializeToString()
+            body = self._builder.build(snapshot).SerializeToString()
             response = self._client.post(self._url, content=body, headers=self._headers)
             ok = 200 <= response.status_code < 300
             if not ok:

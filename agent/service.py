@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
 from tokenpath.agent.config import AgentConfig
 from tokenpath.agent.engine_scraper import EngineScraper
+from tokenpath.agent.http_fetch import HttpClient, KeepAliveHttpClient
 from tokenpath.agent.http_server import AgentHttpServer
 from tokenpath.agent.nic_sampler import DEFAULT_SYSFS_ROOT, NetIoCounters, NicSampler
 from tokenpath.agent.node_poller import NodePoller
@@ -56,13 +57,14 @@ class AgentService:
         net_io_counters: NetIoCounters | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock_ns: Callable[[], int] = time.time_ns,
-        http_client: httpx.Client | None = None,
+        http_client: HttpClient | None = None,
         registry: CollectorRegistry | None = None,
         auth_token: str | None = None,
     ) -> None:
         self.config = config.validate()
         self._owns_client = http_client is None
-        self._client = http_client or httpx.Client(timeout=config.engine_timeout_seconds)
+        self._client: HttpClient = http_client or KeepAliveHttpClient(
+            config.engine_timeout_seconds)
         self._clock = clock
         self._auth_token = auth_token
         self.nvml_sampler = NvmlSampler(
@@ -84,10 +86,11 @@ class AgentService:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._collector = AgentCollector(lambda: self._latest)
         self._latest: Snapshot | None = None
+        self._rendered: tuple[Snapshot | None, bytes] | None = None
         self._pusher: OtlpMetricsPusher | None = None
-        self._push_client: httpx.Client | None = None
+        self._push_client: HttpClient | None = None
         if config.collector_url:
-            self._push_client = httpx.Client(timeout=config.push_timeout_seconds)
+            self._push_client = KeepAliveHttpClient(config.push_timeout_seconds)
             self._pusher = OtlpMetricsPusher(
                 config.collector_url, node=config.node, start_unix_nano=wall_clock_ns(),
                 client=self._push_client,
@@ -110,7 +113,7 @@ class AgentService:
         self.poll_once()
         if serve:
             host, port = self.config.listen_address
-            self._server = AgentHttpServer(host, port, self.registry,
+            self._server = AgentHttpServer(host, port, self.render_metrics,
                                            auth_token=self._auth_token)
             self._server.start()
         if self._pusher is not None:
@@ -166,6 +169,17 @@ class AgentService:
             now = self._clock()
             if next_poll < now:  # fell behind: skip missed ticks rather than burst
                 next_poll = now + interval
+
+    def render_metrics(self) -> bytes:
+        """Prometheus text of the agent's registry, rendered once per poll: scrapes
+        between two polls (HA Prometheus pairs, curl) get the same bytes."""
+        latest = self._latest
+        cached = self._rendered
+        if cached is not None and cached[0] is latest:
+            return cached[1]
+        body = generate_latest(self.registry)
+        self._rendered = (latest, body)
+        return body
 
     def _count_push_error(self) -> None:
         self.poller.push_errors += 1
