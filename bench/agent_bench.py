@@ -45,6 +45,7 @@ DEFAULT_DURATION_SECONDS = 20.0
 WARMUP_SECONDS = 2.0
 PAGES = Path(__file__).resolve().parent.parent / "tests" / "agent" / "pages"
 READY_LINE = "ready"
+CPU_LINE = "cpu"
 
 
 def fake_gpus(count: int = BENCH_GPUS) -> FakeNvml:
@@ -124,6 +125,7 @@ class _LoopbackFixtures:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            disable_nagle_algorithm = True
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
@@ -157,19 +159,24 @@ class _LoopbackFixtures:
 
 
 def _child(listen: str, engines: list[str], collector: str, interval: float) -> None:
-    config = AgentConfig(listen=listen, collector_url=collector, interval_seconds=interval,
+    config = AgentConfig(listen=listen, collector_url=collector or None,
+                         interval_seconds=interval,
                          engine_metrics_urls=tuple(engines), node="bench-node")
     service = AgentService(config, nvml=fake_gpus())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # The parent reads this process's CPU clock (ns resolution) on SIGUSR1; psutil's
+    # cpu_times() only has clock-tick (10 ms) resolution.
+    signal.signal(signal.SIGUSR1,
+                  lambda *_: print(f"{CPU_LINE} {time.process_time()!r}", flush=True))
     service.start()
     print(f"{READY_LINE} {service.listen_port}", flush=True)
     stop.wait()
     service.shutdown()
 
 
-def measure_cpu_share(duration: float = DEFAULT_DURATION_SECONDS,
-                      interval: float = 1.0) -> dict[str, float]:
+def measure_cpu_share(duration: float = DEFAULT_DURATION_SECONDS, interval: float = 1.0,
+                      scrape_interval: float = 1.0) -> dict[str, float]:
     fixtures = _LoopbackFixtures()
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
@@ -185,17 +192,28 @@ def measure_cpu_share(duration: float = DEFAULT_DURATION_SECONDS,
         if not line or line[0] != READY_LINE:
             raise RuntimeError("bench agent failed to start")
         metrics_url = f"http://127.0.0.1:{line[1]}/metrics"
-        process = psutil.Process(child.pid)
+        stdout = child.stdout
+
+        def child_cpu() -> float:
+            child.send_signal(signal.SIGUSR1)
+            reply = stdout.readline().split()
+            if not reply or reply[0] != CPU_LINE:
+                raise RuntimeError(f"bench agent answered {reply!r}")
+            return float(reply[1])
+
         time.sleep(WARMUP_SECONDS)
+        process = psutil.Process(child.pid)
         with httpx.Client() as client:
-            cpu_start = sum(process.cpu_times()[:2])
+            cpu_start = child_cpu()
+            ticks_start = sum(process.cpu_times()[:2])
             wall_start = time.monotonic()
             scrapes = 0
             while time.monotonic() - wall_start < duration:
-                client.get(metrics_url).raise_for_status()  # one Prometheus scrape per second
+                client.get(metrics_url).raise_for_status()
                 scrapes += 1
-                time.sleep(1.0)
-            cpu_end = sum(process.cpu_times()[:2])
+                time.sleep(scrape_interval)
+            cpu_end = child_cpu()
+            ticks_end = sum(process.cpu_times()[:2])
             wall = time.monotonic() - wall_start
     finally:
         child.send_signal(signal.SIGTERM)
@@ -203,7 +221,9 @@ def measure_cpu_share(duration: float = DEFAULT_DURATION_SECONDS,
         fixtures.close()
     cpu = cpu_end - cpu_start
     return {"cpu_seconds": cpu, "wall_seconds": wall, "cpu_share_of_one_core": cpu / wall,
-            "scrapes": float(scrapes), "otlp_pushes": float(fixtures.pushes)}
+            "cpu_share_psutil_ticks": (ticks_end - ticks_start) / wall,
+            "scrape_interval_seconds": scrape_interval, "scrapes": float(scrapes),
+            "otlp_pushes": float(fixtures.pushes)}
 
 
 def run(duration: float = DEFAULT_DURATION_SECONDS) -> dict[str, Any]:

@@ -47,6 +47,7 @@ class PageServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            disable_nagle_algorithm = True
             def do_GET(self) -> None:
                 body = owner.pages.get(self.path)
                 if body is None:
