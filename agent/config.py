@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 from urllib.parse import urlsplit
 
-from tokenpath.agent.nic_sampler import DEFAULT_NIC_EXCLUDE, NIC_SOURCES, NicSource
+from tokenpath.agent.nic_sampler import (
+    DEFAULT_NIC_EXCLUDE,
+    DEFAULT_SYSFS_ROOT,
+    NIC_SOURCES,
+    NicSource,
+)
 
 from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
 
@@ -57,6 +62,7 @@ class AgentConfig:
     push_timeout_seconds: float = DEFAULT_PUSH_TIMEOUT_SECONDS
     nic_source: NicSource = "auto"
     nic_exclude: str = DEFAULT_NIC_EXCLUDE
+    sysfs_root: str = str(DEFAULT_SYSFS_ROOT)
     pcie_throughput: bool = True
     nvml_retry_seconds: float = DEFAULT_NVML_RETRY_SECONDS
     max_devices: int = DEFAULT_MAX_DEVICES
@@ -82,6 +88,8 @@ class AgentConfig:
                 raise ConfigError(key, f"must be positive, got {value!r}")
         if not self.node or len(self.node) > 253:
             raise ConfigError("node", "must be a non-empty name of at most 253 characters")
+        if not self.sysfs_root:
+            raise ConfigError("sysfs_root", "must be a directory path")
         if self.nic_source not in NIC_SOURCES:
             raise ConfigError("nic_source", f"must be one of {', '.join(NIC_SOURCES)}")
         try:
@@ -134,6 +142,7 @@ class AgentConfig:
                                          lambda v: parse_duration(v, "push_timeout")),
             nic_source=cast(NicSource, resolve("nic_source", None, None, section, "auto", str)),
             nic_exclude=resolve("nic_exclude", None, None, section, DEFAULT_NIC_EXCLUDE, str),
+            sysfs_root=resolve("sysfs_root", None, None, section, str(DEFAULT_SYSFS_ROOT), str),
             pcie_throughput=resolve("pcie_throughput", None, None, section, True, _boolean),
             nvml_retry_seconds=resolve("nvml_retry", None, None, section,
                                        DEFAULT_NVML_RETRY_SECONDS,
@@ -150,7 +159,7 @@ class AgentConfig:
 
 KNOWN_FILE_KEYS: Final = frozenset({
     "listen", "collector", "interval", "engine_metrics", "node", "engine_timeout",
-    "push_timeout", "nic_source", "nic_exclude", "pcie_throughput", "nvml_retry",
+    "push_timeout", "nic_source", "nic_exclude", "sysfs_root", "pcie_throughput", "nvml_retry",
     "max_devices", "max_models", "max_sources",
 })
 

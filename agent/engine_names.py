@@ -31,13 +31,17 @@ class EngineMetricRule:
     target: MetricSpec
     aggregate: Aggregate
     note: str = ""
+    # An older name is ignored on a page that also has its successor (no double count
+    # during a deprecation window).
+    superseded_by: str | None = None
 
 
 def _rule(
-    source: str, target: MetricSpec, aggregate: Aggregate, note: str = ""
+    source: str, target: MetricSpec, aggregate: Aggregate, note: str = "",
+    superseded_by: str | None = None,
 ) -> EngineMetricRule:
     engine = source.split(":", 1)[0]
-    return EngineMetricRule(source, engine, target, aggregate, note)
+    return EngineMetricRule(source, engine, target, aggregate, note, superseded_by)
 
 
 ENGINE_METRIC_RULES: tuple[EngineMetricRule, ...] = (
@@ -45,13 +49,14 @@ ENGINE_METRIC_RULES: tuple[EngineMetricRule, ...] = (
     _rule("vllm:prefix_cache_hits", mn.ENGINE_PREFIX_HIT_TOKENS, "sum"),
     _rule("vllm:prefix_cache_queries", mn.ENGINE_PREFIX_QUERY_TOKENS, "sum"),
     _rule("vllm:gpu_prefix_cache_hits", mn.ENGINE_PREFIX_HIT_TOKENS, "sum",
-          "older V1 spelling"),
+          "older V1 spelling", superseded_by="vllm:prefix_cache_hits"),
     _rule("vllm:gpu_prefix_cache_queries", mn.ENGINE_PREFIX_QUERY_TOKENS, "sum",
-          "older V1 spelling"),
+          "older V1 spelling", superseded_by="vllm:prefix_cache_queries"),
     _rule("vllm:num_requests_running", mn.ENGINE_REQUESTS_RUNNING, "sum"),
     _rule("vllm:num_requests_waiting", mn.ENGINE_REQUESTS_WAITING, "sum"),
     _rule("vllm:kv_cache_usage_perc", mn.ENGINE_KV_USAGE, "mean", "a 0-1 fraction"),
-    _rule("vllm:gpu_cache_usage_perc", mn.ENGINE_KV_USAGE, "mean", "older spelling, 0-1"),
+    _rule("vllm:gpu_cache_usage_perc", mn.ENGINE_KV_USAGE, "mean", "older spelling, 0-1",
+          superseded_by="vllm:kv_cache_usage_perc"),
     _rule("vllm:spec_decode_num_draft_tokens", mn.ENGINE_SPEC_DRAFT, "sum"),
     _rule("vllm:spec_decode_num_accepted_tokens", mn.ENGINE_SPEC_ACCEPTED, "sum"),
     _rule("vllm:prompt_tokens_cached", mn.ENGINE_PROMPT_TOKENS_CACHED, "sum"),

@@ -139,25 +139,30 @@ class EngineScraper:
         gauges: dict[EngineKey, float] = {}
         gauge_counts: dict[EngineKey, int] = {}
         accumulators = self._accumulators
+        matched = []
         for family in text_string_to_metric_families(filter_lines(text)):
             for sample in family.samples:
                 name = sample.name
                 base = name[: -len(TOTAL_SUFFIX)] if name.endswith(TOTAL_SUFFIX) else name
                 rule = RULES_BY_SOURCE.get(base)
-                if rule is None:
-                    continue
-                labels = sample.labels
-                model = next((labels[k] for k in MODEL_LABELS if k in labels), UNKNOWN_MODEL)
-                key: EngineKey = (rule.target, (rule.engine, self._model_label(model)))
-                if rule.target.type == "counter":
-                    raw_key: RawKey = (endpoint.url, base, tuple(sorted(labels.items())))
-                    if accumulators.update(raw_key, float(sample.value)) is not None:
-                        endpoint.raw_keys.setdefault(key, set()).add(raw_key)
-                else:
-                    gauges[key] = gauges.get(key, 0.0) + float(sample.value)
-                    gauge_counts[key] = gauge_counts.get(key, 0) + 1
-                    if rule.aggregate == "mean":
-                        mean_keys.add(key)
+                if rule is not None:
+                    matched.append((base, rule, sample))
+        present = {base for base, _, _ in matched}
+        for base, rule, sample in matched:
+            if rule.superseded_by is not None and rule.superseded_by in present:
+                continue
+            labels = sample.labels
+            model = next((labels[k] for k in MODEL_LABELS if k in labels), UNKNOWN_MODEL)
+            key: EngineKey = (rule.target, (rule.engine, self._model_label(model)))
+            if rule.target.type == "counter":
+                raw_key: RawKey = (endpoint.url, base, tuple(sorted(labels.items())))
+                if accumulators.update(raw_key, float(sample.value)) is not None:
+                    endpoint.raw_keys.setdefault(key, set()).add(raw_key)
+            else:
+                gauges[key] = gauges.get(key, 0.0) + float(sample.value)
+                gauge_counts[key] = gauge_counts.get(key, 0) + 1
+                if rule.aggregate == "mean":
+                    mean_keys.add(key)
         for key in mean_keys:
             count = gauge_counts.get(key)
             if count:

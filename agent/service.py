@@ -21,7 +21,7 @@ from tokenpath.agent.config import AgentConfig
 from tokenpath.agent.engine_scraper import EngineScraper
 from tokenpath.agent.http_fetch import HttpClient, KeepAliveHttpClient
 from tokenpath.agent.http_server import AgentHttpServer
-from tokenpath.agent.nic_sampler import DEFAULT_SYSFS_ROOT, NetIoCounters, NicSampler
+from tokenpath.agent.nic_sampler import NetIoCounters, NicSampler
 from tokenpath.agent.node_poller import NodePoller
 from tokenpath.agent.nvml_sampler import NvmlSampler
 from tokenpath.agent.otlp_push import OtlpMetricsPusher
@@ -53,7 +53,7 @@ class AgentService:
         config: AgentConfig,
         *,
         nvml: Any = DEFAULT_NVML,
-        sysfs_root: Path = DEFAULT_SYSFS_ROOT,
+        sysfs_root: Path | None = None,
         net_io_counters: NetIoCounters | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock_ns: Callable[[], int] = time.time_ns,
@@ -71,7 +71,8 @@ class AgentService:
             load_pynvml() if isinstance(nvml, _DefaultNvml) else nvml, clock,
             retry_seconds=config.nvml_retry_seconds, pcie_throughput=config.pcie_throughput,
         )
-        nic_sampler = NicSampler(source=config.nic_source, sysfs_root=sysfs_root,
+        nic_sampler = NicSampler(source=config.nic_source,
+                                 sysfs_root=sysfs_root or Path(config.sysfs_root),
                                  exclude=config.nic_exclude, net_io_counters=net_io_counters)
         engines = (
             EngineScraper(config.engine_metrics_urls, self._client,

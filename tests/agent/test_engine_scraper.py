@@ -125,6 +125,20 @@ def test_older_vllm_names(page_server: PageServer, client: httpx.Client) -> None
     assert readings.gauges[(mn.ENGINE_KV_USAGE, (ENGINE_VLLM, "m"))] == 0.5
 
 
+def test_older_name_is_ignored_when_its_successor_is_on_the_same_page(
+        page_server: PageServer, client: httpx.Client) -> None:
+    page_server.pages["/both"] = "\n".join([
+        'vllm:gpu_prefix_cache_hits_total{model_name="m"} 7.0',
+        'vllm:prefix_cache_hits_total{model_name="m"} 7.0',
+        'vllm:gpu_cache_usage_perc{model_name="m"} 0.9',
+        'vllm:kv_cache_usage_perc{model_name="m"} 0.5',
+        "",
+    ])
+    readings = scraper_for([page_server.url("/both")], client).read(ErrorCounts(16))
+    assert readings.counters[(mn.ENGINE_PREFIX_HIT_TOKENS, (ENGINE_VLLM, "m"))] == 7
+    assert readings.gauges[(mn.ENGINE_KV_USAGE, (ENGINE_VLLM, "m"))] == 0.5
+
+
 def test_garbage_page_is_an_error_not_a_crash(page_server: PageServer,
                                               client: httpx.Client) -> None:
     page_server.pages["/bad"] = 'vllm:num_requests_running{model_name="m"} not-a-number\n'

@@ -195,3 +195,20 @@ def test_config_file_is_read_from_yaml(tmp_path: Path) -> None:
     config = AgentConfig.from_sources(file_values=load_config_file(path))
     assert config.interval_seconds == 0.5
     assert config.collector_url == "http://127.0.0.1:4318"
+
+
+def test_sysfs_root_from_the_config_file_feeds_nic_series(tmp_path: Path) -> None:
+    statistics = tmp_path / "class" / "net" / "ens5" / "statistics"
+    statistics.mkdir(parents=True)
+    for name in ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_dropped",
+                 "tx_dropped"):
+        (statistics / name).write_text("7\n")
+    config = AgentConfig.from_sources(
+        listen="127.0.0.1:0", node="n",
+        file_values={"agent": {"nic_source": "sysfs", "sysfs_root": str(tmp_path)}})
+    agent = AgentService(config, nvml=FakeNvml(gpus=[]))
+    try:
+        snapshot = agent.poll_once()
+    finally:
+        agent.shutdown()
+    assert snapshot.points[mn.NODE_NET_RX_BYTES] == {("ens5",): 7}

@@ -21,14 +21,14 @@ def register(app: typer.Typer) -> None:
     @app.command("agent")
     def agent(
         listen: str | None = typer.Option(
-            None, help="HOST:PORT for GET /metrics and /healthz [default: 127.0.0.1:9400]."),
+            None, help="HOST:PORT for GET /metrics and /healthz (default 127.0.0.1:9400)."),
         collector: str | None = typer.Option(
             None, help="Collector OTLP/HTTP base URL; metrics are pushed to URL/v1/metrics."),
         interval: str | None = typer.Option(
-            None, help="Seconds between polls (30, 500ms, 2s) [default: 1]."),
+            None, help="Seconds between polls: 1, 500ms, 2s (default 1)."),
         engine_metrics: list[str] = typer.Option(
             [], help="Engine /metrics URL, vLLM or SGLang (repeatable)."),
-        node: str | None = typer.Option(None, help="Node name [default: hostname]."),
+        node: str | None = typer.Option(None, help="Node name (default: the hostname)."),
         config: Path | None = typer.Option(
             None, help="YAML config file (settings under `agent:`)."),
         auth_token_file: Path | None = typer.Option(
