@@ -62,13 +62,6 @@ class _GpuState:
         self.last_seen: float | None = None
 
 
-def _advance(last: float | None, total: float, raw: float) -> float:
-    """A cumulative counter's new total; a drop is a reset to zero (device reset)."""
-    if last is None:
-        return raw
-    return total + (raw - last if raw >= last else raw)
-
-
 class NodePoller:
     def __init__(
         self,
@@ -152,11 +145,21 @@ class NodePoller:
                 pcie_rx[labels] = gpu.pcie_rx_bytes_per_second
             raw = gpu.nvlink_tx_bytes
             if raw is not None:
-                nvlink_tx[labels] = state.tx_total = _advance(state.tx_last, state.tx_total, raw)
+                last_raw = state.tx_last
+                if last_raw is None:
+                    state.tx_total = raw
+                else:  # a drop is a device reset: counting restarted from zero
+                    state.tx_total += raw - last_raw if raw >= last_raw else raw
+                nvlink_tx[labels] = state.tx_total
                 state.tx_last = raw
             raw = gpu.nvlink_rx_bytes
             if raw is not None:
-                nvlink_rx[labels] = state.rx_total = _advance(state.rx_last, state.rx_total, raw)
+                last_raw = state.rx_last
+                if last_raw is None:
+                    state.rx_total = raw
+                else:
+                    state.rx_total += raw - last_raw if raw >= last_raw else raw
+                nvlink_rx[labels] = state.rx_total
                 state.rx_last = raw
             last = state.last_seen
             if last is not None and 0 < now - last <= MAX_BUSY_INTEGRATION_GAP_SECONDS:

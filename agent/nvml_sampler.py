@@ -155,14 +155,8 @@ class NvmlSampler:
         unsupported = self._unsupported.get(index)
         if unsupported is None:
             self._unsupported[index] = unsupported = set()
-        if self._read_optional(handle, reading, unsupported):
-            errors.count(f"nvml:gpu{index}")
-        return reading
-
-    def _read_optional(self, handle: Any, reading: GpuReading, unsupported: set[str]) -> bool:
-        """Power, SM clock, NVLink and PCIe, each skipped once NOT_SUPPORTED; True when
-        any failed otherwise (the others are still read)."""
-        nvml = self._nvml
+        # Optional readings: each skipped once NOT_SUPPORTED; any other failure is
+        # counted once for this GPU and the remaining readings are still taken.
         failed = False
         if OPT_POWER not in unsupported:
             try:
@@ -195,7 +189,9 @@ class NvmlSampler:
                 reading.pcie_rx_bytes_per_second = rx_kb * KIB
             except Exception as exc:
                 failed |= self._note_failure(exc, OPT_PCIE, unsupported)
-        return failed
+        if failed:
+            errors.count(f"nvml:gpu{index}")
+        return reading
 
     def _note_failure(self, exc: Exception, option: str, unsupported: set[str]) -> bool:
         """True when ``exc`` is a real failure; NOT_SUPPORTED only marks ``option``."""

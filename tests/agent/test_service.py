@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -212,3 +214,12 @@ def test_sysfs_root_from_the_config_file_feeds_nic_series(tmp_path: Path) -> Non
     finally:
         agent.shutdown()
     assert snapshot.points[mn.NODE_NET_RX_BYTES] == {("ens5",): 7}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_exposition_passes_promtool_lint(service: AgentService) -> None:
+    body = service.render_metrics()
+    result = subprocess.run(["promtool", "check", "metrics"], input=body,
+                            capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert mn.GPU_NVLINK_TX.series.encode() in body

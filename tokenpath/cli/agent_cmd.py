@@ -7,12 +7,15 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from tokenpath.cli.common import auth_token, console, fail
 from tokenpath.config import ConfigError, load_config_file
+
+if TYPE_CHECKING:
+    from tokenpath.agent.service import AgentService
 
 FORMATS = ("text", "json")
 
@@ -87,7 +90,7 @@ def register(app: typer.Typer) -> None:
             service.shutdown()
 
 
-def _print_once(service: Any, output_format: str) -> None:
+def _print_once(service: AgentService, output_format: str) -> None:
     try:
         snapshot = service.poll_once()
         nvml = service.nvml_sampler
