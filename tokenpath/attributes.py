@@ -28,6 +28,18 @@ GEN_AI_CONTENT_PREFIXES: Final = (
     "gen_ai.tool.call.arguments",
     "gen_ai.tool.call.result",
 )
+# GenAI span events whose attributes or body carry message content: dropped whole on ingest
+# unless content is explicitly opted in (older event-based GenAI conventions).
+GEN_AI_CONTENT_EVENT_NAMES: Final = frozenset({
+    "gen_ai.content.prompt",
+    "gen_ai.content.completion",
+    "gen_ai.system.message",
+    "gen_ai.user.message",
+    "gen_ai.assistant.message",
+    "gen_ai.tool.message",
+    "gen_ai.choice",
+    "gen_ai.client.inference.operation.details",
+})
 
 # --- vLLM's native llm_request span (vllm/tracing.py SpanAttributes) ----------------------
 VLLM_REQUEST_SPAN_NAME: Final = "llm_request"

@@ -90,6 +90,8 @@ SPANS_REJECTED = _m("collector_spans_rejected", "counter", (LABEL_RECEIVER, LABE
                     "Spans refused by a receiver, by reason.")
 SPANS_DROPPED = _m("collector_spans_dropped", "counter", (LABEL_REASON,),
                    "Spans accepted but dropped later (limits, duplicates, late), by reason.")
+ATTRIBUTES_DROPPED = _m("collector_attributes_dropped", "counter", (LABEL_REASON,),
+                        "Span attributes dropped or truncated on ingest, by reason.")
 SPANS_UNMAPPED = _m("collector_spans_unmapped", "counter", (),
                     "Spans that map to no stage and were ignored.")
 TRACES_EVICTED = _m("collector_traces_evicted", "counter", (LABEL_REASON,),
@@ -107,6 +109,10 @@ LABEL_OVERFLOW = _m("collector_label_values_overflow", "counter", ("label",),
                     "Label values replaced by 'other' past the cardinality cap.")
 METRIC_POINTS_RECEIVED = _m("collector_metric_points_received", "counter", (LABEL_RECEIVER,),
                             "OTLP metric data points accepted.")
+METRIC_POINTS_DROPPED = _m("collector_metric_points_dropped", "counter", (LABEL_REASON,),
+                           "OTLP metric data points dropped (series cap), by reason.")
+SPAN_EVENTS_DROPPED = _m("collector_span_events_dropped", "counter", (LABEL_REASON,),
+                         "Span events dropped on ingest (events per span, GenAI content).")
 
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
@@ -207,3 +213,24 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     ENGINE_ESTIMATED_FLOPS, ENGINE_ESTIMATED_READ_BYTES, ENGINE_PREFIX_HIT_RATE,
     ENGINE_SPEC_ACCEPT_LENGTH, ENGINE_UP, AGENT_POLL_SECONDS, AGENT_OTLP_PUSH_ERRORS,
 )
+
+# ``phase`` label value for stages that are not split into prefill and decode.
+PHASE_NONE: Final = "none"
+# ``size`` label values of RESPONSE_CHUNKS.
+CHUNK_SIZE_SMALL: Final = "small"
+CHUNK_SIZE_NORMAL: Final = "normal"
+
+# Label names and values used by the cost and response-chunk metrics above (appended for the
+# dashboards and rules, issue 6/9; the spellings match the metric specs).
+LABEL_CONTEXT_BUCKET: Final = "context_bucket"
+LABEL_SIZE: Final = "size"
+# Scrape-target labels set by the Prometheus scrape config (deploy/), not by the exporters.
+LABEL_JOB: Final = "job"
+LABEL_INSTANCE: Final = "instance"
+# The histogram bucket bound label and series suffixes Prometheus exposes.
+LABEL_LE: Final = "le"
+HISTOGRAM_BUCKET_SUFFIX: Final = "_bucket"
+HISTOGRAM_COUNT_SUFFIX: Final = "_count"
+HISTOGRAM_SUM_SUFFIX: Final = "_sum"
+# Prometheus's own per-target health series.
+UP_SERIES: Final = "up"

@@ -112,22 +112,21 @@ NETWORK_STAGES: tuple[StageId, ...] = tuple(
 )
 
 
+_STAGE_BY_VALUE: dict[object, StageId] = {stage.value: stage for stage in StageId}
+_PHASE_BY_VALUE: dict[object, Phase] = {phase.value: phase for phase in Phase}
+_PROVENANCE_BY_VALUE: dict[object, Provenance] = {p.value: p for p in Provenance}
+
+
 def parse_stage(value: object) -> StageId | None:
     """The stage id for an attribute value, or None when it names no stage."""
-    if isinstance(value, StageId):
-        return value
-    if isinstance(value, str):
-        try:
-            return StageId(value)
-        except ValueError:
-            return None
-    return None
+    return _STAGE_BY_VALUE.get(value) if isinstance(value, str) else None
 
 
 def parse_phase(value: object) -> Phase | None:
+    return _PHASE_BY_VALUE.get(value) if isinstance(value, str) else None
+
+
+def parse_provenance(value: object, default: Provenance) -> Provenance:
     if isinstance(value, str):
-        try:
-            return Phase(value)
-        except ValueError:
-            return None
-    return None
+        return _PROVENANCE_BY_VALUE.get(value, default)
+    return default

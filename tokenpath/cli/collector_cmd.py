@@ -2,13 +2,66 @@
 
 from __future__ import annotations
 
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
 import typer
 
-from tokenpath.cli.common import not_yet_available
+from tokenpath.cli.common import auth_token, console, fail
+from tokenpath.config import ConfigError, load_config_file
 
 
 def register(app: typer.Typer) -> None:
     @app.command("collector")
-    def collector() -> None:
-        """Run the collector."""
-        not_yet_available("collector", "1/9")
+    def collector(
+        grpc: str | None = typer.Option(None, help="OTLP/gRPC HOST:PORT ('off' to disable). "
+                                        "Default 127.0.0.1:4317."),
+        http: str | None = typer.Option(None, help="OTLP/HTTP, API and UI HOST:PORT. "
+                                        "Default 127.0.0.1:4318."),
+        store: str | None = typer.Option(None, help="SQLite store path. Default "
+                                         "$TOKENPATH_STORE or ~/.local/share/tokenpath/store.db."),
+        prices: str | None = typer.Option(None, help="Price sheet YAML."),
+        config: Path | None = typer.Option(None, help="Collector config YAML."),
+        auth_token_file: Path | None = typer.Option(None, help="File holding the bearer token."),
+        tls_cert: str | None = typer.Option(None, help="PEM server certificate: TLS on both "
+                                            "listeners (with --tls-key)."),
+        tls_key: str | None = typer.Option(None, help="PEM private key of --tls-cert."),
+        tls_client_ca: str | None = typer.Option(None, help="PEM CA: require client "
+                                                 "certificates signed by it (mTLS)."),
+        log_level: str = typer.Option("info", help="Logging level."),
+    ) -> None:
+        """Run the collector until interrupted (SIGINT/SIGTERM flush and exit cleanly)."""
+        from tokenpath.collector.config import CollectorConfig
+        from tokenpath.collector.service import CollectorService
+
+        logging.basicConfig(level=log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            cfg = CollectorConfig.from_sources(
+                http=http, grpc=grpc, store=store, prices=prices,
+                auth_token=auth_token(auth_token_file), tls_cert=tls_cert, tls_key=tls_key,
+                tls_client_ca=tls_client_ca, file=load_config_file(config),
+            )
+            if cfg.store_path != ":memory:":
+                Path(cfg.store_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            service = CollectorService(cfg)
+            service.start()
+        except ConfigError as exc:
+            fail(str(exc))
+        console.print(f"tokenpath collector: OTLP/HTTP, API and UI on {service.http_url}"
+                      + (f", OTLP/gRPC on {service.grpc_endpoint}" if service.grpc else "")
+                      + f"; store {cfg.store_path}", highlight=False)
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            del signum, frame
+            stop.set()
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        stop.wait()
+        console.print("tokenpath collector: flushing and shutting down", highlight=False)
+        service.shutdown()

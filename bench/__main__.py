@@ -1,0 +1,140 @@
+"""`make bench`: every benchmark of SPEC section 7, printed as a table of ratios and the
+absolute figures behind them, and written as JSON (bench/results/latest.json).
+
+Each figure is measured against a baseline in the same run: these machines are shared
+and noisy, so absolute times drift while ratios hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass(frozen=True)
+class Target:
+    """One line of the table: where the figure is in a bench's result and its target."""
+
+    bench: str
+    label: str
+    path: tuple[str, ...]
+    op: str  # "<=" or ">="
+    limit: float
+    unit: str = ""
+
+    def value(self, results: dict[str, Any]) -> float | None:
+        node: Any = results.get(self.bench)
+        for key in self.path:
+            if not isinstance(node, dict) or key not in node:
+                return None
+            node = node[key]
+        return float(node) if isinstance(node, int | float) else None
+
+    def holds(self, value: float) -> bool:
+        return value <= self.limit if self.op == "<=" else value >= self.limit
+
+
+# bench name -> (module, function, keyword arguments for a quick run)
+BENCHES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "ingest": ("bench.ingest", "run", {"requests": 300}),
+    "memory": ("bench.memory", "run", {}),
+    "overload": ("bench.overload", "run", {}),
+    "scrape": ("bench.scrape", "run", {}),
+    "stage_recording": ("bench.stage_recording", "run", {}),
+    "agent": ("bench.agent_bench", "run", {}),
+    "attribution": ("bench.attribution", "run", {}),
+}
+
+TARGETS = (
+    Target("ingest", "ingest CPU/span vs parse floor, OTLP/HTTP", ("http", "ratio_to_floor"),
+           "<=", 2.0, "x"),
+    Target("ingest", "ingest CPU/span vs parse floor, OTLP/gRPC", ("grpc", "ratio_to_floor"),
+           "<=", 2.0, "x"),
+    Target("ingest", "spans/s per core, OTLP/HTTP", ("http", "spans_per_core_second"),
+           ">=", 50_000),
+    Target("ingest", "spans/s per core, OTLP/gRPC", ("grpc", "spans_per_core_second"),
+           ">=", 50_000),
+    Target("memory", "retained bytes per buffered span", ("bytes_per_buffered_span",),
+           "<=", 500, "B"),
+    Target("overload", "RSS growth under 2x overload", ("rss_growth_ratio",), "<=", 1.5, "x"),
+    Target("scrape", "/metrics scrape, 10k series", ("scrape_ms_median",), "<=", 20, "ms"),
+    Target("stage_recording", "hook API vs OTel span per stage", ("ratio",), "<=", 0.25, "x"),
+    Target("stage_recording", "gateway req/s instrumented vs not", ("gateway_ratio",),
+           ">=", 0.9, "x"),
+    Target("agent", "agent CPU share at 1 Hz", ("cpu_percent_of_core",), "<=", 0.5, "%"),
+    Target("agent", "agent poll vs raw calls", ("poll_ratio",), "<=", 1.5, "x"),
+    Target("attribution", "median error vs ground truth", ("median_rel_error",), "<=", 0.05),
+    Target("attribution", "error vs naive wall-clock error", ("error_ratio_to_naive",),
+           "<=", 0.1, "x"),
+)
+
+
+def _run_one(name: str, console: Console) -> dict[str, Any]:
+    module_name, function, kwargs = BENCHES[name]
+    started = time.monotonic()
+    console.print(f"[bold]running[/] {name} ...", highlight=False)
+    try:
+        module = importlib.import_module(module_name)
+        fn: Callable[..., dict[str, Any]] = getattr(module, function)
+        result = fn(**kwargs)
+    except Exception as exc:  # a failing bench is reported, the others still run
+        traceback.print_exc()
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    result["_seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("names", nargs="*", help=f"benches to run (default all: {list(BENCHES)})")
+    parser.add_argument("--output", default="bench/results/latest.json")
+    args = parser.parse_args()
+    console = Console()
+    names = args.names or list(BENCHES)
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        console.print(f"[red]unknown bench:[/] {', '.join(unknown)}")
+        return 2
+    results = {name: _run_one(name, console) for name in names}
+    table = Table(title="tokenpath benchmarks (ratios against baselines in the same run)")
+    for col in ("figure", "value", "target", "holds"):
+        table.add_column(col)
+    for target in TARGETS:
+        if target.bench not in results:
+            continue
+        value = target.value(results)
+        if value is None:
+            err = results[target.bench].get("error", "not reported")
+            table.add_row(target.label, f"[red]{err}[/]", f"{target.op} {target.limit:g}", "-")
+            continue
+        ok = target.holds(value)
+        table.add_row(target.label, f"{value:,.4g} {target.unit}",
+                      f"{target.op} {target.limit:g} {target.unit}",
+                      "[green]yes[/]" if ok else "[red]no[/]")
+    console.print(table)
+    machine = {"python": sys.version.split()[0], "platform": platform.platform(),
+               "cpus": psutil.cpu_count(),
+               "memory_gib": round(psutil.virtual_memory().total / 2**30)}
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": machine, "results": results}, indent=2, default=str))
+    console.print(f"results written to {out}")
+    console.print_json(json.dumps({k: v for k, v in results.items()}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

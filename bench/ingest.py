@@ -1,0 +1,190 @@
+"""Collector ingest: CPU per span over OTLP/HTTP and OTLP/gRPC vs the parse floor.
+
+The collector runs as a subprocess; another process (this one) sends 100-span requests of
+15-stage traces. CPU time is read from the collector process (psutil), so the figure is
+the collector's own cost per span. The floor (parse the same payloads and read every field
+in Python) is measured in this process in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import psutil
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from bench.payloads import SPANS_PER_REQUEST, make_requests, parse_floor
+from tokenpath import metric_names as M
+
+RECORDS_STORED = M.RECORDS_STORED.series + " "
+SPANS_RECEIVED = M.SPANS_RECEIVED.series + "{"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_collector(store: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+    http_port, grpc_port = _free_port(), _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenpath.cli.main", "collector", "--http",
+         f"127.0.0.1:{http_port}", "--grpc", f"127.0.0.1:{grpc_port}", "--store", str(store),
+         "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{http_port}/healthz", timeout=1).status_code == 200:
+                return proc, http_port, grpc_port
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("collector did not start")
+
+
+def _cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    total = t.user + t.system
+    for child in proc.children(recursive=True):
+        ct = child.cpu_times()
+        total += ct.user + ct.system
+    return total
+
+
+def _counter(http_port: int, prefix: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{http_port}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _wait_stored(http_port: int, traces: int, timeout: float = 60.0) -> float:
+    """Wait until every trace was finalized, mapped and written: the whole pipeline ran."""
+    deadline = time.monotonic() + timeout
+    stored = 0.0
+    while time.monotonic() < deadline:
+        stored = _counter(http_port, RECORDS_STORED)
+        if stored >= traces:
+            break
+        time.sleep(0.2)
+    return stored
+
+
+def _trace_count(payloads: list[bytes]) -> int:
+    ids = set()
+    for body in payloads:
+        m = ExportTraceServiceRequest()
+        m.ParseFromString(body)
+        for rs in m.resource_spans:
+            for ss in rs.scope_spans:
+                ids.update(span.trace_id for span in ss.spans)
+    return len(ids)
+
+
+def _send_http(port: int, payloads: list[bytes], workers: int) -> None:
+    url = f"http://127.0.0.1:{port}/v1/traces"
+    headers = {"Content-Type": "application/x-protobuf"}
+
+    def send(chunk: list[bytes]) -> None:
+        with httpx.Client(timeout=30) as client:
+            for body in chunk:
+                r = client.post(url, content=body, headers=headers)
+                r.raise_for_status()
+
+    chunks = [payloads[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(send, chunks))
+
+
+def _send_grpc(port: int, payloads: list[bytes], workers: int) -> None:
+    messages = []
+    for body in payloads:
+        m = ExportTraceServiceRequest()
+        m.ParseFromString(body)
+        messages.append(m)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = trace_service_pb2_grpc.TraceServiceStub(channel)  # type: ignore[no-untyped-call]
+
+    def send(chunk: list[ExportTraceServiceRequest]) -> None:
+        for m in chunk:
+            stub.Export(m, timeout=30)
+
+    chunks = [messages[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(send, chunks))
+    channel.close()
+
+
+def run(requests: int = 300, workers: int = 2) -> dict[str, Any]:
+    payloads = make_requests(requests)
+    spans = requests * SPANS_PER_REQUEST
+    traces = _trace_count(payloads)
+    t = time.process_time()
+    assert parse_floor(payloads) == spans
+    floor_cpu = time.process_time() - t
+    results: dict[str, Any] = {
+        "spans": spans,
+        "floor_cpu_us_per_span": floor_cpu / spans * 1e6,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for transport, sender in (("http", _send_http), ("grpc", _send_grpc)):
+            proc, http_port, grpc_port = _start_collector(Path(tmp) / f"{transport}.db")
+            ps = psutil.Process(proc.pid)
+            try:
+                time.sleep(1.0)  # let start-up CPU settle
+                before = _cpu(ps)
+                wall = time.monotonic()
+                sender(http_port if transport == "http" else grpc_port, payloads, workers)
+                wall = time.monotonic() - wall
+                stored = _wait_stored(http_port, traces)
+                received = _counter(http_port, SPANS_RECEIVED)
+                # The wait includes idle polling; the CPU counted is the collector's own.
+                cpu = _cpu(ps) - before
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
+            per_span = cpu / spans
+            results[transport] = {
+                "cpu_us_per_span": per_span * 1e6,
+                "ratio_to_floor": per_span / (floor_cpu / spans),
+                "spans_per_core_second": spans / cpu if cpu else None,
+                "wall_spans_per_second": spans / wall,
+                "spans_received": received,
+                "lost": spans - received,
+                "records_stored": stored,
+                "traces_sent": traces,
+            }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    print(json.dumps(run(args.requests, args.workers), indent=2))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

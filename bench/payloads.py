@@ -1,0 +1,117 @@
+"""Realistic OTLP payloads for the ingest benchmarks: 15-stage traces, 100 spans a request."""
+
+from __future__ import annotations
+
+import os
+import random
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from tokenpath import attributes as A
+from tokenpath.stages import STAGES, Phase
+
+SPANS_PER_REQUEST = 100
+
+
+def _kv(key: str, value: str | int | float | bool | list[str]) -> KeyValue:
+    if isinstance(value, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    if isinstance(value, float):
+        return KeyValue(key=key, value=AnyValue(double_value=value))
+    if isinstance(value, list):
+        items = [AnyValue(string_value=v) for v in value]
+        return KeyValue(key=key, value=AnyValue(array_value=ArrayValue(values=items)))
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def _trace(rng: random.Random, t0: int) -> list[Span]:
+    """One request: a root span with request facts and one span per stage."""
+    trace_id = os.urandom(16)
+    root_id = os.urandom(8)
+    spans = [
+        Span(
+            trace_id=trace_id, span_id=root_id, name="POST /v1/chat/completions", kind=2,
+            start_time_unix_nano=t0, end_time_unix_nano=t0 + 900_000_000,
+            attributes=[
+                _kv(A.GEN_AI_REQUEST_MODEL, "llama-3.1-8b"),
+                _kv(A.GEN_AI_USAGE_INPUT_TOKENS, rng.randint(100, 4000)),
+                _kv(A.GEN_AI_USAGE_OUTPUT_TOKENS, rng.randint(10, 400)),
+                _kv(A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, rng.randint(0, 90)),
+                _kv(A.TTFT_SECONDS, rng.uniform(0.05, 0.5)),
+                _kv(A.NODE, "gpu-node-07"),
+                _kv(A.POOL, "h100-pool"),
+                _kv(A.PREFIX_FINGERPRINTS, [os.urandom(8).hex() for _ in range(4)]),
+                _kv("http.route", "/v1/chat/completions"),
+                _kv("http.request.method", "POST"),
+            ],
+        )
+    ]
+    for stage in STAGES:
+        phase = Phase.PREFILL if stage.order % 2 else Phase.DECODE
+        spans.append(Span(
+            trace_id=trace_id, span_id=os.urandom(8), parent_span_id=root_id,
+            name=f"tokenpath.stage.{stage.id.value}", kind=1,
+            start_time_unix_nano=t0 + stage.order * 1000,
+            end_time_unix_nano=t0 + stage.order * 1000 + rng.randint(1000, 50_000_000),
+            attributes=[_kv(A.STAGE, stage.id.value), _kv(A.PHASE, phase.value),
+                        _kv(A.PROVENANCE, "measured"), _kv("thread.id", 1234)],
+        ))
+    return spans
+
+
+def make_requests(export_requests: int, spans_per_request: int = SPANS_PER_REQUEST,
+                  seed: int = 1) -> list[bytes]:
+    """Serialized ExportTraceServiceRequests, each holding ``spans_per_request`` spans."""
+    rng = random.Random(seed)
+    out = []
+    t0 = 1_700_000_000_000_000_000
+    for _ in range(export_requests):
+        spans: list[Span] = []
+        while len(spans) < spans_per_request:
+            spans.extend(_trace(rng, t0))
+            t0 += 1_000_000
+        message = ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+            resource=Resource(attributes=[_kv("service.name", "gateway"),
+                                          _kv("host.name", "gpu-node-07")]),
+            scope_spans=[ScopeSpans(spans=spans[:spans_per_request])],
+        )])
+        out.append(message.SerializeToString())
+    return out
+
+
+def parse_floor(payloads: list[bytes]) -> int:
+    """The floor: parse each payload and read every field in Python. Returns spans read."""
+    n = 0
+    sink = 0
+    for body in payloads:
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(body)
+        for rs in message.resource_spans:
+            for kv in rs.resource.attributes:
+                sink += len(kv.key) + len(kv.value.string_value)
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    n += 1
+                    sink += len(span.trace_id) + len(span.span_id) + len(span.parent_span_id)
+                    sink += len(span.name) + span.kind
+                    sink += span.start_time_unix_nano + span.end_time_unix_nano
+                    for kv in span.attributes:
+                        v = kv.value
+                        sink += len(kv.key)
+                        which = v.WhichOneof("value")
+                        if which == "string_value":
+                            sink += len(v.string_value)
+                        elif which == "int_value":
+                            sink += v.int_value
+                        elif which == "double_value":
+                            sink += int(v.double_value)
+                        elif which == "array_value":
+                            sink += sum(len(x.string_value) for x in v.array_value.values)
+                    for ev in span.events:
+                        sink += len(ev.name) + ev.time_unix_nano + len(ev.attributes)
+    return n

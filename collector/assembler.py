@@ -1,0 +1,285 @@
+"""Joins spans into requests: one trace id, one request.
+
+Rules (documented in docs/architecture.md, "Late, duplicate and out-of-order spans"):
+
+- Spans of a trace may arrive in any order and in any number of export batches.
+- A trace is final ``root_grace_seconds`` after its root span (no parent) arrived, or after
+  ``idle_timeout_seconds`` with no new span; without a root it is final as ``complete:
+  false``.
+- The same span (trace id + span id) delivered twice counts once (``duplicate``).
+- A span for a trace that was already finalized is dropped and counted (``late``): records
+  are never rewritten, so there are no duplicate records.
+- Over ``max_traces`` in flight, the least recently updated trace is finalized early as
+  incomplete (``capacity``); over ``max_spans_per_trace``, extra spans are dropped.
+- Finalization runs on the collector's own monotonic clock (arrival time), never on span
+  timestamps, so hosts whose clocks disagree cannot hold a trace open or close it early.
+  Stage times come from one span's own start and end (one host's clock) or from measured
+  seconds, and are clamped at zero: clock skew between hosts never yields a negative time.
+- Spans named ``tokenpath.request_annotation`` are not requests: they are indexed by
+  ``gen_ai.request.id`` for a bounded time and joined into the trace carrying that id.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tokenpath.attributes import GEN_AI_REQUEST_ID, SPAN_REQUEST_ANNOTATION
+from tokenpath.collector.spans import Attributes, SpanData
+from tokenpath.collector.stats import CollectorStats
+from tokenpath.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TRACES = 20_000
+DEFAULT_MAX_SPANS_PER_TRACE = 1_000
+DEFAULT_ROOT_GRACE_SECONDS = 1.0
+DEFAULT_IDLE_TIMEOUT_SECONDS = 30.0
+DEFAULT_FINISHED_MEMORY = 100_000
+DEFAULT_ANNOTATION_TTL_SECONDS = 120.0
+DEFAULT_MAX_ANNOTATIONS = 100_000
+DEFAULT_TICK_SECONDS = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class AssemblerConfig:
+    max_traces: int = DEFAULT_MAX_TRACES
+    max_spans_per_trace: int = DEFAULT_MAX_SPANS_PER_TRACE
+    root_grace_seconds: float = DEFAULT_ROOT_GRACE_SECONDS
+    idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
+    finished_memory: int = DEFAULT_FINISHED_MEMORY
+    annotation_ttl_seconds: float = DEFAULT_ANNOTATION_TTL_SECONDS
+    max_annotations: int = DEFAULT_MAX_ANNOTATIONS
+    tick_seconds: float = DEFAULT_TICK_SECONDS
+
+    def validate(self) -> None:
+        for key in ("max_traces", "max_spans_per_trace", "finished_memory", "max_annotations"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"assembler.{key}", "must be >= 1")
+        for key in ("root_grace_seconds", "idle_timeout_seconds", "annotation_ttl_seconds"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"assembler.{key}", "must be >= 0")
+        if self.tick_seconds <= 0:
+            raise ConfigError("assembler.tick_seconds", "must be > 0")
+
+
+@dataclass(slots=True)
+class AssembledTrace:
+    """All spans of one trace, handed downstream once."""
+
+    trace_id: str
+    spans: list[SpanData]
+    complete: bool
+    annotations: list[Attributes] = field(default_factory=list)
+
+
+class TraceConsumer(Protocol):
+    def consume_trace(self, trace: AssembledTrace) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+@dataclass(slots=True)
+class _Pending:
+    spans: dict[str, SpanData]
+    last_seen: float
+    root_seen: bool = False
+
+
+class Assembler:
+    """Buffers spans per trace id with bounded memory and emits finished traces."""
+
+    def __init__(
+        self,
+        downstream: TraceConsumer,
+        config: AssemblerConfig | None = None,
+        stats: CollectorStats | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._downstream = downstream
+        self._config = config or AssemblerConfig()
+        self._config.validate()
+        self._stats = stats or CollectorStats()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()  # least recently updated first
+        self._root_deadlines: deque[tuple[float, str]] = deque()
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._annotations: OrderedDict[str, tuple[float, Attributes]] = OrderedDict()
+        self._span_count = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+
+    # --- ingest --------------------------------------------------------------------------
+
+    def consume_spans(self, spans: Iterable[SpanData]) -> dict[str, int]:
+        """Take decoded spans; never blocks on downstream work.
+
+        Returns the spans refused, by reason (``late``, ``spans_per_trace``), for the
+        receiver's partial-success answer. Duplicates are not refused: the span is held.
+        """
+        now = self._clock()
+        evicted: list[AssembledTrace] = []
+        cfg = self._config
+        stats = self._stats
+        late = duplicate = over_limit = 0
+        with self._lock:
+            for span in spans:
+                if span.name == SPAN_REQUEST_ANNOTATION:
+                    self._remember_annotation(span, now)
+                    continue
+                trace_id = span.trace_id
+                if trace_id in self._finished:
+                    late += 1
+                    continue
+                pending = self._pending.get(trace_id)
+                if pending is None:
+                    if len(self._pending) >= cfg.max_traces:
+                        evicted.append(self._evict_oldest())
+                    pending = _Pending({}, now)
+                    self._pending[trace_id] = pending
+                else:
+                    pending.last_seen = now
+                    self._pending.move_to_end(trace_id)
+                if span.span_id in pending.spans:
+                    duplicate += 1
+                    continue
+                if len(pending.spans) >= cfg.max_spans_per_trace:
+                    over_limit += 1
+                    continue
+                pending.spans[span.span_id] = span
+                self._span_count += 1
+                if span.is_root and not pending.root_seen:
+                    pending.root_seen = True
+                    self._root_deadlines.append((now + cfg.root_grace_seconds, trace_id))
+            stats.set_gauges(len(self._pending), self._span_count)
+        stats.add(stats.spans_dropped, "late", late)
+        stats.add(stats.spans_dropped, "duplicate", duplicate)
+        stats.add(stats.spans_dropped, "spans_per_trace", over_limit)
+        if evicted:
+            stats.add(stats.traces_evicted, "capacity", len(evicted))
+            self._emit(evicted)
+        return {reason: n for reason, n in (("late", late), ("spans_per_trace", over_limit))
+                if n}
+
+    def _remember_annotation(self, span: SpanData, now: float) -> None:
+        request_id = span.attr(GEN_AI_REQUEST_ID)
+        if not isinstance(request_id, str) or not request_id:
+            self._stats.add(self._stats.spans_dropped, "annotation_without_request_id")
+            return
+        if len(self._annotations) >= self._config.max_annotations:
+            self._annotations.popitem(last=False)
+            self._stats.add(self._stats.spans_dropped, "annotation_capacity")
+        self._annotations[request_id] = (now, dict(span.attributes))
+
+    def _evict_oldest(self) -> AssembledTrace:
+        trace_id, pending = self._pending.popitem(last=False)
+        return self._finish(trace_id, pending, complete=False)
+
+    def _finish(self, trace_id: str, pending: _Pending, complete: bool) -> AssembledTrace:
+        """Move a trace from pending to finished (lock held)."""
+        self._span_count -= len(pending.spans)
+        self._finished[trace_id] = None
+        if len(self._finished) > self._config.finished_memory:
+            self._finished.popitem(last=False)
+        spans = list(pending.spans.values())
+        annotations = []
+        for span in spans:
+            request_id = span.attributes.get(GEN_AI_REQUEST_ID)
+            if isinstance(request_id, str):
+                found = self._annotations.pop(request_id, None)
+                if found is not None:
+                    annotations.append(found[1])
+        return AssembledTrace(trace_id, spans, complete, annotations)
+
+    # --- finalization --------------------------------------------------------------------
+
+    def tick(self) -> int:
+        """Finalize every trace that is due; returns how many were emitted."""
+        now = self._clock()
+        cfg = self._config
+        done: list[AssembledTrace] = []
+        idle_cutoff = now - cfg.idle_timeout_seconds
+        with self._lock:
+            while self._root_deadlines and self._root_deadlines[0][0] <= now:
+                _, trace_id = self._root_deadlines.popleft()
+                pending = self._pending.pop(trace_id, None)
+                if pending is not None:
+                    done.append(self._finish(trace_id, pending, complete=True))
+            while self._pending:
+                trace_id, pending = next(iter(self._pending.items()))
+                if pending.last_seen > idle_cutoff:
+                    break
+                del self._pending[trace_id]
+                done.append(self._finish(trace_id, pending, complete=pending.root_seen))
+            ttl_cutoff = now - cfg.annotation_ttl_seconds
+            expired = 0
+            while self._annotations:
+                request_id, (seen, _) = next(iter(self._annotations.items()))
+                if seen > ttl_cutoff:
+                    break
+                del self._annotations[request_id]
+                expired += 1
+            self._stats.set_gauges(len(self._pending), self._span_count)
+        incomplete = sum(1 for t in done if not t.complete)
+        self._stats.add(self._stats.traces_evicted, "idle_timeout", incomplete)
+        self._stats.add(self._stats.spans_dropped, "annotation_unmatched", expired)
+        self._emit(done)
+        return len(done)
+
+    def flush(self) -> int:
+        """Finalize everything buffered now (clean shutdown)."""
+        with self._lock:
+            done = [
+                self._finish(trace_id, pending, complete=pending.root_seen)
+                for trace_id, pending in self._pending.items()
+            ]
+            self._pending.clear()
+            self._root_deadlines.clear()
+            self._stats.set_gauges(0, self._span_count)
+        self._emit(done)
+        return len(done)
+
+    def _emit(self, traces: list[AssembledTrace]) -> None:
+        for trace in traces:
+            try:
+                self._downstream.consume_trace(trace)
+            except Exception:
+                log.exception("downstream failed on trace %s", trace.trace_id)
+                self._stats.add(self._stats.traces_evicted, "downstream_error")
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="tokenpath-assembler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._config.tick_seconds):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("assembler tick failed")
+
+    def shutdown(self) -> None:
+        """Stop ticking, flush every buffered trace downstream, shut downstream. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.flush()
+        self._downstream.shutdown()
+
+    @property
+    def traces_in_flight(self) -> int:
+        return len(self._pending)

@@ -1,0 +1,130 @@
+"""Collector configuration: one dataclass, named defaults, errors that name the key.
+
+Precedence: argument > environment > file > default (``tokenpath.config.resolve``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenpath.collector.assembler import AssemblerConfig
+from tokenpath.collector.limits import IngestLimits
+from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
+from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
+from tokenpath.collector.tls import ENV_TLS_CERT, ENV_TLS_CLIENT_CA, ENV_TLS_KEY, TlsConfig
+from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
+
+DEFAULT_HTTP = "127.0.0.1:4318"
+DEFAULT_GRPC = "127.0.0.1:4317"
+ENV_HTTP = "TOKENPATH_COLLECTOR_HTTP"
+ENV_GRPC = "TOKENPATH_COLLECTOR_GRPC"
+ENV_STORE = "TOKENPATH_STORE"
+ENV_PRICES = "TOKENPATH_PRICES"
+ENV_AUTH_TOKEN = "TOKENPATH_AUTH_TOKEN"
+
+
+def default_store_path() -> str:
+    """$TOKENPATH_STORE, else $XDG_DATA_HOME/tokenpath/store.db (~/.local/share/...)."""
+    env = os.environ.get(ENV_STORE)
+    if env:
+        return env
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "tokenpath" / "store.db")
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorConfig:
+    http_host: str = "127.0.0.1"
+    http_port: int = 4318
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int | None = 4317  # None: no gRPC listener
+    store_path: str = ":memory:"
+    prices_path: str | None = None
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    max_buffered_spans: int = DEFAULT_MAX_BUFFERED_SPANS
+    auth_token: str | None = field(default=None, repr=False)
+    assembler: AssemblerConfig = field(default_factory=AssemblerConfig)
+    limits: IngestLimits = field(default_factory=IngestLimits)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+
+    def validate(self) -> None:
+        if not 0 <= self.http_port <= 65535:
+            raise ConfigError("http", f"port out of range: {self.http_port}")
+        if self.grpc_port is not None and not 0 <= self.grpc_port <= 65535:
+            raise ConfigError("grpc", f"port out of range: {self.grpc_port}")
+        if self.retention_seconds <= 0:
+            raise ConfigError("retention", "must be > 0")
+        if self.max_buffered_spans < 1:
+            raise ConfigError("max_buffered_spans", "must be >= 1")
+        if self.prices_path is not None and not Path(self.prices_path).is_file():
+            raise ConfigError("prices", f"no such file: {self.prices_path}")
+        self.assembler.validate()
+        self.limits.validate()
+        self.tls.validate()
+
+    @classmethod
+    def from_sources(
+        cls,
+        *,
+        http: str | None = None,
+        grpc: str | None = None,
+        store: str | None = None,
+        prices: str | None = None,
+        auth_token: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
+        file: dict[str, Any] | None = None,
+    ) -> CollectorConfig:
+        """Arguments win over TOKENPATH_* variables, which win over the file's keys."""
+        f = file or {}
+        http_value = resolve("http", http, ENV_HTTP, f, DEFAULT_HTTP, str)
+        grpc_value = resolve("grpc", grpc, ENV_GRPC, f, DEFAULT_GRPC, str)
+        http_host, http_port = parse_host_port(http_value, "http")
+        grpc_port: int | None
+        if grpc_value.lower() in ("", "off", "none"):
+            grpc_host, grpc_port = "127.0.0.1", None
+        else:
+            grpc_host, grpc_port = parse_host_port(grpc_value, "grpc")
+        store_path = resolve("store", store, ENV_STORE, f, default_store_path(), str)
+        prices_path = resolve("prices", prices, ENV_PRICES, f, None, str)
+        retention = resolve("retention", None, None, f, DEFAULT_RETENTION_SECONDS,
+                            lambda v: parse_duration(v, "retention"))
+        token = auth_token if auth_token is not None else (os.environ.get(ENV_AUTH_TOKEN) or None)
+        assembler = _section(AssemblerConfig, f, "assembler")
+        limits = _section(IngestLimits, f, "limits")
+        _section(TlsConfig, f, "tls")  # a mapping with known keys only
+        tls_file = {f"tls.{k}": v for k, v in (f.get("tls") or {}).items() if v is not None}
+        tls = TlsConfig(
+            cert=resolve("tls.cert", tls_cert, ENV_TLS_CERT, tls_file, None, str),
+            key=resolve("tls.key", tls_key, ENV_TLS_KEY, tls_file, None, str),
+            client_ca=resolve("tls.client_ca", tls_client_ca, ENV_TLS_CLIENT_CA, tls_file,
+                              None, str),
+        )
+        max_buffered = resolve("max_buffered_spans", None, None, f, DEFAULT_MAX_BUFFERED_SPANS,
+                               int)
+        config = cls(
+            http_host=http_host, http_port=http_port, grpc_host=grpc_host, grpc_port=grpc_port,
+            store_path=store_path, prices_path=prices_path, retention_seconds=retention,
+            max_buffered_spans=max_buffered, auth_token=token, assembler=assembler,
+            limits=limits, tls=tls,
+        )
+        config.validate()
+        return config
+
+
+def _section(kind: Any, f: dict[str, Any], name: str) -> Any:
+    raw = f.get(name) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(name, "must be a mapping")
+    known = set(kind.__dataclass_fields__)
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"{name}.{key}", f"unknown key; known: {', '.join(sorted(known))}")
+    try:
+        return kind(**raw)
+    except TypeError as exc:
+        raise ConfigError(name, str(exc)) from exc

@@ -1,0 +1,189 @@
+"""The collector's HTTP listener: OTLP/HTTP, /metrics, the JSON API, /healthz and the UI.
+
+Auth (when a token is configured) is a pure ASGI middleware, so it runs before any body
+is read; /healthz stays open for probes.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, HTTPException, Query
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tokenpath.collector.auth import bearer_matches
+from tokenpath.collector.receivers.http import otlp_router
+from tokenpath.collector.receivers.ingest import OtlpIngest
+from tokenpath.collector.stats import CollectorStats
+from tokenpath.collector.store import RecordStore
+from tokenpath.collector.tls import TlsConfig
+from tokenpath.config import ConfigError, parse_duration
+from tokenpath.report import build_report
+
+HEALTH_PATH = "/healthz"
+DEFAULT_API_LIMIT = 100
+MAX_API_LIMIT = 10_000
+UI_DIR = Path(__file__).parent / "ui" / "static"
+
+
+class BearerAuthMiddleware:
+    """401 unless ``Authorization: Bearer <token>``; checked before the body is read."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self._app = app
+        self._token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope.get("path") == HEALTH_PATH:
+            await self._app(scope, receive, send)
+            return
+        header = None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                header = value.decode("latin-1")
+                break
+        if bearer_matches(header, self._token):
+            await self._app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await send({
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [(b"content-type", b"application/json"),
+                        (b"www-authenticate", b'Bearer realm="tokenpath"')],
+        })
+        await send({"type": "http.response.body", "body": b'{"detail":"unauthorized"}'})
+
+
+def _since(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return time.time() - parse_duration(value, "since")
+    except ConfigError as exc:
+        raise HTTPException(400, str(exc)) from exc
+
+
+def build_app(
+    ingest: OtlpIngest,
+    store: RecordStore,
+    metrics_text: Callable[[], str],
+    stats: CollectorStats,
+    auth_token: str | None = None,
+) -> FastAPI:
+    app = FastAPI(title="tokenpath collector", docs_url=None, redoc_url=None,
+                  openapi_url="/api/openapi.json")
+    app.include_router(otlp_router(ingest, stats))
+
+    @app.get(HEALTH_PATH)
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/api/requests")
+    def requests(limit: int = Query(DEFAULT_API_LIMIT, ge=1, le=MAX_API_LIMIT),
+                 since: str | None = None) -> list[dict[str, Any]]:
+        return [r.to_json() for r in store.records(limit=limit, since_unix=_since(since))]
+
+    @app.get("/api/requests/{trace_id}")
+    def request(trace_id: str) -> dict[str, Any]:
+        record = store.record(trace_id.lower())
+        if record is None:
+            raise HTTPException(404, f"no request with trace id {trace_id}")
+        return record.to_json()
+
+    @app.get("/api/summary")
+    def summary(since: str | None = None) -> dict[str, Any]:
+        since_unix = _since(since)
+        report = build_report(store.records(since_unix=since_unix),
+                              store.idle_cost_dollars(since_unix))
+        return report.to_json()
+
+    @app.get("/", response_class=HTMLResponse)
+    def index() -> Response:
+        page = UI_DIR / "index.html"
+        if page.is_file():
+            return HTMLResponse(page.read_text(encoding="utf-8"))
+        return HTMLResponse(
+            "<!doctype html><title>tokenpath</title><h1>tokenpath collector</h1>"
+            "<p><a href='/api/summary'>summary</a> · <a href='/api/requests'>requests</a> · "
+            "<a href='/metrics'>metrics</a></p>"
+        )
+
+    @app.exception_handler(ConfigError)
+    async def config_error(_: Any, exc: ConfigError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    if auth_token:
+        app.add_middleware(BearerAuthMiddleware, token=auth_token)
+    return app
+
+
+def bind_socket(host: str, port: int, key: str) -> socket.socket:
+    """A listening socket, so the port is known (and a busy port reported) at start."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(key, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+class HttpListener:
+    """Runs uvicorn on a pre-bound socket in a background thread."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int, tls: TlsConfig | None = None) -> None:
+        self._sock = bind_socket(host, port, "http")
+        self.host = host
+        self.port = self._sock.getsockname()[1]
+        self._scheme = "https" if tls is not None and tls.enabled else "http"
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
+                                timeout_graceful_shutdown=2,
+                                **(tls.uvicorn_options() if tls is not None else {}))
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self._scheme}://{host}:{self.port}"
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._server.run,
+                                        kwargs={"sockets": [self._sock]},
+                                        name="tokenpath-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started and self._thread.is_alive():
+            if time.monotonic() > deadline:
+                raise RuntimeError("HTTP listener did not start within 10 s")
+            time.sleep(0.01)
+
+    def shutdown(self) -> None:
+        if self._thread is None:
+            self._sock.close()
+            return
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._thread = None
+        self._sock.close()

@@ -1,0 +1,292 @@
+"""Maps an assembled trace onto the 15 stages: one RequestRecord per request.
+
+The rules are the contract of docs/architecture.md ("How spans become stages"):
+
+1. A span carrying ``tokenpath.stage`` times that stage with its duration.
+2. A span event ``tokenpath.stage`` carrying ``tokenpath.stage`` and
+   ``tokenpath.stage.seconds`` times that stage (the cheap hook API).
+3. vLLM's native ``llm_request`` span gives scheduler_queue (``time_in_queue``), the
+   prefill and decode in-model times, the engine TTFT and the token counts.
+4. A plain OpenTelemetry HTTP SERVER span (FastAPI/ASGI) gives api_gateway: its duration
+   less the engine spans under it (derived), unless a shim recorded api_gateway itself.
+5. GPU stages 7-10 split the measured in-model time and never add to it: gpu_dispatch
+   as the engine hook measured it; the rest of prefill to kernel_exec and the rest of
+   decode to hbm_load (modeled). The cost attributor refines this split with the roofline.
+
+Traces with none of these (vLLM's startup spans, unrelated services) are not requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from typing import Protocol
+
+from tokenpath import attributes as A
+from tokenpath.collector.assembler import AssembledTrace
+from tokenpath.collector.spans import SPAN_KIND_SERVER, STATUS_CODE_ERROR, AttrValue, SpanData
+from tokenpath.collector.stats import CollectorStats
+from tokenpath.records import PhaseShare, RequestRecord, StageTiming
+from tokenpath.stages import (
+    Phase,
+    Provenance,
+    StageId,
+    parse_phase,
+    parse_provenance,
+    parse_stage,
+)
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_MODEL = "unknown"
+HTTP_SERVER_MARKERS = ("http.route", "http.method", "http.request.method", "http.target",
+                       "url.path")
+
+
+class RecordConsumer(Protocol):
+    def consume_record(self, record: RequestRecord) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def _num(value: AttrValue | None) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if isinstance(value, str):
+        try:
+            f = float(value)
+        except ValueError:
+            return None
+        return f if math.isfinite(f) else None
+    return None
+
+
+def _seconds(value: AttrValue | None) -> float | None:
+    """A duration attribute; negative or non-finite values (skew, bugs) become 0."""
+    f = _num(value)
+    return None if f is None else max(0.0, f)
+
+
+class _Lookup:
+    """First value of an attribute across a trace, in a preferred span order."""
+
+    def __init__(self, layers: list[dict[str, AttrValue]]) -> None:
+        self._layers = layers
+
+    def get(self, *keys: str) -> AttrValue | None:
+        for key in keys:
+            for layer in self._layers:
+                value = layer.get(key)
+                if value is not None:
+                    return value
+        return None
+
+    def text(self, *keys: str) -> str | None:
+        value = self.get(*keys)
+        return None if value is None else str(value)
+
+    def count(self, *keys: str) -> int | None:
+        f = _num(self.get(*keys))
+        return None if f is None else max(0, int(f))
+
+
+class _StageAccumulator:
+    def __init__(self) -> None:
+        self.stages: dict[StageId, StageTiming] = {}
+
+    def add(self, stage: StageId, seconds: float, provenance: Provenance,
+            phase: Phase | None = None) -> None:
+        seconds = max(0.0, seconds)
+        timing = self.stages.get(stage)
+        if timing is None:
+            timing = StageTiming(stage, 0.0, provenance)
+            self.stages[stage] = timing
+        elif _RANK[provenance] > _RANK[timing.provenance]:
+            timing.provenance = provenance  # a sum is only as good as its weakest part
+        timing.seconds += seconds
+        if phase is not None:
+            share = timing.phases.setdefault(phase, PhaseShare())
+            share.seconds += seconds
+
+    def phase_seconds(self, stage: StageId, phase: Phase) -> float:
+        timing = self.stages.get(stage)
+        if timing is None:
+            return 0.0
+        share = timing.phases.get(phase)
+        return share.seconds if share else 0.0
+
+
+_RANK = {Provenance.MEASURED: 0, Provenance.DERIVED: 1, Provenance.MODELED: 2}
+
+
+def _is_http_server(span: SpanData) -> bool:
+    return (
+        span.kind == SPAN_KIND_SERVER
+        and span.name != A.VLLM_REQUEST_SPAN_NAME
+        and any(key in span.attributes for key in HTTP_SERVER_MARKERS)
+    )
+
+
+def map_trace(trace: AssembledTrace) -> RequestRecord | None:
+    """The request record of a trace, or None when the trace is not a request."""
+    spans = sorted(trace.spans, key=lambda s: s.start_unix_nano)
+    engine_spans = [s for s in spans if s.name == A.VLLM_REQUEST_SPAN_NAME]
+    server_spans = [s for s in spans if _is_http_server(s)]
+    acc = _StageAccumulator()
+    for span in spans:
+        stage = parse_stage(span.attributes.get(A.STAGE))
+        if stage is not None:
+            acc.add(stage, span.duration_seconds,
+                    parse_provenance(span.attributes.get(A.PROVENANCE), Provenance.MEASURED),
+                    parse_phase(span.attributes.get(A.PHASE)))
+        for event in span.events:
+            if event.name != A.STAGE_EVENT:
+                continue
+            ev_stage = parse_stage(event.attributes.get(A.STAGE))
+            ev_seconds = _seconds(event.attributes.get(A.STAGE_SECONDS))
+            if ev_stage is None or ev_seconds is None:
+                continue
+            acc.add(ev_stage, ev_seconds,
+                    parse_provenance(event.attributes.get(A.PROVENANCE), Provenance.MEASURED),
+                    parse_phase(event.attributes.get(A.PHASE)))
+    if not engine_spans and not server_spans and not acc.stages:
+        return None
+
+    roots = [s for s in spans if s.is_root]
+    layers: list[dict[str, AttrValue]] = list(trace.annotations)
+    for span in (*engine_spans, *roots, *spans):
+        layers.append(span.attributes)
+    for span in spans[:1]:
+        layers.append(span.resource)
+    look = _Lookup(layers)
+
+    record = RequestRecord(trace_id=trace.trace_id, complete=trace.complete)
+    record.span_count = len(spans)
+    record.start_unix = spans[0].start_unix_nano / 1e9
+    record.end_unix = max(s.end_unix_nano for s in spans) / 1e9
+    record.model = look.text(A.GEN_AI_REQUEST_MODEL, A.GEN_AI_RESPONSE_MODEL) or UNKNOWN_MODEL
+    record.request_id = look.text(A.GEN_AI_REQUEST_ID)
+    record.node = look.text(A.NODE)
+    record.pool = look.text(A.POOL)
+    record.engine = look.text(A.ENGINE) or ("vllm" if engine_spans else None)
+    record.gpu_type = look.text(A.GPU_TYPE)
+    record.tensor_parallel = look.count(A.TENSOR_PARALLEL) or 1
+    record.simulated = look.get(A.SIMULATED) is True
+    record.input_tokens = look.count(A.GEN_AI_USAGE_INPUT_TOKENS, A.VLLM_USAGE_PROMPT_TOKENS) or 0
+    record.output_tokens = (
+        look.count(A.GEN_AI_USAGE_OUTPUT_TOKENS, A.VLLM_USAGE_COMPLETION_TOKENS) or 0
+    )
+    record.cache_read_tokens = min(
+        record.input_tokens,
+        look.count(A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, A.CACHED_TOKENS) or 0,
+    )
+    record.response_bytes = look.count(A.RESPONSE_BYTES) or 0
+    record.response_chunks = look.count(A.RESPONSE_CHUNKS) or 0
+    record.small_chunks = look.count(A.RESPONSE_SMALL_CHUNKS) or 0
+    fingerprints = look.get(A.PREFIX_FINGERPRINTS)
+    if isinstance(fingerprints, tuple):
+        record.prefix_fingerprints = tuple(str(f) for f in fingerprints)
+    status = look.text(A.STATUS)
+    if status is None:
+        status = "error" if any(s.status_code == STATUS_CODE_ERROR for s in roots) else "ok"
+    record.status = status
+
+    _map_engine(record, acc, engine_spans)
+    _map_gateway(acc, server_spans, engine_spans)
+    _split_gpu_time(record, acc)
+
+    ttft = _seconds(look.get(A.TTFT_SECONDS))
+    if ttft is None and engine_spans:
+        ttft = _seconds(engine_spans[0].attributes.get(A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN))
+    record.ttft_seconds = ttft
+    if record.output_tokens > 1:
+        if record.decode_seconds is not None:
+            record.tpot_seconds = record.decode_seconds / (record.output_tokens - 1)
+        elif ttft is not None:
+            record.tpot_seconds = max(0.0, record.duration_seconds - ttft) / (
+                record.output_tokens - 1
+            )
+    record.stages = acc.stages
+    return record
+
+
+def _map_engine(record: RequestRecord, acc: _StageAccumulator,
+                engine_spans: list[SpanData]) -> None:
+    if not engine_spans:
+        return
+    queue = prefill = decode = 0.0
+    have_prefill = have_decode = False
+    for span in engine_spans:
+        attrs = span.attributes
+        queue += _seconds(attrs.get(A.VLLM_LATENCY_TIME_IN_QUEUE)) or 0.0
+        p = _seconds(attrs.get(A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL))
+        d = _seconds(attrs.get(A.VLLM_LATENCY_TIME_IN_MODEL_DECODE))
+        if p is not None:
+            prefill += p
+            have_prefill = True
+        if d is not None:
+            decode += d
+            have_decode = True
+    record.queue_seconds = queue
+    if StageId.SCHEDULER_QUEUE not in acc.stages:
+        acc.add(StageId.SCHEDULER_QUEUE, queue, Provenance.MEASURED)
+    if have_prefill:
+        record.prefill_seconds = prefill
+    if have_decode:
+        record.decode_seconds = decode
+    last = max(engine_spans, key=lambda s: s.end_unix_nano)
+    end = last.end_unix_nano / 1e9
+    record.engine_end_unix = end
+    record.decode_start_unix = end - decode
+    record.prefill_start_unix = end - decode - prefill
+
+
+def _map_gateway(acc: _StageAccumulator, server_spans: list[SpanData],
+                 engine_spans: Iterable[SpanData]) -> None:
+    if StageId.API_GATEWAY in acc.stages or not server_spans:
+        return
+    outer = server_spans[0]
+    inner = sum(s.duration_seconds for s in engine_spans)
+    acc.add(StageId.API_GATEWAY, outer.duration_seconds - inner, Provenance.DERIVED)
+
+
+def _split_gpu_time(record: RequestRecord, acc: _StageAccumulator) -> None:
+    """Default split of in-model time into GPU stages (refined by the cost attributor)."""
+    explicit = {StageId.HBM_LOAD, StageId.KERNEL_EXEC} & acc.stages.keys()
+    if explicit:
+        return
+    for phase, in_model, stage in (
+        (Phase.PREFILL, record.prefill_seconds, StageId.KERNEL_EXEC),
+        (Phase.DECODE, record.decode_seconds, StageId.HBM_LOAD),
+    ):
+        if in_model is None:
+            continue
+        dispatch = acc.phase_seconds(StageId.GPU_DISPATCH, phase)
+        acc.add(stage, in_model - dispatch, Provenance.MODELED, phase)
+
+
+class StageMapper:
+    """Pipeline component: assembled traces in, request records out."""
+
+    def __init__(self, downstream: RecordConsumer, stats: CollectorStats | None = None) -> None:
+        self._downstream = downstream
+        self._stats = stats or CollectorStats()
+
+    def consume_trace(self, trace: AssembledTrace) -> None:
+        try:
+            record = map_trace(trace)
+        except Exception:
+            log.exception("mapping failed for trace %s", trace.trace_id)
+            self._stats.add(self._stats.spans_dropped, "mapping_error", len(trace.spans))
+            return
+        if record is None:
+            self._stats.incr("spans_unmapped", len(trace.spans))
+            return
+        self._downstream.consume_record(record)
+
+    def shutdown(self) -> None:
+        self._downstream.shutdown()

@@ -1,0 +1,198 @@
+"""Prometheus exposition of request records and collector self-telemetry.
+
+A sink: it consumes finished RequestRecords and IdleCost slices and owns its metrics
+(never the global registry). Metric names and labels come from tokenpath.metric_names.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tokenpath import metric_names as M
+from tokenpath.collector.exposition import FastCounter, FastHistogram, render
+from tokenpath.collector.stats import CollectorStats
+from tokenpath.pipeline import IdleCost
+from tokenpath.records import RequestRecord
+
+DEFAULT_MAX_MODELS = 50
+DEFAULT_MAX_POOLS = 50
+DEFAULT_MAX_STATUSES = 50
+
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+SMALL_CHUNK_LABEL = M.CHUNK_SIZE_SMALL
+
+
+class BoundedLabel:
+    """Passes label values through until ``cap`` distinct ones were seen; then ``other``."""
+
+    def __init__(self, name: str, cap: int, stats: CollectorStats) -> None:
+        self.name = name
+        self._cap = cap
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._stats = stats
+        self.overflowed = 0
+
+    def __call__(self, value: str | None) -> str:
+        value = value or "unknown"
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) < self._cap:
+                self._seen.add(value)
+                return value
+            self.overflowed += 1
+        return M.OTHER_LABEL_VALUE
+
+
+class PrometheusSink:
+    """Turns records into the SPEC metrics.
+
+    Request metrics live in :mod:`tokenpath.collector.exposition` (fast to scrape); the
+    collector's self-telemetry is a custom collector on ``registry``, which this sink owns
+    when none is given. :meth:`render` returns the whole /metrics text.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        stats: CollectorStats | None = None,
+        max_models: int = DEFAULT_MAX_MODELS,
+        max_pools: int = DEFAULT_MAX_POOLS,
+        max_statuses: int = DEFAULT_MAX_STATUSES,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._stats = stats or CollectorStats()
+        self._model = BoundedLabel(M.LABEL_MODEL, max_models, self._stats)
+        self._pool = BoundedLabel(M.LABEL_POOL, max_pools, self._stats)
+        self._status = BoundedLabel(M.LABEL_STATUS, max_statuses, self._stats)
+        self.requests = FastCounter(M.REQUESTS)
+        self.stage_duration = FastHistogram(M.STAGE_DURATION, STAGE_BUCKETS)
+        self.ttft = FastHistogram(M.TTFT, TTFT_BUCKETS)
+        self.tpot = FastHistogram(M.TPOT, TPOT_BUCKETS)
+        self.tokens = FastCounter(M.TOKENS)
+        self.cost = FastCounter(M.COST)
+        self.idle_cost = FastCounter(M.IDLE_COST)
+        self.cache_miss_waste = FastCounter(M.CACHE_MISS_WASTE)
+        self.naive_cost = FastCounter(M.NAIVE_COST)
+        self.response_chunks = FastCounter(M.RESPONSE_CHUNKS)
+        self._families: list[FastCounter | FastHistogram] = [
+            self.requests, self.stage_duration, self.ttft, self.tpot, self.tokens, self.cost,
+            self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
+        ]
+        self.registry.register(
+            _SelfTelemetry(self._stats, [self._model, self._pool, self._status]))
+
+    def consume_record(self, record: RequestRecord) -> None:
+        model = self._model(record.model)
+        self.requests.labels(model, self._status(record.status)).inc()
+        for timing in record.ordered_stages():
+            stage = timing.stage.value
+            self.stage_duration.labels(stage, model).observe(timing.seconds)
+            if timing.phases:
+                for phase, share in timing.phases.items():
+                    if share.cost_dollars > 0:
+                        self.cost.labels(stage, phase.value, model).inc(share.cost_dollars)
+                rest = timing.cost_dollars - sum(s.cost_dollars for s in timing.phases.values())
+                if rest > 1e-15:
+                    self.cost.labels(stage, M.PHASE_NONE, model).inc(rest)
+            elif timing.cost_dollars > 0:
+                self.cost.labels(stage, M.PHASE_NONE, model).inc(timing.cost_dollars)
+        if record.ttft_seconds is not None:
+            self.ttft.labels(model).observe(record.ttft_seconds)
+        if record.tpot_seconds is not None:
+            self.tpot.labels(model).observe(record.tpot_seconds)
+        self.tokens.labels(model, M.TOKEN_KIND_INPUT).inc(record.input_tokens)
+        self.tokens.labels(model, M.TOKEN_KIND_CACHE_READ).inc(record.cache_read_tokens)
+        self.tokens.labels(model, M.TOKEN_KIND_OUTPUT).inc(record.output_tokens)
+        self.cache_miss_waste.labels(model).inc(max(0.0, record.cache_miss_waste_dollars))
+        self.naive_cost.labels(model).inc(max(0.0, record.naive_cost_dollars))
+        if record.response_chunks:
+            small = min(record.small_chunks, record.response_chunks)
+            self.response_chunks.labels(model, M.CHUNK_SIZE_SMALL).inc(small)
+            self.response_chunks.labels(model, M.CHUNK_SIZE_NORMAL).inc(
+                record.response_chunks - small)
+
+    def consume_idle_cost(self, idle: IdleCost) -> None:
+        self.idle_cost.labels(self._pool(idle.pool)).inc(max(0.0, idle.dollars))
+
+    def render(self) -> str:
+        """The /metrics body: request metrics, then the registry (self-telemetry)."""
+        return render(self._families) + generate_latest(self.registry).decode("utf-8")
+
+    def shutdown(self) -> None:
+        """Nothing buffered: metrics are updated as records arrive."""
+
+
+class _SelfTelemetry(Collector):
+    """Exposes CollectorStats as tokenpath_collector_* metrics at scrape time."""
+
+    def __init__(self, stats: CollectorStats, labels: list[BoundedLabel]) -> None:
+        self._stats = stats
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats
+
+        def counter(spec: M.MetricSpec) -> CounterMetricFamily:
+            return CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+
+        received = counter(M.SPANS_RECEIVED)
+        for receiver, n in sorted(s.spans_received.items()):
+            received.add_metric([receiver], n)
+        yield received
+        rejected = counter(M.SPANS_REJECTED)
+        for (receiver, reason), n in sorted(s.spans_rejected.items()):
+            rejected.add_metric([receiver, reason], n)
+        yield rejected
+        dropped = counter(M.SPANS_DROPPED)
+        for reason, n in sorted(s.spans_dropped.items()):
+            dropped.add_metric([reason], n)
+        yield dropped
+        evicted = counter(M.TRACES_EVICTED)
+        for reason, n in sorted(s.traces_evicted.items()):
+            evicted.add_metric([reason], n)
+        yield evicted
+        attrs = counter(M.ATTRIBUTES_DROPPED)
+        for reason, n in sorted(s.attributes_dropped.items()):
+            attrs.add_metric([reason], n)
+        yield attrs
+        refused = counter(M.REQUESTS_REJECTED)
+        for (receiver, status), n in sorted(s.requests_rejected.items()):
+            refused.add_metric([receiver, status], n)
+        yield refused
+        points = counter(M.METRIC_POINTS_RECEIVED)
+        for receiver, n in sorted(s.metric_points_received.items()):
+            points.add_metric([receiver], n)
+        yield points
+        points_dropped = counter(M.METRIC_POINTS_DROPPED)
+        for reason, n in sorted(s.metric_points_dropped.items()):
+            points_dropped.add_metric([reason], n)
+        yield points_dropped
+        events_dropped = counter(M.SPAN_EVENTS_DROPPED)
+        for reason, n in sorted(s.events_dropped.items()):
+            events_dropped.add_metric([reason], n)
+        yield events_dropped
+        yield CounterMetricFamily(M.SPANS_UNMAPPED.name, M.SPANS_UNMAPPED.help,
+                                  value=s.spans_unmapped)
+        yield CounterMetricFamily(M.RECORDS_STORED.name, M.RECORDS_STORED.help,
+                                  value=s.records_stored)
+        yield CounterMetricFamily(M.STORE_ERRORS.name, M.STORE_ERRORS.help,
+                                  value=s.store_errors)
+        overflow = counter(M.LABEL_OVERFLOW)
+        for bounded in self._labels:
+            overflow.add_metric([bounded.name], bounded.overflowed)
+        yield overflow
+        yield GaugeMetricFamily(M.TRACES_IN_FLIGHT.name, M.TRACES_IN_FLIGHT.help,
+                                value=s.traces_in_flight)
+        yield GaugeMetricFamily(M.SPANS_BUFFERED.name, M.SPANS_BUFFERED.help,
+                                value=s.spans_buffered)

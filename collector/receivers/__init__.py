@@ -1,0 +1,1 @@
+"""OTLP receivers: gRPC and HTTP (protobuf and JSON) for traces and metrics."""

@@ -1,0 +1,152 @@
+"""OTLP/HTTP receiver routes: POST /v1/traces and /v1/metrics (protobuf or JSON, gzip).
+
+Status codes follow the OTLP/HTTP spec: 200 with an Export*ServiceResponse (partial
+success when spans were refused), 400 with a google.rpc.Status body for malformed data,
+413 past the body cap (on the wire and after decompression), 415 for other content types
+or encodings, 429 with Retry-After when shedding load; 405 comes from the router.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from google.protobuf import any_pb2, duration_pb2, json_format
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from tokenpath.collector.receivers.ingest import OtlpIngest, Overloaded, partial_success
+from tokenpath.collector.receivers.otlp_decode import (
+    MalformedPayload,
+    parse_metrics_request,
+    parse_trace_request,
+)
+from tokenpath.collector.stats import CollectorStats
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+RECEIVER = "otlp_http"
+
+
+class _BodyError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _content_kind(request: Request) -> str | None:
+    value = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if value == PROTOBUF:
+        return "protobuf"
+    if value == JSON:
+        return "json"
+    return None
+
+
+async def _read_body(request: Request, max_wire: int, max_decompressed: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > max_wire:
+                raise _BodyError(413, f"body over {max_wire} bytes")
+        except ValueError as exc:
+            raise _BodyError(400, "invalid Content-Length") from exc
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_wire:
+            raise _BodyError(413, f"body over {max_wire} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding != "gzip":
+        raise _BodyError(415, f"unsupported Content-Encoding {encoding!r}")
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, max_decompressed + 1)
+    except zlib.error as exc:
+        raise _BodyError(400, f"invalid gzip body: {exc}") from exc
+    if len(out) > max_decompressed or inflater.unconsumed_tail:
+        raise _BodyError(413, f"decompressed body over {max_decompressed} bytes")
+    return out
+
+
+def _status_response(http_status: int, code: int, message: str, kind: str | None,
+                     headers: dict[str, str] | None = None,
+                     retry_after: int | None = None) -> Response:
+    """An error answer: a google.rpc.Status in the request's encoding (protobuf default)."""
+    status = status_pb2.Status(code=code, message=message)
+    if retry_after is not None:
+        detail = any_pb2.Any()
+        detail.Pack(error_details_pb2.RetryInfo(
+            retry_delay=duration_pb2.Duration(seconds=retry_after)))
+        status.details.append(detail)
+    if kind == "json":
+        return Response(json_format.MessageToJson(status), http_status, headers,
+                        media_type=JSON)
+    return Response(status.SerializeToString(), http_status, headers, media_type=PROTOBUF)
+
+
+def _ok_response(message: Any, kind: str) -> Response:
+    if kind == "json":
+        return Response(json_format.MessageToJson(message), 200, media_type=JSON)
+    return Response(message.SerializeToString(), 200, media_type=PROTOBUF)
+
+
+_HTTP_TO_RPC = {400: code_pb2.INVALID_ARGUMENT, 413: code_pb2.RESOURCE_EXHAUSTED,
+                415: code_pb2.INVALID_ARGUMENT}
+
+
+def otlp_router(ingest: OtlpIngest, stats: CollectorStats) -> APIRouter:
+    router = APIRouter()
+    limits = ingest.limits
+
+    async def handle(request: Request, export: Callable[[bytes, str], Any]) -> Response:
+        kind = _content_kind(request)
+        if kind is None:
+            stats.add(stats.requests_rejected, (RECEIVER, "415"))
+            return _status_response(415, code_pb2.INVALID_ARGUMENT,
+                                    "Content-Type must be application/x-protobuf or "
+                                    "application/json", None)
+        try:
+            body = await _read_body(request, limits.max_body_bytes, limits.max_decompressed_bytes)
+            return _ok_response(export(body, kind), kind)
+        except _BodyError as exc:
+            stats.add(stats.requests_rejected, (RECEIVER, str(exc.status)))
+            return _status_response(exc.status, _HTTP_TO_RPC[exc.status], str(exc), kind)
+        except MalformedPayload as exc:
+            stats.add(stats.requests_rejected, (RECEIVER, "400"))
+            return _status_response(400, code_pb2.INVALID_ARGUMENT, str(exc), kind)
+        except Overloaded as exc:
+            stats.add(stats.requests_rejected, (RECEIVER, "429"))
+            return _status_response(429, code_pb2.UNAVAILABLE, str(exc), kind,
+                                    {"Retry-After": str(exc.retry_after)}, exc.retry_after)
+
+    def export_traces(body: bytes, kind: str) -> ExportTraceServiceResponse:
+        decoded = ingest.export_traces(parse_trace_request(body, kind), RECEIVER)
+        response = ExportTraceServiceResponse()
+        partial_success(response, decoded)
+        return response
+
+    def export_metrics(body: bytes, kind: str) -> ExportMetricsServiceResponse:
+        ingest.export_metrics(parse_metrics_request(body, kind), RECEIVER)
+        return ExportMetricsServiceResponse()
+
+    @router.post("/v1/traces")
+    async def traces(request: Request) -> Response:
+        return await handle(request, export_traces)
+
+    @router.post("/v1/metrics")
+    async def metrics(request: Request) -> Response:
+        return await handle(request, export_metrics)
+
+    return router

@@ -1,0 +1,102 @@
+"""What both transports do with a decoded export request: limits, counting, hand-off.
+
+The HTTP and gRPC receivers call :class:`OtlpIngest`; it decodes, counts accepted and
+rejected spans by receiver, sheds load when the assembler is full, and passes spans on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tokenpath.collector.limits import IngestLimits
+from tokenpath.collector.receivers.otlp_decode import (
+    DecodedSpans,
+    MetricPoint,
+    decode_metrics,
+    decode_traces,
+)
+from tokenpath.collector.spans import SpanData
+from tokenpath.collector.stats import CollectorStats
+
+DEFAULT_MAX_BUFFERED_SPANS = 2_000_000
+RETRY_AFTER_SECONDS = 2
+
+
+class Overloaded(Exception):
+    """The buffer is full: the client should retry after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: int = RETRY_AFTER_SECONDS) -> None:
+        super().__init__("collector is shedding load")
+        self.retry_after = retry_after
+
+
+class SpanConsumer(Protocol):
+    def consume_spans(self, spans: list[SpanData]) -> Mapping[str, int]:
+        """Take spans; returns the spans refused (late, over a limit) by reason."""
+        ...
+
+
+class MetricsConsumer(Protocol):
+    def consume_points(self, points: list[MetricPoint]) -> int: ...
+
+
+class OtlpIngest:
+    def __init__(
+        self,
+        spans: SpanConsumer,
+        metrics: MetricsConsumer,
+        limits: IngestLimits,
+        stats: CollectorStats,
+        max_buffered_spans: int = DEFAULT_MAX_BUFFERED_SPANS,
+    ) -> None:
+        self._spans = spans
+        self._metrics = metrics
+        self.limits = limits
+        self._stats = stats
+        self._max_buffered_spans = max_buffered_spans
+
+    def export_traces(self, message: ExportTraceServiceRequest, receiver: str) -> DecodedSpans:
+        if self._stats.spans_buffered >= self._max_buffered_spans:
+            raise Overloaded()
+        decoded = decode_traces(message, self.limits)
+        stats = self._stats
+        for reason, n in decoded.rejection_reasons.items():
+            stats.add(stats.spans_rejected, (receiver, reason), n)
+        stats.add(stats.attributes_dropped, "attributes_per_span", decoded.attributes_dropped)
+        stats.add(stats.attributes_dropped, "genai_content", decoded.content_attributes_dropped)
+        stats.add(stats.attributes_dropped, "value_truncated", decoded.values_truncated)
+        stats.add(stats.events_dropped, "events_per_span", decoded.events_dropped)
+        stats.add(stats.events_dropped, "genai_content", decoded.content_events_dropped)
+        if decoded.spans:
+            stats.add(stats.spans_received, receiver, len(decoded.spans))
+            refused = self._spans.consume_spans(decoded.spans)
+            # Reported to the client as rejected; the assembler counted them (spans_dropped).
+            for reason, n in refused.items():
+                decoded.reject(reason, n)
+        return decoded
+
+    def export_metrics(self, message: ExportMetricsServiceRequest, receiver: str) -> int:
+        points = decode_metrics(message, self.limits)
+        accepted = self._metrics.consume_points(points)
+        self._stats.add(self._stats.metric_points_received, receiver, accepted)
+        self._stats.add(self._stats.metric_points_dropped, "max_series", len(points) - accepted)
+        return accepted
+
+
+def partial_success(response: Any, decoded: DecodedSpans) -> None:
+    """Fill an ExportTraceServiceResponse's partial_success (OTLP section "Partial Success").
+
+    Refused spans set ``rejected_spans`` and ``error_message``; when every span was accepted
+    but attributes were cut to the limits, ``error_message`` alone carries that warning.
+    """
+    if decoded.rejected:
+        response.partial_success.rejected_spans = decoded.rejected
+        response.partial_success.error_message = decoded.error_message
+    elif decoded.warning_message:
+        response.partial_success.error_message = decoded.warning_message

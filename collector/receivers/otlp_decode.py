@@ -1,0 +1,297 @@
+"""OTLP payloads (protobuf or OTLP/JSON) into the collector's SpanData and metric points.
+
+Both receivers share this: they differ only in transport. Malformed payloads raise
+:class:`MalformedPayload` (HTTP 400 / gRPC INVALID_ARGUMENT); spans that are well formed
+but refused (bad id lengths) are counted in :class:`DecodedSpans.rejected`, as the OTLP
+partial-success response requires.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from tokenpath.attributes import GEN_AI_CONTENT_EVENT_NAMES, GEN_AI_CONTENT_PREFIXES
+from tokenpath.collector.limits import IngestLimits
+from tokenpath.collector.spans import Attributes, AttrValue, SpanData, SpanEvent
+
+
+class MalformedPayload(ValueError):
+    """The payload cannot be decoded at all."""
+
+
+@dataclass(slots=True)
+class DecodedSpans:
+    spans: list[SpanData] = field(default_factory=list)
+    rejected: int = 0
+    rejection_reasons: dict[str, int] = field(default_factory=dict)
+    attributes_dropped: int = 0
+    content_attributes_dropped: int = 0
+    values_truncated: int = 0
+    events_dropped: int = 0
+    content_events_dropped: int = 0
+
+    def reject(self, reason: str, n: int = 1) -> None:
+        if n <= 0:
+            return
+        self.rejected += n
+        self.rejection_reasons[reason] = self.rejection_reasons.get(reason, 0) + n
+
+    @property
+    def error_message(self) -> str:
+        if not self.rejected:
+            return ""
+        parts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.rejection_reasons.items()))
+        return f"rejected {self.rejected} spans: {parts}"
+
+    @property
+    def warning_message(self) -> str:
+        """Limits applied to accepted spans (sent with rejected_spans = 0)."""
+        parts = [f"{n} {what}" for n, what in (
+            (self.attributes_dropped, "attributes dropped (attributes per span)"),
+            (self.values_truncated, "attribute values truncated (value length)"),
+            (self.events_dropped, "span events dropped (events per span)"),
+        ) if n]
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricPoint:
+    """One number from an OTLP metric: a gauge value or a cumulative sum."""
+
+    name: str
+    value: float
+    time_unix_nano: int
+    attributes: Attributes
+    resource: Attributes
+    monotonic: bool
+
+
+# --- attribute values ------------------------------------------------------------------
+
+
+class _AttributeReader:
+    """Converts KeyValue lists under the ingest limits, counting what it drops."""
+
+    __slots__ = ("content_dropped", "dropped", "limits", "truncated")
+
+    def __init__(self, limits: IngestLimits) -> None:
+        self.limits = limits
+        self.dropped = 0
+        self.content_dropped = 0
+        self.truncated = 0
+
+    def value(self, v: AnyValue) -> AttrValue | None:
+        which = v.WhichOneof("value")
+        if which == "string_value":
+            s = v.string_value
+            if len(s) > self.limits.max_attribute_value_length:  # strings: characters
+                self.truncated += 1
+                s = s[: self.limits.max_attribute_value_length]
+            return s
+        if which == "int_value":
+            return v.int_value
+        if which == "double_value":
+            return v.double_value
+        if which == "bool_value":
+            return v.bool_value
+        if which == "array_value":
+            values = v.array_value.values
+            cap = self.limits.max_attribute_value_length  # arrays: items
+            if len(values) > cap:
+                self.truncated += 1
+            items = [self.value(item) for item in values[:cap]]
+            return tuple(item for item in items if item is not None)
+        if which == "bytes_value":
+            raw = v.bytes_value
+            if 2 * len(raw) > self.limits.max_attribute_value_length:
+                self.truncated += 1
+                raw = raw[: self.limits.max_attribute_value_length // 2]
+            return raw.hex()
+        return None  # kvlist and empty values carry nothing the pipeline reads
+
+    def read(self, kvs: Any) -> Attributes:
+        out: Attributes = {}
+        limit = self.limits.max_attributes_per_span
+        keep_content = self.limits.keep_content_attributes
+        for kv in kvs:
+            key = kv.key
+            if not keep_content and key.startswith(GEN_AI_CONTENT_PREFIXES):
+                self.content_dropped += 1
+                continue
+            if len(out) >= limit:
+                self.dropped += 1
+                continue
+            value = self.value(kv.value)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+# --- traces ------------------------------------------------------------------------------
+
+
+def parse_trace_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
+    message = ExportTraceServiceRequest()
+    if content_type == "json":
+        _parse_json_into(body, message)
+    else:
+        try:
+            message.ParseFromString(body)
+        except (DecodeError, ValueError) as exc:
+            raise MalformedPayload(f"invalid OTLP protobuf: {exc}") from exc
+    return message
+
+
+def decode_traces(message: ExportTraceServiceRequest, limits: IngestLimits) -> DecodedSpans:
+    out = DecodedSpans()
+    reader = _AttributeReader(limits)
+    max_events = limits.max_events_per_span
+    for resource_spans in message.resource_spans:
+        resource = reader.read(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                trace_id = span.trace_id
+                span_id = span.span_id
+                parent = span.parent_span_id
+                if len(trace_id) != 16 or not any(trace_id):
+                    out.reject("invalid trace_id")
+                    continue
+                if len(span_id) != 8 or not any(span_id):
+                    out.reject("invalid span_id")
+                    continue
+                if parent and len(parent) != 8:
+                    out.reject("invalid parent_span_id")
+                    continue
+                events = _read_events(span.events, reader, max_events, out)
+                out.spans.append(
+                    SpanData(
+                        trace_id=trace_id.hex(),
+                        span_id=span_id.hex(),
+                        parent_span_id=parent.hex() if any(parent) else "",
+                        name=span.name,
+                        kind=span.kind,
+                        start_unix_nano=span.start_time_unix_nano,
+                        end_unix_nano=max(span.end_time_unix_nano, span.start_time_unix_nano),
+                        attributes=reader.read(span.attributes),
+                        events=events,
+                        resource=resource,
+                        status_code=span.status.code,
+                    )
+                )
+    out.attributes_dropped = reader.dropped
+    out.content_attributes_dropped = reader.content_dropped
+    out.values_truncated = reader.truncated
+    return out
+
+
+def _read_events(raw_events: Any, reader: _AttributeReader, max_events: int,
+                 out: DecodedSpans) -> list[SpanEvent]:
+    events: list[SpanEvent] = []
+    keep_content = reader.limits.keep_content_attributes
+    for ev in raw_events:
+        if not keep_content and ev.name in GEN_AI_CONTENT_EVENT_NAMES:
+            out.content_events_dropped += 1
+            continue
+        if len(events) >= max_events:
+            out.events_dropped += 1
+            continue
+        events.append(SpanEvent(ev.name, ev.time_unix_nano, reader.read(ev.attributes)))
+    return events
+
+
+# --- metrics -----------------------------------------------------------------------------
+
+
+def parse_metrics_request(body: bytes, content_type: str) -> ExportMetricsServiceRequest:
+    message = ExportMetricsServiceRequest()
+    if content_type == "json":
+        _parse_json_into(body, message)
+    else:
+        try:
+            message.ParseFromString(body)
+        except (DecodeError, ValueError) as exc:
+            raise MalformedPayload(f"invalid OTLP protobuf: {exc}") from exc
+    return message
+
+
+def decode_metrics(message: ExportMetricsServiceRequest, limits: IngestLimits) -> list[MetricPoint]:
+    reader = _AttributeReader(limits)
+    points: list[MetricPoint] = []
+    for resource_metrics in message.resource_metrics:
+        resource = reader.read(resource_metrics.resource.attributes)
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                which = metric.WhichOneof("data")
+                if which == "gauge":
+                    data_points, monotonic = metric.gauge.data_points, False
+                elif which == "sum":
+                    data_points, monotonic = metric.sum.data_points, metric.sum.is_monotonic
+                else:
+                    continue  # histograms and summaries are not used by attribution
+                for dp in data_points:
+                    value = dp.as_double if dp.WhichOneof("value") == "as_double" else dp.as_int
+                    points.append(
+                        MetricPoint(
+                            name=metric.name,
+                            value=float(value),
+                            time_unix_nano=dp.time_unix_nano,
+                            attributes=reader.read(dp.attributes),
+                            resource=resource,
+                            monotonic=monotonic,
+                        )
+                    )
+    return points
+
+
+# --- OTLP/JSON -----------------------------------------------------------------------------
+
+_ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId"})
+
+
+def _hex_ids_to_base64(node: Any) -> Any:
+    """OTLP/JSON carries trace and span ids as hex; protobuf's JSON mapping wants base64."""
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key in _ID_FIELDS and isinstance(value, str):
+                try:
+                    raw = bytes.fromhex(value)
+                except ValueError:
+                    raw = b"\x00"  # wrong length on purpose: the span is rejected, not the batch
+                out[key] = base64.b64encode(raw).decode("ascii")
+            else:
+                out[key] = _hex_ids_to_base64(value)
+        return out
+    if isinstance(node, list):
+        return [_hex_ids_to_base64(item) for item in node]
+    return node
+
+
+def _parse_json_into(body: bytes, message: Any) -> None:
+    try:
+        document = json.loads(body) if body.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MalformedPayload(f"invalid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise MalformedPayload("invalid JSON: nested too deeply") from exc
+    if not isinstance(document, dict):
+        raise MalformedPayload("OTLP/JSON body must be an object")
+    try:
+        json_format.ParseDict(_hex_ids_to_base64(document), message, ignore_unknown_fields=True)
+    except (json_format.ParseError, binascii.Error, TypeError, ValueError) as exc:
+        raise MalformedPayload(f"invalid OTLP/JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise MalformedPayload("invalid OTLP/JSON: nested too deeply") from exc
+

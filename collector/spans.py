@@ -1,0 +1,52 @@
+"""The collector's own span representation: what the receivers decode OTLP into.
+
+Small slotted objects holding only what the pipeline reads; attribute values are plain
+Python values (str, bool, int, float, or a tuple of those).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+AttrValue = str | bool | int | float | tuple[object, ...]
+Attributes = dict[str, AttrValue]
+
+SPAN_KIND_SERVER = 2
+STATUS_CODE_ERROR = 2
+
+
+@dataclass(slots=True)
+class SpanEvent:
+    name: str
+    time_unix_nano: int
+    attributes: Attributes
+
+
+@dataclass(slots=True)
+class SpanData:
+    trace_id: str  # 32 lowercase hex
+    span_id: str  # 16 lowercase hex
+    parent_span_id: str  # "" for a root span
+    name: str
+    kind: int
+    start_unix_nano: int
+    end_unix_nano: int
+    attributes: Attributes
+    events: list[SpanEvent] = field(default_factory=list)
+    resource: Attributes = field(default_factory=dict)
+    status_code: int = 0  # OTLP: 0 unset, 1 ok, 2 error
+
+    @property
+    def is_root(self) -> bool:
+        return not self.parent_span_id
+
+    @property
+    def duration_seconds(self) -> float:
+        return max(0, self.end_unix_nano - self.start_unix_nano) / 1e9
+
+    def attr(self, key: str) -> AttrValue | None:
+        """A span attribute, falling back to the resource's."""
+        value = self.attributes.get(key)
+        if value is None:
+            value = self.resource.get(key)
+        return value

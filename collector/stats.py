@@ -1,0 +1,46 @@
+"""Collector self-telemetry as plain counters; the Prometheus sink exposes them.
+
+Every drop anywhere in the pipeline is counted here under a reason (SPEC section 8).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+
+class CollectorStats:
+    """Thread-safe counters keyed by (name, label value). No Prometheus in here."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.spans_received: Counter[str] = Counter()  # by receiver
+        self.spans_rejected: Counter[tuple[str, str]] = Counter()  # (receiver, reason)
+        self.spans_dropped: Counter[str] = Counter()  # by reason
+        self.traces_evicted: Counter[str] = Counter()  # by reason
+        self.attributes_dropped: Counter[str] = Counter()  # by reason
+        self.requests_rejected: Counter[tuple[str, str]] = Counter()  # (receiver, status)
+        self.metric_points_received: Counter[str] = Counter()
+        self.metric_points_dropped: Counter[str] = Counter()  # by reason
+        self.events_dropped: Counter[str] = Counter()  # span events, by reason
+        self.spans_unmapped = 0
+        self.records_stored = 0
+        self.store_errors = 0
+        self.traces_in_flight = 0
+        self.spans_buffered = 0
+
+    def add(
+        self, counter: Counter[str] | Counter[tuple[str, str]], key: object, n: int = 1
+    ) -> None:
+        if n:
+            with self._lock:
+                counter[key] += n  # type: ignore[index]
+
+    def incr(self, field: str, n: int = 1) -> None:
+        if n:
+            with self._lock:
+                setattr(self, field, getattr(self, field) + n)
+
+    def set_gauges(self, traces_in_flight: int, spans_buffered: int) -> None:
+        self.traces_in_flight = traces_in_flight
+        self.spans_buffered = spans_buffered

@@ -1,0 +1,276 @@
+"""The embedded store: request records and idle cost, durable across restarts.
+
+SQLite (stdlib, one file, WAL journal): it needs no server and no extra dependency on a
+node, and each batch commits in one transaction, so a crash or SIGKILL leaves every
+committed record intact and nothing half-written. Records are written in batches by a
+writer thread, off the ingest path; old rows are deleted after ``retention_seconds``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenpath.collector.stats import CollectorStats
+from tokenpath.config import ConfigError
+from tokenpath.pipeline import IdleCost
+from tokenpath.records import RequestRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETENTION_SECONDS = 7 * 86400.0
+DEFAULT_BATCH_SIZE = 500
+DEFAULT_FLUSH_SECONDS = 0.25
+DEFAULT_QUEUE_SIZE = 100_000
+MEMORY = ":memory:"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    trace_id TEXT PRIMARY KEY,
+    end_unix REAL NOT NULL,
+    model TEXT NOT NULL,
+    complete INTEGER NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS requests_end ON requests(end_unix);
+CREATE TABLE IF NOT EXISTS idle_cost (
+    pool TEXT NOT NULL,
+    start_unix REAL NOT NULL,
+    end_unix REAL NOT NULL,
+    dollars REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idle_cost_end ON idle_cost(end_unix);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    path: str = MEMORY
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    batch_size: int = DEFAULT_BATCH_SIZE
+    flush_seconds: float = DEFAULT_FLUSH_SECONDS
+    queue_size: int = DEFAULT_QUEUE_SIZE
+
+    def validate(self) -> None:
+        if self.retention_seconds <= 0:
+            raise ConfigError("store.retention_seconds", "must be > 0")
+        if self.batch_size < 1:
+            raise ConfigError("store.batch_size", "must be >= 1")
+        if self.flush_seconds <= 0:
+            raise ConfigError("store.flush_seconds", "must be > 0")
+        if self.queue_size < 1:
+            raise ConfigError("store.queue_size", "must be >= 1")
+        if self.path != MEMORY:
+            parent = Path(self.path).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise ConfigError("store.path", f"folder {parent} does not exist")
+
+
+_Item = RequestRecord | IdleCost
+
+
+class RecordStore:
+    """A sink that writes records in batches, and the reader the API and CLI use."""
+
+    def __init__(
+        self,
+        config: StoreConfig | None = None,
+        stats: CollectorStats | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config or StoreConfig()
+        self._config.validate()
+        self._stats = stats or CollectorStats()
+        self._clock = clock
+        self._queue: queue.Queue[_Item | None] = queue.Queue(self._config.queue_size)
+        self._db_lock = threading.Lock()
+        self._db = self._connect()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._last_retention = 0.0
+
+    def _connect(self) -> sqlite3.Connection:
+        path = self._config.path
+        if path != MEMORY:
+            path = str(Path(path).expanduser())
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        if path != MEMORY:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        return db
+
+    # --- sink ------------------------------------------------------------------------------
+
+    def consume_record(self, record: RequestRecord) -> None:
+        self._put(record)
+
+    def consume_idle_cost(self, idle: IdleCost) -> None:
+        self._put(idle)
+
+    def _put(self, item: _Item) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self._stats.incr("store_errors")
+            log.warning("store queue full; record dropped")
+            return
+        if self._thread is None:
+            self.flush()  # not started: write synchronously (tests, one-shot tools)
+
+    def start(self) -> None:
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._run, name="tokenpath-store",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                first = self._queue.get(timeout=self._config.flush_seconds)
+            except queue.Empty:
+                self._maybe_apply_retention()
+                continue
+            if first is None:
+                self.flush()
+                return
+            batch: list[_Item] = [first]
+            stop = False
+            while len(batch) < self._config.batch_size:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._write(batch)
+            if stop:
+                self.flush()
+                return
+            self._maybe_apply_retention()
+
+    def flush(self) -> None:
+        """Write everything queued now, in one transaction."""
+        batch: list[_Item] = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                batch.append(item)
+        if batch:
+            self._write(batch)
+
+    def _write(self, batch: list[_Item]) -> None:
+        records = [i for i in batch if isinstance(i, RequestRecord)]
+        idle = [i for i in batch if isinstance(i, IdleCost)]
+        try:
+            with self._db_lock:
+                self._db.execute("BEGIN")
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO requests(trace_id, end_unix, model, complete, body)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    [
+                        (r.trace_id, r.end_unix, r.model, int(r.complete),
+                         json.dumps(r.to_json(), separators=(",", ":")))
+                        for r in records
+                    ],
+                )
+                self._db.executemany(
+                    "INSERT INTO idle_cost(pool, start_unix, end_unix, dollars) VALUES (?,?,?,?)",
+                    [(i.pool, i.start_unix, i.end_unix, i.dollars) for i in idle],
+                )
+                self._db.execute("COMMIT")
+        except sqlite3.Error:
+            log.exception("store write failed (%d items)", len(batch))
+            self._stats.incr("store_errors", len(batch))
+            try:
+                with self._db_lock:
+                    self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            return
+        self._stats.incr("records_stored", len(records))
+
+    def _maybe_apply_retention(self) -> None:
+        now = self._clock()
+        if now - self._last_retention < 60.0:
+            return
+        self._last_retention = now
+        self.apply_retention(now)
+
+    def apply_retention(self, now: float | None = None) -> int:
+        cutoff = (self._clock() if now is None else now) - self._config.retention_seconds
+        with self._db_lock:
+            cur = self._db.execute("DELETE FROM requests WHERE end_unix < ?", (cutoff,))
+            self._db.execute("DELETE FROM idle_cost WHERE end_unix < ?", (cutoff,))
+        return cur.rowcount
+
+    def shutdown(self) -> None:
+        """Write everything queued, then close. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+        self.flush()
+        with self._db_lock:
+            self._db.close()
+
+    # --- reader ------------------------------------------------------------------------------
+
+    def records(
+        self, limit: int | None = None, since_unix: float | None = None
+    ) -> list[RequestRecord]:
+        """Newest first."""
+        sql = "SELECT body FROM requests"
+        args: list[object] = []
+        if since_unix is not None:
+            sql += " WHERE end_unix >= ?"
+            args.append(since_unix)
+        sql += " ORDER BY end_unix DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        with self._db_lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [RequestRecord.from_json(json.loads(body)) for (body,) in rows]
+
+    def record(self, trace_id: str) -> RequestRecord | None:
+        with self._db_lock:
+            row = self._db.execute("SELECT body FROM requests WHERE trace_id = ?",
+                                   (trace_id,)).fetchone()
+        return None if row is None else RequestRecord.from_json(json.loads(row[0]))
+
+    def idle_cost_dollars(self, since_unix: float | None = None) -> float:
+        sql = "SELECT COALESCE(SUM(dollars), 0) FROM idle_cost"
+        args: list[object] = []
+        if since_unix is not None:
+            sql += " WHERE end_unix >= ?"
+            args.append(since_unix)
+        with self._db_lock:
+            (total,) = self._db.execute(sql, args).fetchone()
+        return float(total)
+
+    def count(self) -> int:
+        with self._db_lock:
+            (n,) = self._db.execute("SELECT COUNT(*) FROM requests").fetchone()
+        return int(n)
+
+
+def open_store_readonly(path: str) -> RecordStore:
+    """A store for reading (CLI): errors name the path when it does not exist."""
+    if not Path(path).expanduser().exists():
+        raise ConfigError("store", f"no store at {path}")
+    return RecordStore(StoreConfig(path=path))

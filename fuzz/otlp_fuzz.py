@@ -1,0 +1,60 @@
+"""Coverage-guided fuzz target for the OTLP decoders (atheris).
+
+Not part of ``make test``; the hypothesis tests in tests/collector/test_fuzz.py cover the
+same surface in CI. Run it by hand for as long as you like:
+
+    .venv/bin/pip install atheris          # needs a clang-built CPython on some systems
+    .venv/bin/python fuzz/otlp_fuzz.py -max_total_time=600 -rss_limit_mb=2048 fuzz/corpus
+
+The target feeds each input to the code both receivers run for a request body: the
+protobuf and the OTLP/JSON parsers, then decoding under the ingest limits, then stage
+mapping of the decoded spans. The only exception allowed out is ``MalformedPayload``
+(the receivers' 400 / INVALID_ARGUMENT); anything else is a crash atheris reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from tokenpath.collector.assembler import AssembledTrace
+from tokenpath.collector.limits import IngestLimits
+from tokenpath.collector.mapping import map_trace
+from tokenpath.collector.receivers.otlp_decode import (
+    MalformedPayload,
+    decode_metrics,
+    decode_traces,
+    parse_metrics_request,
+    parse_trace_request,
+)
+
+LIMITS = IngestLimits()
+
+
+def test_one_input(data: bytes) -> None:
+    kind = "json" if data[:1] == b"{" else "protobuf"
+    try:
+        request = parse_trace_request(data, kind)
+    except MalformedPayload:
+        pass
+    else:
+        decoded = decode_traces(request, LIMITS)
+        by_trace: dict[str, list[object]] = {}
+        for span in decoded.spans:
+            by_trace.setdefault(span.trace_id, []).append(span)
+        for trace_id, spans in by_trace.items():
+            map_trace(AssembledTrace(trace_id, spans, complete=True))  # type: ignore[arg-type]
+    with contextlib.suppress(MalformedPayload):
+        decode_metrics(parse_metrics_request(data, kind), LIMITS)
+
+
+def main() -> None:
+    import atheris  # type: ignore[import-not-found]
+
+    atheris.instrument_all()
+    atheris.Setup(sys.argv, test_one_input)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Assembler rules: out of order, duplicates, missing roots, capacity, late spans."""
+
+from __future__ import annotations
+
+from tests.fakes.spans import FakeClock, TraceSink, new_trace_id, span
+from tokenpath import attributes as A
+from tokenpath.collector.assembler import Assembler, AssemblerConfig
+from tokenpath.collector.stats import CollectorStats
+
+GRACE = 1.0
+IDLE = 30.0
+
+
+def make(max_traces: int = 100, max_spans: int = 100) -> tuple[Assembler, TraceSink,
+                                                                FakeClock, CollectorStats]:
+    sink, clock, stats = TraceSink(), FakeClock(), CollectorStats()
+    config = AssemblerConfig(max_traces=max_traces, max_spans_per_trace=max_spans,
+                             root_grace_seconds=GRACE, idle_timeout_seconds=IDLE)
+    return Assembler(sink, config, stats, clock), sink, clock, stats
+
+
+def test_out_of_order_spans_join_into_one_trace() -> None:
+    asm, sink, clock, _ = make()
+    tid = new_trace_id()
+    root = span(tid, "root", span_id="a" * 16)
+    child = span(tid, "child", parent=root.span_id)
+    grandchild = span(tid, "grandchild", parent=child.span_id)
+    asm.consume_spans([grandchild])
+    clock.advance(0.3)
+    asm.consume_spans([root])  # root before its child: still waits for the grace period
+    clock.advance(0.3)
+    asm.consume_spans([child])
+    assert asm.tick() == 0
+    clock.advance(GRACE)
+    assert asm.tick() == 1
+    (trace,) = sink.traces
+    assert trace.complete is True
+    assert {s.name for s in trace.spans} == {"root", "child", "grandchild"}
+
+
+def test_same_span_twice_counts_once() -> None:
+    asm, sink, clock, stats = make()
+    tid = new_trace_id()
+    root = span(tid, "root")
+    asm.consume_spans([root, root])
+    asm.consume_spans([root])
+    clock.advance(GRACE)
+    asm.tick()
+    assert len(sink.traces[0].spans) == 1
+    assert stats.spans_dropped["duplicate"] == 2
+
+
+def test_trace_without_root_is_incomplete_after_idle_timeout() -> None:
+    asm, sink, clock, stats = make()
+    tid = new_trace_id()
+    asm.consume_spans([span(tid, "orphan", parent="b" * 16)])
+    clock.advance(IDLE - 0.01)
+    assert asm.tick() == 0
+    clock.advance(0.02)
+    assert asm.tick() == 1
+    assert sink.traces[0].complete is False
+    assert stats.traces_evicted["idle_timeout"] == 1
+
+
+def test_eviction_over_capacity_is_counted_and_keeps_data() -> None:
+    asm, sink, clock, stats = make(max_traces=3)
+    ids = [new_trace_id() for _ in range(5)]
+    for tid in ids:
+        asm.consume_spans([span(tid, "orphan", parent="c" * 16)])
+        clock.advance(0.01)
+    assert asm.traces_in_flight == 3
+    assert stats.traces_evicted["capacity"] == 2
+    assert [t.trace_id for t in sink.traces] == ids[:2]  # least recently updated go first
+    assert all(not t.complete for t in sink.traces)
+
+
+def test_late_span_after_finalization_is_dropped_not_a_second_record() -> None:
+    asm, sink, clock, stats = make()
+    tid = new_trace_id()
+    root = span(tid, "root")
+    asm.consume_spans([root])
+    clock.advance(GRACE)
+    asm.tick()
+    asm.consume_spans([span(tid, "late child", parent=root.span_id)])
+    clock.advance(IDLE * 2)
+    asm.tick()
+    assert len(sink.traces) == 1
+    assert stats.spans_dropped["late"] == 1
+
+
+def test_spans_per_trace_limit_is_counted() -> None:
+    asm, sink, _, stats = make(max_spans=2)
+    tid = new_trace_id()
+    asm.consume_spans([span(tid, f"s{i}", parent="d" * 16) for i in range(5)])
+    asm.flush()
+    assert len(sink.traces[0].spans) == 2
+    assert stats.spans_dropped["spans_per_trace"] == 3
+
+
+def test_annotation_joins_by_request_id_and_is_not_a_trace() -> None:
+    asm, sink, clock, _ = make()
+    annotation = span(new_trace_id(), A.SPAN_REQUEST_ANNOTATION,
+                      attributes={A.GEN_AI_REQUEST_ID: "req-1", A.CACHED_TOKENS: 64})
+    tid = new_trace_id()
+    engine = span(tid, A.VLLM_REQUEST_SPAN_NAME, attributes={A.GEN_AI_REQUEST_ID: "req-1"})
+    asm.consume_spans([annotation])
+    asm.consume_spans([engine])
+    clock.advance(GRACE)
+    asm.tick()
+    (trace,) = sink.traces
+    assert trace.trace_id == tid
+    assert trace.annotations == [{A.GEN_AI_REQUEST_ID: "req-1", A.CACHED_TOKENS: 64}]
+
+
+def test_shutdown_flushes_everything_and_is_idempotent() -> None:
+    asm, sink, _, _ = make()
+    asm.start()
+    asm.consume_spans([span(new_trace_id(), "root"), span(new_trace_id(), "o", parent="e" * 16)])
+    asm.shutdown()
+    asm.shutdown()
+    assert len(sink.traces) == 2
+    assert sink.shut == 1

@@ -1,0 +1,244 @@
+"""Hypothesis feeds valid, mutated and random OTLP (protobuf and JSON) to both receivers:
+the answer is 200 or 400, never a 5xx, a crash or a failure further down the pipeline."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from starlette.testclient import TestClient
+
+from tests.collector.conftest import FAST_ASSEMBLER, wait_for
+from tests.support.otlp import JSON_HEADERS, PROTOBUF_HEADERS, to_otlp_json_dict
+from tokenpath import attributes as A
+from tokenpath.collector.config import CollectorConfig
+from tokenpath.collector.limits import IngestLimits
+from tokenpath.collector.receivers.grpc import METRICS_SERVICE, TRACE_SERVICE
+from tokenpath.collector.service import CollectorService
+from tokenpath.stages import StageId
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+FUZZ = settings(max_examples=150, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+# --- valid requests --------------------------------------------------------------------
+
+_KEYS = st.sampled_from([A.STAGE, A.STAGE_SECONDS, A.PHASE, A.PROVENANCE,
+                         A.GEN_AI_REQUEST_MODEL, A.GEN_AI_USAGE_INPUT_TOKENS,
+                         A.GEN_AI_USAGE_OUTPUT_TOKENS, A.TTFT_SECONDS, A.PREFIX_FINGERPRINTS,
+                         A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL, A.GEN_AI_REQUEST_ID,
+                         A.SIMULATED, A.TENSOR_PARALLEL, "http.route", "gen_ai.prompt"]) | st.text(
+    max_size=12)
+_SCALARS = st.one_of(
+    st.builds(lambda v: AnyValue(string_value=v),
+              st.sampled_from([s.value for s in StageId]) | st.text(max_size=20)),
+    st.builds(lambda v: AnyValue(int_value=v), st.integers(-(2**63), 2**63 - 1)),
+    st.builds(lambda v: AnyValue(double_value=v), st.floats(allow_nan=True)),
+    st.builds(lambda v: AnyValue(bool_value=v), st.booleans()),
+    st.builds(lambda v: AnyValue(bytes_value=v), st.binary(max_size=8)),
+)
+
+
+def _array(values: list[AnyValue]) -> AnyValue:
+    out = AnyValue()
+    out.array_value.values.extend(values)
+    return out
+
+
+def _kvlist(pairs: list[tuple[str, AnyValue]]) -> AnyValue:
+    out = AnyValue()
+    out.kvlist_value.values.extend(KeyValue(key=k, value=v) for k, v in pairs)
+    return out
+
+
+_VALUES = st.recursive(_SCALARS, lambda inner: st.builds(_array, st.lists(inner, max_size=3))
+                       | st.builds(_kvlist, st.lists(st.tuples(st.text(max_size=5), inner),
+                                                     max_size=3)), max_leaves=6)
+_ATTRS = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), _KEYS, _VALUES), max_size=6)
+_IDS16 = st.binary(min_size=16, max_size=16) | st.binary(max_size=20)
+_IDS8 = st.binary(min_size=8, max_size=8) | st.binary(max_size=10)
+_TIMES = st.integers(0, 2**64 - 1)
+
+
+@st.composite
+def _spans(draw: st.DrawFn, trace_ids: list[bytes]) -> Span:
+    span = Span(trace_id=draw(st.sampled_from(trace_ids) | _IDS16), span_id=draw(_IDS8),
+                parent_span_id=draw(st.just(b"") | _IDS8),
+                name=draw(st.sampled_from([A.VLLM_REQUEST_SPAN_NAME,
+                                           A.SPAN_REQUEST_ANNOTATION, "x"])
+                          | st.text(max_size=10)),
+                kind=draw(st.integers(0, 5)),  # type: ignore[arg-type]
+                start_time_unix_nano=draw(_TIMES), end_time_unix_nano=draw(_TIMES))
+    span.attributes.extend(draw(_ATTRS))
+    for _ in range(draw(st.integers(0, 2))):
+        event = span.events.add()
+        event.name = draw(st.sampled_from([A.STAGE_EVENT, "gen_ai.user.message", "e"]))
+        event.time_unix_nano = draw(_TIMES)
+        event.attributes.extend(draw(_ATTRS))
+    return span
+
+
+@st.composite
+def trace_requests(draw: st.DrawFn) -> ExportTraceServiceRequest:
+    trace_ids = draw(st.lists(st.binary(min_size=16, max_size=16), min_size=1, max_size=3))
+    request = ExportTraceServiceRequest()
+    for _ in range(draw(st.integers(0, 2))):
+        resource_spans = request.resource_spans.add()
+        resource_spans.resource.attributes.extend(draw(_ATTRS))
+        scope = resource_spans.scope_spans.add()
+        scope.spans.extend(draw(st.lists(_spans(trace_ids), max_size=4)))
+    return request
+
+
+# --- mutations -------------------------------------------------------------------------
+
+
+@st.composite
+def mutated_bytes(draw: st.DrawFn, base: bytes) -> bytes:
+    data = bytearray(base)
+    for _ in range(draw(st.integers(1, 4))):
+        choice = draw(st.integers(0, 3))
+        at = draw(st.integers(0, len(data)))
+        if choice == 0 and data:
+            data[min(at, len(data) - 1)] = draw(st.integers(0, 255))
+        elif choice == 1:
+            data[at:at] = draw(st.binary(min_size=1, max_size=8))
+        elif choice == 2:
+            del data[at:at + draw(st.integers(1, 8))]
+        else:
+            data = data[:at]
+    return bytes(data)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                     | st.text(max_size=10),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+
+
+def _mutate_tree(node: Any, data: st.DataObject, depth: int = 0) -> Any:
+    """Replace one node (chosen by walking down) with a random JSON value, or an id with
+    a random string, or add an unknown field."""
+    if depth > 12 or not isinstance(node, dict | list) or not node or data.draw(
+            st.integers(0, 5)) == 0:
+        return data.draw(_JSON | st.text(alphabet="0123456789abcdefXYZ", max_size=40))
+    if isinstance(node, dict):
+        if data.draw(st.integers(0, 6)) == 0:
+            return {**node, data.draw(st.text(max_size=8)): data.draw(_JSON)}
+        key = data.draw(st.sampled_from(sorted(node)))
+        return {**node, key: _mutate_tree(node[key], data, depth + 1)}
+    index = data.draw(st.integers(0, len(node) - 1))
+    return [*node[:index], _mutate_tree(node[index], data, depth + 1), *node[index + 1:]]
+
+
+def _json_safe(node: Any) -> Any:
+    """OTLP/JSON from MessageToDict may hold NaN/inf as strings already; keep it JSON."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return str(node)
+    return node
+
+
+# --- the receivers under test ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[CollectorService]:
+    config = CollectorConfig(http_port=0, grpc_port=0, store_path=":memory:",
+                             assembler=FAST_ASSEMBLER,
+                             limits=IngestLimits(max_body_bytes=256 * 1024))
+    collector = CollectorService(config)
+    collector.start()
+    yield collector
+    wait_for(lambda: collector.stats.spans_buffered == 0, timeout=30)
+    # Nothing failed further down: mapping, sinks and the store took every trace.
+    assert collector.stats.spans_dropped["mapping_error"] == 0
+    assert collector.stats.traces_evicted["downstream_error"] == 0
+    assert collector.stats.store_errors == 0
+    assert collector.stats.records_stored > 0  # valid examples went all the way through
+    collector.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(service: CollectorService) -> Iterator[TestClient]:
+    with TestClient(service.app, raise_server_exceptions=True) as test_client:
+        yield test_client
+
+
+def _check_http(client: TestClient, body: bytes, headers: dict[str, str]) -> None:
+    response = client.post("/v1/traces", content=body, headers=headers)
+    assert response.status_code in (200, 400), response.text
+    if response.status_code == 200:
+        message = ExportTraceServiceResponse()
+        if headers is JSON_HEADERS:
+            json.loads(response.text)
+        else:
+            message.ParseFromString(response.content)
+    assert client.get("/metrics").status_code == 200
+
+
+@FUZZ
+@given(request=trace_requests(), data=st.data())
+def test_http_protobuf(client: TestClient, request: ExportTraceServiceRequest,
+                       data: st.DataObject) -> None:
+    body = request.SerializeToString()
+    _check_http(client, body, PROTOBUF_HEADERS)
+    _check_http(client, data.draw(mutated_bytes(body)), PROTOBUF_HEADERS)
+
+
+@FUZZ
+@given(request=trace_requests(), data=st.data())
+def test_http_json(client: TestClient, request: ExportTraceServiceRequest,
+                   data: st.DataObject) -> None:
+    document = to_otlp_json_dict(request)
+    body = json.dumps(document, default=_json_safe).encode()
+    _check_http(client, body, JSON_HEADERS)
+    mutated = _mutate_tree(document, data)
+    _check_http(client, json.dumps(mutated).encode(), JSON_HEADERS)
+    _check_http(client, data.draw(mutated_bytes(body)), JSON_HEADERS)
+
+
+@FUZZ
+@given(body=st.binary(max_size=512))
+def test_http_random_bytes(client: TestClient, body: bytes) -> None:
+    _check_http(client, body, PROTOBUF_HEADERS)
+    _check_http(client, body, JSON_HEADERS)
+
+
+@pytest.fixture(scope="module")
+def channel(service: CollectorService) -> Iterator[grpc.Channel]:
+    assert service.grpc_endpoint is not None
+    with grpc.insecure_channel(service.grpc_endpoint) as grpc_channel:
+        yield grpc_channel
+
+
+def _check_grpc(channel: grpc.Channel, body: bytes, service_name: str = TRACE_SERVICE) -> None:
+    call = channel.unary_unary(f"/{service_name}/Export")
+    try:
+        call(body, timeout=10)
+    except grpc.RpcError as err:
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err  # type: ignore[attr-defined]
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(request=trace_requests(), data=st.data(), random=st.binary(max_size=256))
+def test_grpc(channel: grpc.Channel, request: ExportTraceServiceRequest,
+              data: st.DataObject, random: bytes) -> None:
+    body = request.SerializeToString()
+    _check_grpc(channel, body)
+    _check_grpc(channel, data.draw(mutated_bytes(body)))
+    _check_grpc(channel, random)
+    _check_grpc(channel, random, METRICS_SERVICE)

@@ -1,0 +1,130 @@
+"""How spans become stages (collector/mapping.py rules)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fakes.spans import new_trace_id, span
+from tokenpath import attributes as A
+from tokenpath.collector.assembler import AssembledTrace
+from tokenpath.collector.mapping import map_trace
+from tokenpath.collector.spans import SPAN_KIND_SERVER, SpanEvent
+from tokenpath.stages import Phase, Provenance, StageId
+
+VLLM_ATTRS = {
+    A.GEN_AI_REQUEST_MODEL: "tiny-llama",
+    A.GEN_AI_REQUEST_ID: "cmpl-1",
+    A.VLLM_USAGE_PROMPT_TOKENS: 120,
+    A.VLLM_USAGE_COMPLETION_TOKENS: 11,
+    A.VLLM_LATENCY_TIME_IN_QUEUE: 0.004,
+    A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN: 0.05,
+    A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL: 0.03,
+    A.VLLM_LATENCY_TIME_IN_MODEL_DECODE: 0.2,
+    A.VLLM_LATENCY_E2E: 0.26,
+}
+
+
+def trace(*spans: object, complete: bool = True, annotations: list[dict] | None = None
+          ) -> AssembledTrace:
+    items = list(spans)
+    return AssembledTrace(items[0].trace_id, items, complete, annotations or [])  # type: ignore[attr-defined]
+
+
+def test_vllm_llm_request_span_alone_is_a_request() -> None:
+    tid = new_trace_id()
+    record = map_trace(trace(span(tid, A.VLLM_REQUEST_SPAN_NAME, kind=SPAN_KIND_SERVER,
+                                  start=100.0, end=100.26, attributes=VLLM_ATTRS)))
+    assert record is not None
+    assert record.model == "tiny-llama"
+    assert (record.input_tokens, record.output_tokens) == (120, 11)
+    assert record.ttft_seconds == pytest.approx(0.05)
+    assert record.stages[StageId.SCHEDULER_QUEUE].seconds == pytest.approx(0.004)
+    assert record.prefill_seconds == pytest.approx(0.03)
+    assert record.decode_seconds == pytest.approx(0.2)
+    assert record.tpot_seconds == pytest.approx(0.2 / 10)
+    assert record.engine_end_unix == pytest.approx(100.26)
+    assert record.decode_start_unix == pytest.approx(100.06)
+    assert record.prefill_start_unix == pytest.approx(100.03)
+    # GPU stages split in-model time and never add any.
+    kernel, hbm = record.stages[StageId.KERNEL_EXEC], record.stages[StageId.HBM_LOAD]
+    assert kernel.provenance is Provenance.MODELED and hbm.provenance is Provenance.MODELED
+    assert kernel.seconds + hbm.seconds == pytest.approx(0.23)
+    assert kernel.phases[Phase.PREFILL].seconds == pytest.approx(0.03)
+
+
+def test_gpu_dispatch_measured_is_taken_out_of_in_model_time() -> None:
+    tid = new_trace_id()
+    events = [SpanEvent(A.STAGE_EVENT, 0, {A.STAGE: StageId.GPU_DISPATCH.value,
+                                           A.STAGE_SECONDS: 0.01, A.PHASE: "decode"})]
+    record = map_trace(trace(span(tid, A.VLLM_REQUEST_SPAN_NAME, attributes=VLLM_ATTRS,
+                                  events=events)))
+    assert record is not None
+    gpu = sum(record.stages[s].seconds for s in (StageId.GPU_DISPATCH, StageId.HBM_LOAD,
+                                                 StageId.KERNEL_EXEC))
+    assert gpu == pytest.approx(0.23)
+    assert record.stages[StageId.HBM_LOAD].seconds == pytest.approx(0.19)
+
+
+def test_plain_asgi_server_span_is_the_gateway_less_the_engine() -> None:
+    tid = new_trace_id()
+    server = span(tid, "POST /v1/completions", kind=SPAN_KIND_SERVER, start=10.0, end=10.5,
+                  attributes={"http.route": "/v1/completions", "http.method": "POST"})
+    engine = span(tid, A.VLLM_REQUEST_SPAN_NAME, parent=server.span_id, start=10.1, end=10.4,
+                  attributes=VLLM_ATTRS)
+    record = map_trace(trace(engine, server))
+    assert record is not None
+    gateway = record.stages[StageId.API_GATEWAY]
+    assert gateway.seconds == pytest.approx(0.2)
+    assert gateway.provenance is Provenance.DERIVED
+    assert record.trace_id == tid
+
+
+def test_startup_spans_are_not_requests() -> None:
+    for name in ("Executor init", "Worker init", "Load model"):
+        assert map_trace(trace(span(new_trace_id(), name))) is None
+
+
+def test_clock_skew_never_gives_negative_stage_times() -> None:
+    tid = new_trace_id()
+    # The engine host's clock runs ahead: its span "starts" after the gateway span ends.
+    server = span(tid, "GET /", kind=SPAN_KIND_SERVER, start=10.0, end=10.1,
+                  attributes={"http.route": "/"})
+    engine = span(tid, A.VLLM_REQUEST_SPAN_NAME, parent=server.span_id, start=12.0, end=12.5,
+                  attributes={**VLLM_ATTRS, A.VLLM_LATENCY_TIME_IN_QUEUE: -0.3})
+    bad_event = SpanEvent(A.STAGE_EVENT, 0, {A.STAGE: StageId.ROUTER.value,
+                                             A.STAGE_SECONDS: -1.0})
+    server.events.append(bad_event)
+    record = map_trace(trace(server, engine))
+    assert record is not None
+    assert all(t.seconds >= 0 for t in record.stages.values())
+    assert record.stages[StageId.API_GATEWAY].seconds == 0.0
+    assert record.duration_seconds >= 0
+
+
+def test_annotations_fill_cached_tokens() -> None:
+    tid = new_trace_id()
+    record = map_trace(trace(span(tid, A.VLLM_REQUEST_SPAN_NAME, attributes=VLLM_ATTRS),
+                             annotations=[{A.GEN_AI_REQUEST_ID: "cmpl-1", A.CACHED_TOKENS: 96}]))
+    assert record is not None
+    assert record.cache_read_tokens == 96
+
+
+def test_stage_spans_and_events_add_up_per_phase() -> None:
+    tid = new_trace_id()
+    root = span(tid, "root", start=0.0, end=1.0, events=[
+        SpanEvent(A.STAGE_EVENT, 0, {A.STAGE: StageId.GPU_DISPATCH.value, A.STAGE_SECONDS: 0.002,
+                                     A.PHASE: "prefill"}),
+        SpanEvent(A.STAGE_EVENT, 0, {A.STAGE: StageId.GPU_DISPATCH.value, A.STAGE_SECONDS: 0.003,
+                                     A.PHASE: "decode"}),
+        SpanEvent(A.STAGE_EVENT, 0, {A.STAGE: "not_a_stage", A.STAGE_SECONDS: 1.0}),
+    ])
+    child = span(tid, "nic", parent=root.span_id, start=0.5, end=0.75,
+                 attributes={A.STAGE: StageId.NIC_TX.value, A.PROVENANCE: "derived"})
+    record = map_trace(trace(root, child))
+    assert record is not None
+    dispatch = record.stages[StageId.GPU_DISPATCH]
+    assert dispatch.seconds == pytest.approx(0.005)
+    assert dispatch.phases[Phase.PREFILL].seconds == pytest.approx(0.002)
+    assert record.stages[StageId.NIC_TX].provenance is Provenance.DERIVED
+    assert record.stages[StageId.NIC_TX].seconds == pytest.approx(0.25)
+    assert set(record.stages) == {StageId.GPU_DISPATCH, StageId.NIC_TX}

@@ -1,0 +1,57 @@
+"""The SQLite store: batching, reading back, retention, restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenpath.collector.store import RecordStore, StoreConfig
+from tokenpath.pipeline import IdleCost
+from tokenpath.records import PhaseShare, RequestRecord, StageTiming
+from tokenpath.stages import Phase, Provenance, StageId
+
+
+def record(i: int, end: float) -> RequestRecord:
+    r = RequestRecord(trace_id=format(i, "032x"), model="m", start_unix=end - 1, end_unix=end,
+                      input_tokens=i, prefix_fingerprints=("ab12",))
+    t = StageTiming(StageId.KERNEL_EXEC, 0.5, Provenance.MODELED, 0.01)
+    t.phases[Phase.PREFILL] = PhaseShare(0.5, 0.01)
+    r.stages[StageId.KERNEL_EXEC] = t
+    return r
+
+
+def test_round_trip_and_restart(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.db")
+    store = RecordStore(StoreConfig(path=path))
+    store.start()
+    for i in range(1, 21):
+        store.consume_record(record(i, 1000.0 + i))
+    store.consume_idle_cost(IdleCost("pool-a", 0.0, 10.0, 0.25))
+    store.shutdown()
+    store.shutdown()  # idempotent
+
+    reopened = RecordStore(StoreConfig(path=path))
+    newest = reopened.records(limit=3)
+    assert [r.input_tokens for r in newest] == [20, 19, 18]
+    assert reopened.count() == 20
+    assert reopened.record(format(7, "032x")) == record(7, 1007.0)
+    assert reopened.idle_cost_dollars() == 0.25
+    assert len(reopened.records(since_unix=1015.0)) == 6
+    reopened.shutdown()
+
+
+def test_same_trace_twice_is_one_row(tmp_path: Path) -> None:
+    store = RecordStore(StoreConfig(path=str(tmp_path / "s.db")))
+    store.consume_record(record(1, 10.0))
+    store.consume_record(record(1, 10.0))
+    assert store.count() == 1
+    store.shutdown()
+
+
+def test_retention_deletes_old_rows(tmp_path: Path) -> None:
+    store = RecordStore(StoreConfig(path=str(tmp_path / "s.db"), retention_seconds=100.0),
+                        clock=lambda: 1000.0)
+    store.consume_record(record(1, 850.0))
+    store.consume_record(record(2, 950.0))
+    assert store.apply_retention() == 1
+    assert [r.input_tokens for r in store.records()] == [2]
+    store.shutdown()

@@ -1,0 +1,149 @@
+"""Synthetic OTLP traces for a real `tokenpath collector` process: one request per trace,
+all 15 stages as stage events, GenAI token attributes (cache_read tokens high with repeated
+prompts, zero with unique ones), TTFT and response chunks. Numbers are synthetic."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from tests.dashboards.prometheus_stack import free_port
+from tokenpath import attributes as attr
+from tokenpath.stages import STAGES, Phase
+
+READY_TIMEOUT_SECONDS = 60.0
+REPEATED_PROMPT_HIT_SHARE = 0.8
+
+
+def _kv(key: str, value: object) -> KeyValue:
+    if isinstance(value, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    if isinstance(value, float):
+        return KeyValue(key=key, value=AnyValue(double_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+
+
+def request_trace(rng: random.Random, model: str, start_unix_nano: int, *,
+                  cache_read_share: float | None = None, pool: str = "default"
+                  ) -> tuple[bytes, list[Span]]:
+    """Spans of one request; ``cache_read_share`` None draws it at random."""
+    trace_id = rng.randbytes(16)
+    input_tokens = rng.randint(100, 4000)
+    share = rng.random() if cache_read_share is None else cache_read_share
+    root = Span(trace_id=trace_id, span_id=rng.randbytes(8), name=attr.SPAN_REQUEST,
+                kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=start_unix_nano,
+                end_time_unix_nano=start_unix_nano + 900_000_000)
+    root.attributes.extend([
+        _kv(attr.GEN_AI_REQUEST_MODEL, model), _kv(attr.POOL, pool),
+        _kv(attr.GEN_AI_USAGE_INPUT_TOKENS, input_tokens),
+        _kv(attr.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, int(input_tokens * share)),
+        _kv(attr.GEN_AI_USAGE_OUTPUT_TOKENS, rng.randint(1, 500)),
+        _kv(attr.TTFT_SECONDS, rng.uniform(0.01, 2.0)),
+        _kv(attr.RESPONSE_CHUNKS, 40), _kv(attr.RESPONSE_SMALL_CHUNKS, rng.randint(0, 40)),
+    ])
+    for stage in STAGES:
+        event = root.events.add()
+        event.name = attr.STAGE_EVENT
+        event.time_unix_nano = start_unix_nano + stage.order * 1_000_000
+        event.attributes.extend([_kv(attr.STAGE, stage.id.value),
+                                 _kv(attr.STAGE_SECONDS, rng.uniform(1e-4, 0.2)),
+                                 _kv(attr.PHASE, (Phase.PREFILL if stage.order % 2
+                                                  else Phase.DECODE).value)])
+    child = Span(trace_id=trace_id, span_id=rng.randbytes(8), parent_span_id=root.span_id,
+                 name="engine step", start_time_unix_nano=start_unix_nano + 1_000_000,
+                 end_time_unix_nano=start_unix_nano + 51_000_000)
+    child.attributes.extend([_kv(attr.STAGE, STAGES[4].id.value)])
+    return trace_id, [child, root]
+
+
+def export_spans(http_url: str, spans: list[Span]) -> None:
+    request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+        scope_spans=[ScopeSpans(spans=spans)])])
+    post = urllib.request.Request(f"{http_url}/v1/traces", data=request.SerializeToString(),
+                                  headers={"Content-Type": "application/x-protobuf"})
+    with urllib.request.urlopen(post, timeout=10) as response:
+        assert response.status == 200
+
+
+class CollectorProcess:
+    """`tokenpath collector` as a subprocess on a free loopback port (gRPC off)."""
+
+    def __init__(self, workdir: Path, name: str) -> None:
+        self.http_url = f"http://127.0.0.1:{free_port()}"
+        config = workdir / f"{name}.yaml"
+        config.write_text(yaml.safe_dump({"assembler": {"root_grace_seconds": 0.2,
+                                                        "tick_seconds": 0.05}}), "utf-8")
+        self.log = workdir / f"{name}.log"
+        argv = [sys.executable, "-m", "tokenpath.cli.main", "collector", "--grpc", "off",
+                "--http", self.http_url.removeprefix("http://"),
+                "--store", str(workdir / f"{name}.db"), "--config", str(config)]
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text(errors="replace")
+            try:
+                with urllib.request.urlopen(f"{self.http_url}/healthz", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"collector not ready: {self.log.read_text(errors='replace')}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+
+class SpanWorkload:
+    """Posts request traces to a collector at a steady rate; repeated or unique prompts."""
+
+    def __init__(self, http_url: str, model: str, requests_per_tick: int = 4,
+                 tick_seconds: float = 0.25, seed: int = 11) -> None:
+        self._url = http_url
+        self._model = model
+        self._per_tick = requests_per_tick
+        self._tick = tick_seconds
+        self._rng = random.Random(seed)
+        self.unique_prompts = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="span-workload", daemon=True)
+        self.sent = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._tick):
+            share = 0.0 if self.unique_prompts.is_set() else REPEATED_PROMPT_HIT_SHARE
+            spans: list[Span] = []
+            now = time.time_ns()
+            for index in range(self._per_tick):
+                _, trace = request_trace(self._rng, self._model, now + index * 1000,
+                                         cache_read_share=share)
+                spans.extend(trace)
+            export_spans(self._url, spans)
+            self.sent += self._per_tick

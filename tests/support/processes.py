@@ -1,0 +1,119 @@
+"""Start tokenpath commands as real subprocesses on free loopback ports."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tokenpath_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tokenpath.cli.main", *args]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(tokenpath_cmd(*args), capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, check=False)
+
+
+def run_cli_json(*args: str, env: dict[str, str] | None = None) -> Any:
+    done = run_cli(*args, "--format", "json", env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not up after {timeout} s")
+
+
+@dataclass
+class CollectorProcess:
+    proc: subprocess.Popen[str]
+    http_port: int
+    grpc_port: int
+    store: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_endpoint(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def stop(self, sig: int = signal.SIGTERM) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        out = self.proc.stdout.read() if self.proc.stdout else ""
+        return out
+
+
+def start_collector(store: Path, *extra: str, env: dict[str, str] | None = None,
+                    http_port: int | None = None, grpc_port: int | None = None
+                    ) -> CollectorProcess:
+    http_port = http_port or free_port()
+    grpc_port = grpc_port or free_port()
+    proc = subprocess.Popen(
+        tokenpath_cmd("collector", "--http", f"127.0.0.1:{http_port}",
+                      "--grpc", f"127.0.0.1:{grpc_port}", "--store", str(store), *extra),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **(env or {})},
+    )
+    collector = CollectorProcess(proc, http_port, grpc_port, store)
+    try:
+        wait_http(f"{collector.http_url}/healthz")
+    except TimeoutError:
+        output = collector.stop(signal.SIGKILL)
+        raise RuntimeError(f"collector did not start:\n{output}") from None
+    return collector
+
+
+@contextlib.contextmanager
+def collector_process(store: Path, *extra: str, **kwargs: Any) -> Iterator[CollectorProcess]:
+    collector = start_collector(store, *extra, **kwargs)
+    try:
+        yield collector
+    finally:
+        collector.stop()
+
+
+def poll_records(url: str, expected: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Wait until the collector's API lists ``expected`` records."""
+    deadline = time.monotonic() + timeout
+    records: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        records = httpx.get(f"{url}/api/requests", params={"limit": 10_000}, timeout=5).json()
+        if len(records) >= expected:
+            return records
+        time.sleep(0.2)
+    raise AssertionError(f"expected {expected} records, got {len(records)}")

@@ -1,0 +1,79 @@
+"""Where the client commands read from: a store file or a live collector's API."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from tokenpath.cli.common import auth_token, fail
+from tokenpath.config import ConfigError, parse_duration
+from tokenpath.records import RequestRecord
+
+if TYPE_CHECKING:
+    from tokenpath.collector.store import RecordStore
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    store: str | None
+    collector: str | None
+
+    def _get(self, path: str, params: dict[str, Any]) -> Any:
+        assert self.collector is not None
+        headers = {}
+        token = auth_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        url = self.collector.rstrip("/") + path
+        try:
+            response = httpx.get(url, params=params, headers=headers, timeout=30)
+        except httpx.HTTPError as exc:
+            fail(f"--collector: cannot reach {self.collector}: {exc}")
+        if response.status_code == 401:
+            fail("--collector: unauthorized (set TOKENPATH_AUTH_TOKEN)")
+        if response.status_code != 200:
+            fail(f"--collector: {url} answered {response.status_code}: {response.text[:200]}")
+        return response.json()
+
+    def records(self, limit: int | None, since: str | None) -> list[RequestRecord]:
+        if self.collector:
+            params: dict[str, Any] = {"limit": limit or 10_000}
+            if since:
+                params["since"] = since
+            return [RequestRecord.from_json(r) for r in self._get("/api/requests", params)]
+        store = self._open()
+        try:
+            return store.records(limit=limit, since_unix=_since_unix(since))
+        finally:
+            store.shutdown()
+
+    def idle_cost(self, since: str | None) -> float:
+        if self.collector:
+            return float(self._get("/api/summary", {"since": since} if since else {})
+                         .get("idle_cost_dollars") or 0.0)
+        store = self._open()
+        try:
+            return store.idle_cost_dollars(_since_unix(since))
+        finally:
+            store.shutdown()
+
+    def _open(self) -> RecordStore:
+        from tokenpath.collector.config import default_store_path
+        from tokenpath.collector.store import open_store_readonly
+
+        try:
+            return open_store_readonly(self.store or default_store_path())
+        except ConfigError as exc:
+            fail(f"--store: {exc}")
+
+
+def _since_unix(since: str | None) -> float | None:
+    if since is None:
+        return None
+    try:
+        return time.time() - parse_duration(since, "since")
+    except ConfigError as exc:
+        fail(f"--since: {exc}")

@@ -1,0 +1,93 @@
+"""Rich tables for the report and the request list."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from tokenpath.records import RequestRecord
+from tokenpath.report import Report
+from tokenpath.stages import STAGE_BY_ID, STAGE_IDS, Phase
+
+
+def _sec(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 0.001:
+        return f"{value * 1e6:.0f} µs"
+    if value < 1:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value:.2f} s"
+
+
+def _usd(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return "$0"
+    if abs(value) < 0.01:
+        return f"${value:.6f}"
+    return f"${value:,.4f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def render_report(report: Report, console: Console) -> None:
+    label = " (simulated engine)" if report.simulated else ""
+    table = Table(title=f"tokenpath: {report.requests} requests over "
+                        f"{report.window_seconds:.1f} s{label}", title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("stage")
+    table.add_column("p50", justify="right")
+    table.add_column("p95", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("prefill / decode", justify="right")
+    table.add_column("cost", justify="right")
+    table.add_column("provenance")
+    for summary in report.stages:
+        stage = STAGE_BY_ID[summary.stage]
+        phases = ""
+        if summary.phase_seconds:
+            phases = " / ".join(_sec(summary.phase_seconds.get(p)) for p in Phase)
+        table.add_row(str(stage.order), stage.id.value, _sec(summary.p50_seconds),
+                      _sec(summary.p95_seconds), _pct(summary.share_of_latency), phases,
+                      _usd(summary.cost_dollars),
+                      summary.provenance.value if summary.provenance else "not seen")
+    console.print(table)
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column()
+    facts.add_row("TTFT p50 / p95", f"{_sec(report.ttft_p50_seconds)} / "
+                                    f"{_sec(report.ttft_p95_seconds)}")
+    facts.add_row("output tokens/s", f"{report.output_tokens_per_second:,.1f}")
+    facts.add_row("prefix-cache hit ratio (token-weighted)", _pct(report.prefix_cache_hit_ratio))
+    facts.add_row("prefill vs decode in-model time",
+                  f"{_sec(report.prefill_seconds)} vs {_sec(report.decode_seconds)}")
+    facts.add_row("attributed cost", _usd(report.cost_dollars))
+    facts.add_row("idle GPU cost", _usd(report.idle_cost_dollars))
+    facts.add_row("naive wall-clock cost", _usd(report.naive_cost_dollars))
+    facts.add_row("$ per million output tokens", _usd(report.cost_per_million_output_tokens))
+    facts.add_row("leak 1: cache-miss waste", _usd(report.cache_miss_waste_dollars))
+    long_ctx = next((s for s in report.stages if s.stage is STAGE_IDS[8]), None)
+    if long_ctx is not None:
+        facts.add_row("leak 2: prefill compute (attention grows O(n^2))",
+                      _usd(long_ctx.phase_cost_dollars.get(Phase.PREFILL)))
+    facts.add_row("leak 3: small-packet share of streamed chunks", _pct(report.small_packet_share))
+    console.print(facts)
+
+
+def render_requests(records: Sequence[RequestRecord], console: Console) -> None:
+    table = Table(title=f"{len(records)} requests (newest first)", title_justify="left")
+    for name, justify in (("trace id", "left"), ("model", "left"), ("in", "right"),
+                          ("cached", "right"), ("out", "right"), ("TTFT", "right"),
+                          ("duration", "right"), ("cost", "right"), ("complete", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in records:
+        table.add_row(r.trace_id, r.model, str(r.input_tokens), str(r.cache_read_tokens),
+                      str(r.output_tokens), _sec(r.ttft_seconds), _sec(r.duration_seconds),
+                      _usd(r.cost_dollars), "yes" if r.complete else "no")
+    console.print(table)
