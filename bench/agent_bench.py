@@ -227,18 +227,18 @@ def measure_cpu_share(duration: float = DEFAULT_DURATION_SECONDS, interval: floa
 
 
 def run(duration: float = DEFAULT_DURATION_SECONDS) -> dict[str, Any]:
-    """Both measurements with their targets and verdicts."""
+    """Both measurements with their targets and verdicts (``cpu_percent_of_core`` and
+    ``poll_ratio`` are the figures ``python -m bench`` tabulates)."""
     cpu = measure_cpu_share(duration)
     cost = measure_poll_cost()
     return {
-        "benchmark": "agent",
         "nvml": f"fake ({BENCH_GPUS} GPUs; no GPU on this machine)",
+        "cpu_percent_of_core": 100.0 * cpu["cpu_share_of_one_core"],
+        "cpu_percent_target": 100.0 * CPU_SHARE_TARGET,
+        "poll_ratio": cost["poll_cost_ratio"],
+        "poll_ratio_target": POLL_COST_RATIO_TARGET,
         **cpu,
-        "cpu_share_target": CPU_SHARE_TARGET,
-        "cpu_share_ok": cpu["cpu_share_of_one_core"] <= CPU_SHARE_TARGET,
         **cost,
-        "poll_cost_ratio_target": POLL_COST_RATIO_TARGET,
-        "poll_cost_ratio_ok": cost["poll_cost_ratio"] <= POLL_COST_RATIO_TARGET,
     }
 
 
