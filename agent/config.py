@@ -18,7 +18,6 @@ from tokenpath.agent.nic_sampler import (
     NIC_SOURCES,
     NicSource,
 )
-
 from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
 
 DEFAULT_LISTEN: Final = "127.0.0.1:9400"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
+
 from tokenpath.agent.engine_names import (
     MODEL_LABELS,
     RULES_BY_SOURCE,
@@ -26,7 +27,6 @@ from tokenpath.agent.engine_names import (
 from tokenpath.agent.http_fetch import HttpClient
 from tokenpath.agent.monotonic import MonotonicCounters
 from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts, LabelValues
-
 from tokenpath.metric_names import MetricSpec
 
 logger = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import psutil
+
 from tokenpath.agent.snapshot import ErrorCounts
 
 NicSource = Literal["auto", "psutil", "sysfs"]

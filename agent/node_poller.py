@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tokenpath import metric_names as mn
 from tokenpath.agent.engine_scraper import EngineScraper
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.nvml_sampler import NvmlSampler
 from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts, LabelValues, Snapshot
-
-from tokenpath import metric_names as mn
 
 # Longest gap over which a utilization reading is integrated into busy seconds: after a
 # GPU was unreadable for longer, the gap is not guessed.

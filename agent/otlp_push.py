@@ -24,9 +24,9 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     Metric,
     NumberDataPoint,
 )
+
 from tokenpath.agent.http_fetch import HttpClient
 from tokenpath.agent.snapshot import LabelValues, Snapshot
-
 from tokenpath.attributes import NODE
 from tokenpath.metric_names import MetricSpec
 

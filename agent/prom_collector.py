@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from tokenpath.agent.snapshot import Snapshot
 
+from tokenpath.agent.snapshot import Snapshot
 from tokenpath.metric_names import AGENT_METRICS, MetricSpec
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
+
 from tokenpath.agent.config import AgentConfig
 from tokenpath.agent.engine_scraper import EngineScraper
 from tokenpath.agent.http_fetch import HttpClient, KeepAliveHttpClient

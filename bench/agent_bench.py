@@ -30,13 +30,13 @@ from typing import Any
 
 import httpx
 import psutil
+
+from tests.fakes.fake_nvml import FakeGpu, FakeNvml
 from tokenpath.agent.config import AgentConfig
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.node_poller import NodePoller
 from tokenpath.agent.nvml_sampler import NvmlSampler
 from tokenpath.agent.service import AgentService
-
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml
 
 CPU_SHARE_TARGET = 0.005
 POLL_COST_RATIO_TARGET = 1.5

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from tokenpath.agent.engine_names import ENGINE_METRIC_RULES, ENGINE_SGLANG, ENGINE_VLLM
-from tokenpath.agent.engine_scraper import EngineScraper, endpoint_source, filter_lines
-from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts
 
 from tests.agent.conftest import PageServer, render_sglang, render_vllm
 from tokenpath import metric_names as mn
+from tokenpath.agent.engine_names import ENGINE_METRIC_RULES, ENGINE_SGLANG, ENGINE_VLLM
+from tokenpath.agent.engine_scraper import EngineScraper, endpoint_source, filter_lines
+from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts
 
 VLLM_MODEL = "tiny-llama"
 SGLANG_MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tokenpath.agent.nic_sampler import SYSFS_FILES, NicSampler
-from tokenpath.agent.node_poller import NodePoller
-from tokenpath.agent.nvml_sampler import NvmlSampler
 
 from tests.fakes.fake_nvml import FakeNvml
 from tokenpath import metric_names as mn
+from tokenpath.agent.nic_sampler import SYSFS_FILES, NicSampler
+from tokenpath.agent.node_poller import NodePoller
+from tokenpath.agent.nvml_sampler import NvmlSampler
 
 LOOPBACK = "lo"
 

@@ -6,13 +6,13 @@ import inspect
 
 import pynvml
 import pytest
+
+from tests.fakes.fake_nvml import AGENT_NVML_FUNCTIONS, FakeGpu, FakeNvml
+from tokenpath import metric_names as mn
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.node_poller import NodePoller
 from tokenpath.agent.nvml_sampler import NvmlSampler
 from tokenpath.agent.snapshot import ErrorCounts
-
-from tests.fakes.fake_nvml import AGENT_NVML_FUNCTIONS, FakeGpu, FakeNvml
-from tokenpath import metric_names as mn
 
 
 class FakeClock:

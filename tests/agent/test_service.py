@@ -16,12 +16,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
-from tokenpath.agent.config import ENV_INTERVAL, ENV_LISTEN, ENV_NODE, AgentConfig
-from tokenpath.agent.service import AgentService, load_pynvml
 
 from tests.agent.conftest import PageServer, render_sglang, render_vllm
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml
 from tokenpath import metric_names as mn
+from tokenpath.agent.config import ENV_INTERVAL, ENV_LISTEN, ENV_NODE, AgentConfig
+from tokenpath.agent.service import AgentService, load_pynvml
 from tokenpath.attributes import NODE
 from tokenpath.config import ConfigError
 
