@@ -1,8 +1,8 @@
 """Scrapes engine /metrics endpoints (vLLM, SGLang) and normalizes them.
 
 Each poll fetches every configured URL with the injected HTTP client, keeps only the
-lines whose name is in :mod:`tokenpath.agent.engine_names`, parses them with
-``prometheus_client.parser.text_string_to_metric_families`` and folds them into
+lines whose name is in :mod:`tokenpath.agent.engine_names`, parses them
+(:mod:`tokenpath.agent.prom_text`) and folds them into
 tokenpath's ``engine, model`` series. Counters are made monotonic per source series, so
 an engine restart never makes a total go backwards; a dead endpoint is counted in
 ``scrape_errors{source="engine:<host:port>"}``, keeps its last counter totals, drops
@@ -16,16 +16,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from tokenpath.agent.engine_names import (
     MODEL_LABELS,
     RULES_BY_SOURCE,
     SOURCE_LINE_PREFIXES,
     UNKNOWN_MODEL,
+    EngineMetricRule,
 )
 from tokenpath.agent.http_fetch import HttpClient
 from tokenpath.agent.monotonic import MonotonicCounters
+from tokenpath.agent.prom_text import iter_samples
 from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts, LabelValues
 from tokenpath.metric_names import MetricSpec
 
@@ -49,11 +49,6 @@ def endpoint_source(url: str) -> str:
     parts = urlsplit(url)
     return f"engine:{parts.netloc or url}"
 
-
-def filter_lines(text: str) -> str:
-    """Only the sample lines a rule may match; comments and other metrics dropped."""
-    prefixes = SOURCE_LINE_PREFIXES
-    return "\n".join(line for line in text.splitlines() if line.startswith(prefixes))
 
 
 @dataclass(slots=True)
@@ -139,27 +134,24 @@ class EngineScraper:
         gauges: dict[EngineKey, float] = {}
         gauge_counts: dict[EngineKey, int] = {}
         accumulators = self._accumulators
-        matched = []
-        for family in text_string_to_metric_families(filter_lines(text)):
-            for sample in family.samples:
-                name = sample.name
-                base = name[: -len(TOTAL_SUFFIX)] if name.endswith(TOTAL_SUFFIX) else name
-                rule = RULES_BY_SOURCE.get(base)
-                if rule is not None:
-                    matched.append((base, rule, sample))
-        present = {base for base, _, _ in matched}
-        for base, rule, sample in matched:
+        matched: list[tuple[str, EngineMetricRule, dict[str, str], float]] = []
+        for name, labels, value in iter_samples(text, SOURCE_LINE_PREFIXES):
+            base = name[: -len(TOTAL_SUFFIX)] if name.endswith(TOTAL_SUFFIX) else name
+            rule = RULES_BY_SOURCE.get(base)
+            if rule is not None:
+                matched.append((base, rule, labels, value))
+        present = {match[0] for match in matched}
+        for base, rule, labels, value in matched:
             if rule.superseded_by is not None and rule.superseded_by in present:
                 continue
-            labels = sample.labels
             model = next((labels[k] for k in MODEL_LABELS if k in labels), UNKNOWN_MODEL)
             key: EngineKey = (rule.target, (rule.engine, self._model_label(model)))
             if rule.target.type == "counter":
                 raw_key: RawKey = (endpoint.url, base, tuple(sorted(labels.items())))
-                if accumulators.update(raw_key, float(sample.value)) is not None:
+                if accumulators.update(raw_key, value) is not None:
                     endpoint.raw_keys.setdefault(key, set()).add(raw_key)
             else:
-                gauges[key] = gauges.get(key, 0.0) + float(sample.value)
+                gauges[key] = gauges.get(key, 0.0) + value
                 gauge_counts[key] = gauge_counts.get(key, 0) + 1
                 if rule.aggregate == "mean":
                     mean_keys.add(key)

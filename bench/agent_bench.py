@@ -176,16 +176,19 @@ def _child(listen: str, engines: list[str], collector: str, interval: float) -> 
 
 
 def measure_cpu_share(duration: float = DEFAULT_DURATION_SECONDS, interval: float = 1.0,
-                      scrape_interval: float = 1.0) -> dict[str, float]:
+                      scrape_interval: float = 1.0, *, engines: bool = True,
+                      push: bool = True) -> dict[str, float]:
     fixtures = _LoopbackFixtures()
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
-    child = subprocess.Popen(
-        [sys.executable, "-m", "bench.agent_bench", "--child", "--listen", "127.0.0.1:0",
-         "--interval", str(interval), "--collector", fixtures.base_url,
-         "--engine", fixtures.base_url + "/vllm", "--engine", fixtures.base_url + "/sglang"],
-        stdout=subprocess.PIPE, text=True, env=env,
-    )
+    command = [sys.executable, "-m", "bench.agent_bench", "--child", "--listen", "127.0.0.1:0",
+               "--interval", str(interval)]
+    if push:
+        command += ["--collector", fixtures.base_url]
+    if engines:
+        command += ["--engine", fixtures.base_url + "/vllm",
+                    "--engine", fixtures.base_url + "/sglang"]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert child.stdout is not None
         line = child.stdout.readline().split()
@@ -207,11 +210,15 @@ def measure_cpu_share(duration: float = DEFAULT_DURATION_SECONDS, interval: floa
             cpu_start = child_cpu()
             ticks_start = sum(process.cpu_times()[:2])
             wall_start = time.monotonic()
+            wall_end = wall_start + duration
             scrapes = 0
-            while time.monotonic() - wall_start < duration:
-                client.get(metrics_url).raise_for_status()
-                scrapes += 1
-                time.sleep(scrape_interval)
+            next_scrape = wall_start
+            while (now := time.monotonic()) < wall_end:
+                if now >= next_scrape:
+                    client.get(metrics_url).raise_for_status()  # as Prometheus would
+                    scrapes += 1
+                    next_scrape += scrape_interval
+                time.sleep(max(0.0, min(next_scrape, wall_end) - time.monotonic()))
             cpu_end = child_cpu()
             ticks_end = sum(process.cpu_times()[:2])
             wall = time.monotonic() - wall_start

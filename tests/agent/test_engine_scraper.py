@@ -7,8 +7,14 @@ import pytest
 
 from tests.agent.conftest import PageServer, render_sglang, render_vllm
 from tokenpath import metric_names as mn
-from tokenpath.agent.engine_names import ENGINE_METRIC_RULES, ENGINE_SGLANG, ENGINE_VLLM
-from tokenpath.agent.engine_scraper import EngineScraper, endpoint_source, filter_lines
+from tokenpath.agent.engine_names import (
+    ENGINE_METRIC_RULES,
+    ENGINE_SGLANG,
+    ENGINE_VLLM,
+    SOURCE_LINE_PREFIXES,
+)
+from tokenpath.agent.engine_scraper import EngineScraper, endpoint_source
+from tokenpath.agent.prom_text import iter_samples
 from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts
 
 VLLM_MODEL = "tiny-llama"
@@ -159,8 +165,7 @@ def test_model_label_is_bounded(page_server: PageServer, client: httpx.Client) -
     assert readings.gauges[(mn.ENGINE_REQUESTS_RUNNING, (ENGINE_VLLM, mn.OTHER_LABEL_VALUE))] == 3
 
 
-def test_filter_keeps_only_rule_lines() -> None:
-    kept = filter_lines(render_vllm()).splitlines()
-    assert kept
-    assert not any(line.startswith("#") for line in kept)
-    assert not any("time_to_first_token" in line for line in kept)
+def test_only_rule_lines_are_read() -> None:
+    names = {name for name, _, _ in iter_samples(render_vllm(), SOURCE_LINE_PREFIXES)}
+    assert "vllm:prefix_cache_hits_total" in names
+    assert not any("time_to_first_token" in name for name in names)
