@@ -25,6 +25,8 @@ DEFAULT_INTERVAL_SECONDS: Final = 1.0
 MIN_INTERVAL_SECONDS: Final = 0.05
 DEFAULT_ENGINE_TIMEOUT_SECONDS: Final = 2.0
 DEFAULT_PUSH_TIMEOUT_SECONDS: Final = 5.0
+# Counters pushed are cumulative, so a push every few polls loses no counts, only latency.
+DEFAULT_PUSH_INTERVAL_SECONDS: Final = 5.0
 DEFAULT_MAX_DEVICES: Final = 32
 DEFAULT_MAX_MODELS: Final = 16
 DEFAULT_MAX_SOURCES: Final = 64
@@ -59,6 +61,7 @@ class AgentConfig:
     node: str = field(default_factory=socket.gethostname)
     engine_timeout_seconds: float = DEFAULT_ENGINE_TIMEOUT_SECONDS
     push_timeout_seconds: float = DEFAULT_PUSH_TIMEOUT_SECONDS
+    push_interval_seconds: float = DEFAULT_PUSH_INTERVAL_SECONDS
     nic_source: NicSource = "auto"
     nic_exclude: str = DEFAULT_NIC_EXCLUDE
     sysfs_root: str = str(DEFAULT_SYSFS_ROOT)
@@ -82,6 +85,7 @@ class AgentConfig:
             raise ConfigError("interval", f"must be at least {MIN_INTERVAL_SECONDS} s")
         for key, value in (("engine_timeout", self.engine_timeout_seconds),
                            ("push_timeout", self.push_timeout_seconds),
+                           ("push_interval", self.push_interval_seconds),
                            ("nvml_retry", self.nvml_retry_seconds)):
             if not value > 0:
                 raise ConfigError(key, f"must be positive, got {value!r}")
@@ -139,6 +143,9 @@ class AgentConfig:
             push_timeout_seconds=resolve("push_timeout", None, None, section,
                                          DEFAULT_PUSH_TIMEOUT_SECONDS,
                                          lambda v: parse_duration(v, "push_timeout")),
+            push_interval_seconds=resolve("push_interval", None, None, section,
+                                          DEFAULT_PUSH_INTERVAL_SECONDS,
+                                          lambda v: parse_duration(v, "push_interval")),
             nic_source=cast(NicSource, resolve("nic_source", None, None, section, "auto", str)),
             nic_exclude=resolve("nic_exclude", None, None, section, DEFAULT_NIC_EXCLUDE, str),
             sysfs_root=resolve("sysfs_root", None, None, section, str(DEFAULT_SYSFS_ROOT), str),
@@ -158,7 +165,8 @@ class AgentConfig:
 
 KNOWN_FILE_KEYS: Final = frozenset({
     "listen", "collector", "interval", "engine_metrics", "node", "engine_timeout",
-    "push_timeout", "nic_source", "nic_exclude", "sysfs_root", "pcie_throughput", "nvml_retry",
+    "push_timeout", "push_interval", "nic_source", "nic_exclude", "sysfs_root",
+    "pcie_throughput", "nvml_retry",
     "max_devices", "max_models", "max_sources",
 })
 

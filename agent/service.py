@@ -137,6 +137,8 @@ class AgentService:
         if self._server is not None:
             self._server.shutdown()
         if self._pusher is not None:
+            if self._latest is not None:
+                self._pusher.submit(self._latest)  # flush the newest poll
             self._pusher.shutdown()
         if self._push_client is not None:
             self._push_client.close()
@@ -158,15 +160,18 @@ class AgentService:
 
     def _run(self) -> None:
         interval = self.config.interval_seconds
+        push_interval = self.config.push_interval_seconds
         next_poll = self._clock() + interval
+        next_push = self._clock() + push_interval
         while not self._stop.wait(max(0.0, next_poll - self._clock())):
             try:
                 snapshot = self.poll_once()
             except Exception:
                 logger.exception("agent poll failed")
             else:
-                if self._pusher is not None:
+                if self._pusher is not None and self._clock() >= next_push:
                     self._pusher.submit(snapshot)
+                    next_push = self._clock() + push_interval
             next_poll += interval
             now = self._clock()
             if next_poll < now:  # fell behind: skip missed ticks rather than burst

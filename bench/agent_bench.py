@@ -5,8 +5,9 @@ this runs on; see docs/agent.md):
 
 - ``cpu_share``: ``tokenpath agent`` logic (AgentService with 8 fake GPUs, real psutil,
   one vLLM-format and one SGLang-format engine page on loopback, OTLP push to a loopback
-  sink, one Prometheus scrape per second) runs in a child process at 1 Hz for ~20 s; its
-  CPU time (psutil) over wall time is the share of one core. Target <= 0.005.
+  sink every poll) runs in a child process at 1 Hz for ~20 s while this process scrapes
+  its /metrics (every 15 s, then again every 1 s); the child's CPU clock over wall time is
+  its share of one core. Target <= 0.005.
 - ``poll_cost_ratio``: one poll (NVML + NIC part) against the raw psutil and NVML calls
   that poll makes, timed alternately in this process. Target <= 1.5.
 
@@ -42,6 +43,7 @@ CPU_SHARE_TARGET = 0.005
 POLL_COST_RATIO_TARGET = 1.5
 BENCH_GPUS = 8
 DEFAULT_DURATION_SECONDS = 20.0
+PROMETHEUS_SCRAPE_SECONDS = 15.0
 WARMUP_SECONDS = 2.0
 PAGES = Path(__file__).resolve().parent.parent / "tests" / "agent" / "pages"
 READY_LINE = "ready"
@@ -234,17 +236,26 @@ def measure_cpu_share(duration: float = DEFAULT_DURATION_SECONDS, interval: floa
 
 
 def run(duration: float = DEFAULT_DURATION_SECONDS) -> dict[str, Any]:
-    """Both measurements with their targets and verdicts (``cpu_percent_of_core`` and
-    ``poll_ratio`` are the figures ``python -m bench`` tabulates)."""
-    cpu = measure_cpu_share(duration)
+    """Both measurements with their targets (``cpu_percent_of_core`` and ``poll_ratio``
+    are the figures ``python -m bench`` tabulates).
+
+    The CPU share is taken twice: with one Prometheus scrape every
+    ``PROMETHEUS_SCRAPE_SECONDS`` (a common ServiceMonitor setting; the headline figure)
+    and with one scrape every second (the pessimistic case, reported beside it).
+    """
+    typical = measure_cpu_share(duration, scrape_interval=PROMETHEUS_SCRAPE_SECONDS)
+    every_second = measure_cpu_share(duration, scrape_interval=1.0)
     cost = measure_poll_cost()
     return {
         "nvml": f"fake ({BENCH_GPUS} GPUs; no GPU on this machine)",
-        "cpu_percent_of_core": 100.0 * cpu["cpu_share_of_one_core"],
+        "cpu_percent_of_core": 100.0 * typical["cpu_share_of_one_core"],
+        "cpu_percent_of_core_scrape_every_second":
+            100.0 * every_second["cpu_share_of_one_core"],
         "cpu_percent_target": 100.0 * CPU_SHARE_TARGET,
         "poll_ratio": cost["poll_cost_ratio"],
         "poll_ratio_target": POLL_COST_RATIO_TARGET,
-        **cpu,
+        "cpu_typical_scrapes": typical,
+        "cpu_scrape_every_second": every_second,
         **cost,
     }
 

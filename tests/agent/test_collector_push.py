@@ -21,7 +21,7 @@ def test_collector_receives_gpu_busy_time_and_nic_bytes_per_node() -> None:
     collector.start()
     agent = AgentService(
         AgentConfig(listen="127.0.0.1:0", node=NODE_NAME, interval_seconds=0.1,
-                    collector_url=collector.http_url),
+                    push_interval_seconds=0.1, collector_url=collector.http_url),
         nvml=FakeNvml([FakeGpu(utilization_percent=100), FakeGpu(utilization_percent=25)]),
         auth_token=TOKEN,
     )

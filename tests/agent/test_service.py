@@ -103,7 +103,7 @@ def test_real_pynvml_without_a_gpu_reports_nvml_up_zero() -> None:
 
 def test_otlp_push_reaches_a_real_http_server_as_protobuf(page_server: PageServer) -> None:
     config = AgentConfig(listen="127.0.0.1:0", node="gpu-node-7", interval_seconds=0.1,
-                         collector_url=page_server.base_url)
+                         push_interval_seconds=0.1, collector_url=page_server.base_url)
     gpus = [FakeGpu(nvlink_tx_kib=10)]
     agent = AgentService(config, nvml=FakeNvml(gpus), auth_token=TOKEN)
     agent.start(serve=False)
@@ -131,6 +131,23 @@ def test_otlp_push_reaches_a_real_http_server_as_protobuf(page_server: PageServe
     assert util.gauge.data_points[0].as_double == 0.5
     assert metrics[mn.AGENT_NVML_UP.name].gauge.data_points[0].as_double == 1.0
     assert agent.pusher is not None and agent.pusher.failed == 0
+
+
+def test_push_interval_is_honoured_and_shutdown_flushes_the_newest_poll(
+        page_server: PageServer) -> None:
+    config = AgentConfig(listen="127.0.0.1:0", node="n", interval_seconds=0.05,
+                         push_interval_seconds=3600.0, collector_url=page_server.base_url)
+    agent = AgentService(config, nvml=FakeNvml())
+    agent.start(serve=False)
+    time.sleep(0.5)  # several polls, no push due
+    agent.shutdown()
+    assert len(page_server.posts) == 2  # the first poll at start, the newest at shutdown
+    request = ExportMetricsServiceRequest()
+    request.ParseFromString(page_server.posts[-1][2])
+    metric = request.resource_metrics[0].scope_metrics[0].metrics[0]
+    points = metric.gauge.data_points or metric.sum.data_points
+    assert agent.latest is not None
+    assert points[0].time_unix_nano == agent.latest.taken_unix_nano
 
 
 def test_failed_push_is_counted_and_never_stops_polling(dead_url: str) -> None:
