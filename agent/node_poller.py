@@ -165,13 +165,14 @@ class NodePoller:
                 state.busy += gpu.utilization_ratio * (now - last)
             state.last_seen = now
             busy_series[labels] = state.busy
-        for spec, series in (
-            (mn.GPU_UTILIZATION, util), (mn.GPU_MEMORY_BW_UTIL, bandwidth),
-            (mn.GPU_MEMORY_USED, used), (mn.GPU_MEMORY_TOTAL, total),
-            (mn.GPU_POWER, power), (mn.GPU_SM_CLOCK, clock), (mn.GPU_PCIE_TX, pcie_tx),
-            (mn.GPU_PCIE_RX, pcie_rx), (mn.GPU_NVLINK_TX, nvlink_tx),
-            (mn.GPU_NVLINK_RX, nvlink_rx), (mn.GPU_BUSY_SECONDS, busy_series),
-        ):
+        points[mn.GPU_UTILIZATION] = util
+        points[mn.GPU_MEMORY_BW_UTIL] = bandwidth
+        points[mn.GPU_MEMORY_USED] = used
+        points[mn.GPU_MEMORY_TOTAL] = total
+        points[mn.GPU_BUSY_SECONDS] = busy_series
+        for spec, series in ((mn.GPU_POWER, power), (mn.GPU_SM_CLOCK, clock),
+                             (mn.GPU_PCIE_TX, pcie_tx), (mn.GPU_PCIE_RX, pcie_rx),
+                             (mn.GPU_NVLINK_TX, nvlink_tx), (mn.GPU_NVLINK_RX, nvlink_rx)):
             if series:
                 points[spec] = series
 

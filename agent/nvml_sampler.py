@@ -79,6 +79,7 @@ class NvmlSampler:
         self._handles: dict[int, Any] = {}
         self._unsupported: dict[int, set[str]] = {}
         self._nvlink_fields: list[tuple[int, int]] = []
+        self._last_count = -1
         self._not_supported = -1
         self._clock_sm = self._pcie_tx = self._pcie_rx = -1
         self.init_error: str | None = None
@@ -132,8 +133,10 @@ class NvmlSampler:
             reading = self._read_gpu(index, errors)
             if reading is not None:
                 readings.append(reading)
-        for stale in [i for i in self._handles if i >= count]:
-            del self._handles[stale]
+        if count != self._last_count:  # GPUs went away: forget their handles
+            self._last_count = count
+            for stale in [i for i in self._handles if i >= count]:
+                del self._handles[stale]
         return readings
 
     def _read_gpu(self, index: int, errors: ErrorCounts) -> GpuReading | None:
