@@ -5,6 +5,7 @@ Values resolve argument > environment > config file (``agent:`` section) > defau
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from collections.abc import Mapping
@@ -37,7 +38,14 @@ ENV_COLLECTOR: Final = "TOKENPATH_AGENT_COLLECTOR"
 ENV_INTERVAL: Final = "TOKENPATH_AGENT_INTERVAL"
 ENV_ENGINE_METRICS: Final = "TOKENPATH_AGENT_ENGINE_METRICS"
 ENV_NODE: Final = "TOKENPATH_AGENT_NODE"
+# The Kubernetes downward-API convention (spec.nodeName); the default when set.
+ENV_KUBERNETES_NODE_NAME: Final = "NODE_NAME"
 FILE_SECTION: Final = "agent"
+
+
+def default_node_name() -> str:
+    """``NODE_NAME`` (downward API) when set, else the hostname."""
+    return os.environ.get(ENV_KUBERNETES_NODE_NAME, "").strip() or socket.gethostname()
 
 
 def _url_list(value: Any) -> tuple[str, ...]:
@@ -58,7 +66,7 @@ class AgentConfig:
     collector_url: str | None = None
     interval_seconds: float = DEFAULT_INTERVAL_SECONDS
     engine_metrics_urls: tuple[str, ...] = ()
-    node: str = field(default_factory=socket.gethostname)
+    node: str = field(default_factory=lambda: default_node_name())
     engine_timeout_seconds: float = DEFAULT_ENGINE_TIMEOUT_SECONDS
     push_timeout_seconds: float = DEFAULT_PUSH_TIMEOUT_SECONDS
     push_interval_seconds: float = DEFAULT_PUSH_INTERVAL_SECONDS

@@ -5,9 +5,9 @@ this runs on; see docs/agent.md):
 
 - ``cpu_share``: ``tokenpath agent`` logic (AgentService with 8 fake GPUs, real psutil,
   one vLLM-format and one SGLang-format engine page on loopback, OTLP push to a loopback
-  sink at the default push interval) runs in a child process at 1 Hz for ~20 s while this process scrapes
-  its /metrics (every 15 s, then again every 1 s); the child's CPU clock over wall time is
-  its share of one core. Target <= 0.005.
+  sink at the default push interval) runs in a child process at 1 Hz for ~20 s while
+  this process scrapes its /metrics (every 15 s, then again every 1 s); the child's CPU
+  clock over wall time is its share of one core. Target <= 0.005.
 - ``poll_cost_ratio``: one poll (NVML + NIC part) against the raw psutil and NVML calls
   that poll makes, timed alternately in this process. Target <= 1.5.
 

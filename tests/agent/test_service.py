@@ -186,6 +186,9 @@ def test_precedence_argument_over_env_over_file_over_default(
     monkeypatch.delenv(ENV_NODE)
     assert AgentConfig.from_sources().listen == "127.0.0.1:9400"
     assert AgentConfig.from_sources().node == os.uname().nodename
+    monkeypatch.setenv("NODE_NAME", "k8s-node")  # downward API, below everything else
+    assert AgentConfig.from_sources().node == "k8s-node"
+    assert AgentConfig.from_sources(file_values=file_values).node == "file-node"
 
 
 @pytest.mark.parametrize(("kwargs", "file_values", "key"), [
