@@ -144,6 +144,7 @@ class OtlpMetricsPusher:
         self._thread: threading.Thread | None = None
         self.sent = 0
         self.failed = 0
+        self._last_ok = True
 
     @property
     def url(self) -> str:
@@ -174,24 +175,30 @@ class OtlpMetricsPusher:
                 return
 
     def send(self, snapshot: Snapshot) -> bool:
-        """Export one snapshot now; True on a 2xx answer. Never raises."""
+        """Export one snapshot now; True on a 2xx answer. Never raises. Logs only when
+        the outcome changes (first failure, recovery), not on every push."""
+        problem: str | None = None
         try:
             body = self._builder.build(snapshot).SerializeToString()
             response = self._client.post(self._url, content=body, headers=self._headers)
-            ok = 200 <= response.status_code < 300
-            if not ok:
-                logger.warning("OTLP metrics push to %s: HTTP %s", self._url,
-                               response.status_code)
+            if not 200 <= response.status_code < 300:
+                problem = f"HTTP {response.status_code}"
         except Exception as exc:
-            logger.warning("OTLP metrics push to %s failed: %s", self._url, exc)
-            ok = False
-        if ok:
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is None:
+            if self.failed and not self._last_ok:
+                logger.info("OTLP metrics push to %s recovered", self._url)
             self.sent += 1
-        else:
-            self.failed += 1
-            if self._on_error is not None:
-                self._on_error()
-        return ok
+            self._last_ok = True
+            return True
+        if self._last_ok:
+            logger.warning("OTLP metrics push to %s failed (%s); counting failures in "
+                           "tokenpath_agent_otlp_push_errors_total", self._url, problem)
+        self._last_ok = False
+        self.failed += 1
+        if self._on_error is not None:
+            self._on_error()
+        return False
 
     def shutdown(self) -> None:
         """Send what is pending, then stop (idempotent)."""

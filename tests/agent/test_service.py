@@ -243,3 +243,23 @@ def test_exposition_passes_promtool_lint(service: AgentService) -> None:
                             capture_output=True, timeout=60)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert mn.GPU_NVLINK_TX.series.encode() in body
+
+
+def test_polling_never_spawns_a_process(monkeypatch: pytest.MonkeyPatch,
+                                        page_server: PageServer) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"the agent spawned a process: {args!r}")
+
+    page_server.pages["/vllm"] = render_vllm()
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(os, "system", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse)
+    agent = AgentService(AgentConfig(listen="127.0.0.1:0", node="n",
+                                     engine_metrics_urls=(page_server.url("/vllm"),)),
+                         nvml=FakeNvml([FakeGpu()]))
+    try:
+        for _ in range(3):
+            snapshot = agent.poll_once()
+    finally:
+        agent.shutdown()
+    assert snapshot.get(mn.GPU_UTILIZATION, ("0",)) == 0.5
