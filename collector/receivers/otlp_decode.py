@@ -81,16 +81,37 @@ class MetricPoint:
 # --- attribute values ------------------------------------------------------------------
 
 
+# Strings up to this length are shared within one export request: attribute keys, stage
+# ids, model names, span names and the ids that spans of one trace repeat. Buffered spans
+# then hold references instead of copies (bench/memory.py measures the effect).
+SHARED_STRING_MAX_LENGTH = 64
+_NO_ATTRIBUTES: Attributes = {}  # shared by every span without attributes; never modified
+
+
 class _AttributeReader:
     """Converts KeyValue lists under the ingest limits, counting what it drops."""
 
-    __slots__ = ("content_dropped", "dropped", "limits", "truncated")
+    __slots__ = ("content_dropped", "dropped", "limits", "shared", "shared_attributes",
+                 "shared_ints", "truncated")
 
     def __init__(self, limits: IngestLimits) -> None:
         self.limits = limits
         self.dropped = 0
         self.content_dropped = 0
         self.truncated = 0
+        self.shared: dict[str, str] = {}
+        self.shared_ints: dict[int, int] = {}
+        self.shared_attributes: dict[tuple[tuple[str, AttrValue], ...], Attributes] = {}
+
+    def share(self, text: str) -> str:
+        """One object per distinct short string in this request."""
+        if len(text) > SHARED_STRING_MAX_LENGTH:
+            return text
+        return self.shared.setdefault(text, text)
+
+    def share_int(self, number: int) -> int:
+        """One object per distinct integer value (small ints are shared by Python itself)."""
+        return self.shared_ints.setdefault(number, number)
 
     def value(self, v: AnyValue) -> AttrValue | None:
         which = v.WhichOneof("value")
@@ -99,9 +120,9 @@ class _AttributeReader:
             if len(s) > self.limits.max_attribute_value_length:  # strings: characters
                 self.truncated += 1
                 s = s[: self.limits.max_attribute_value_length]
-            return s
+            return self.share(s)
         if which == "int_value":
-            return v.int_value
+            return self.share_int(v.int_value)
         if which == "double_value":
             return v.double_value
         if which == "bool_value":
@@ -135,8 +156,12 @@ class _AttributeReader:
                 continue
             value = self.value(kv.value)
             if value is not None:
-                out[key] = value
-        return out
+                out[self.share(key)] = value
+        if not out:
+            return _NO_ATTRIBUTES
+        # Spans of one request often carry the same attribute set (route, stage, phase):
+        # they share one dict. Attribute dicts are never modified after decoding.
+        return self.shared_attributes.setdefault(tuple(out.items()), out)
 
 
 # --- traces ------------------------------------------------------------------------------
@@ -174,13 +199,14 @@ def decode_traces(message: ExportTraceServiceRequest, limits: IngestLimits) -> D
                 if parent and len(parent) != 8:
                     out.reject("invalid parent_span_id")
                     continue
-                events = _read_events(span.events, reader, max_events, out)
+                events = _read_events(span.events, reader, max_events, out) if span.events else ()
+                share = reader.share
                 out.spans.append(
                     SpanData(
-                        trace_id=trace_id.hex(),
-                        span_id=span_id.hex(),
-                        parent_span_id=parent.hex() if any(parent) else "",
-                        name=span.name,
+                        trace_id=share(trace_id.hex()),
+                        span_id=share(span_id.hex()),
+                        parent_span_id=share(parent.hex()) if any(parent) else "",
+                        name=share(span.name),
                         kind=span.kind,
                         start_unix_nano=span.start_time_unix_nano,
                         end_unix_nano=max(span.end_time_unix_nano, span.start_time_unix_nano),
