@@ -164,13 +164,12 @@ class _AttributeReader:
             # The common case inline (a short string); everything else through value().
             if v.WhichOneof("value") == "string_value":
                 text = v.string_value
-                if len(text) > SHARED_STRING_MAX_LENGTH:
-                    if len(text) > max_length:
-                        self.truncated += 1
-                        text = text[:max_length]
-                    value: AttrValue | None = text
-                else:
-                    value = shared.setdefault(text, text)
+                if len(text) > max_length:
+                    self.truncated += 1
+                    text = text[:max_length]
+                value: AttrValue | None = (
+                    shared.setdefault(text, text) if len(text) <= SHARED_STRING_MAX_LENGTH
+                    else text)
             else:
                 value = self.value(v)
             if value is not None:
