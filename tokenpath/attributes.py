@@ -111,6 +111,13 @@ PREFILL_NEW_TOKENS: Final = "tokenpath.prefill.new_tokens"
 # collector joins its attributes into the trace whose engine span has the same request id.
 SPAN_REQUEST_ANNOTATION: Final = "tokenpath.request_annotation"
 
+# --- OpenTelemetry HTTP semantic conventions (gateway and client shims) --------------------
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+URL_PATH: Final = "url.path"
+# TCP segments the gateway's response became (input of the derived network stages 11-13).
+RESPONSE_PACKETS: Final = "tokenpath.response.packets"
+
 # --- vLLM stat-logger plugin (tokenpath.instrumentation.vllm) ------------------------------
 # Per-request step summary on SPAN_REQUEST_ANNOTATION: over the engine steps (iterations)
 # that ran while the request was being served, the batch's scheduled prefill and decode

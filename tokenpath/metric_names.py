@@ -234,3 +234,14 @@ HISTOGRAM_COUNT_SUFFIX: Final = "_count"
 HISTOGRAM_SUM_SUFFIX: Final = "_sum"
 # Prometheus's own per-target health series.
 UP_SERIES: Final = "up"
+
+# --- vLLM's engine metric names (vLLM V1 /metrics), as exposed by the reference serving
+# path's simulated engine so the node agent can scrape it like a real vLLM. Counters are
+# given without the ``_total`` suffix, as above.
+VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries"  # counter, tokens
+VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits"  # counter, tokens
+VLLM_NUM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"  # gauge
+VLLM_NUM_REQUESTS_WAITING: Final = "vllm:num_requests_waiting"  # gauge
+VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"  # gauge, 0..1
+VLLM_LABEL_MODEL_NAME: Final = "model_name"
+VLLM_LABEL_ENGINE: Final = "engine"

@@ -1,14 +1,368 @@
-"""``tokenpath demo``: the reference serving path, collector and agent (issue 2/9)."""
+"""``tokenpath demo``: the reference serving path, the collector and a workload, on loopback.
+
+Starts the collector (in-process, loopback), the reference serving path of SPEC section 6
+(a simulated engine behind a real gateway, instrumented with tokenpath's shims and
+exporting OTLP to the collector), drives a chat workload with shared system prompts,
+multi-turn continuations and a long-context tail while showing progress, then prints the
+per-stage report. Ctrl-C stops the workload early and still prints the report.
+"""
 
 from __future__ import annotations
 
-import typer
+import asyncio
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tokenpath.cli.common import not_yet_available
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tokenpath.cli.common import auth_token, console, fail
+from tokenpath.config import ConfigError, parse_host_port
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from tokenpath.collector.service import CollectorService
+    from tokenpath.instrumentation.reference.driver import DriveStats
+    from tokenpath.instrumentation.reference.workload import WorkloadGenerator
+    from tokenpath.records import RequestRecord
+    from tokenpath.report import Report
+
+DEFAULT_COLLECTOR_HTTP = "127.0.0.1:4318"
+DEFAULT_AGENT_LISTEN = "127.0.0.1:9400"
+DEFAULT_RPS = 4.0
+DEFAULT_TIME_SCALE = 1.0
+DEFAULT_SHARED_PREFIX = 0.7
+DEFAULT_REPLICAS = 2
+DEFAULT_DEMO_GPU = "H100-SXM"
+DEFAULT_DEMO_MODEL = "llama-3.1-70b"
+DEFAULT_DEMO_TENSOR_PARALLEL = 4  # 70B in BF16 (141 GB of weights) over 4 x 80 GB
+DEFAULT_SEED = 7
+EXPORT_FLUSH_MILLIS = 10_000
+
+
+class EngineKind(StrEnum):
+    SIMULATED = "simulated"
+    VLLM = "vllm"
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    duration: float | None
+    rps: float
+    store_path: str
+    ground_truth: Path | None
+    collector_host: str
+    collector_port: int
+    time_scale: float = DEFAULT_TIME_SCALE
+    shared_prefix: float = DEFAULT_SHARED_PREFIX
+    replicas: int = DEFAULT_REPLICAS
+    gpu: str = DEFAULT_DEMO_GPU
+    model: str = DEFAULT_DEMO_MODEL
+    tensor_parallel: int = DEFAULT_DEMO_TENSOR_PARALLEL
+    seed: int = DEFAULT_SEED
+    prices_path: str | None = None
+    engine: EngineKind = EngineKind.SIMULATED
+
+    def validate(self) -> None:
+        if self.duration is not None and self.duration <= 0:
+            raise ConfigError("duration", "must be greater than 0")
+        if not self.rps > 0:
+            raise ConfigError("rps", "must be greater than 0")
+        if not self.time_scale > 0:
+            raise ConfigError("time-scale", "must be greater than 0")
+        if not 0.0 <= self.shared_prefix <= 1.0:
+            raise ConfigError("shared-prefix", "must be between 0 and 1")
+        if self.replicas < 1:
+            raise ConfigError("replicas", "must be at least 1")
+        if self.engine is EngineKind.VLLM and self.ground_truth is not None:
+            raise ConfigError("ground-truth", "only the simulated engine knows its ground truth")
+
+
+def _tracer_provider(collector_url: str, token: str | None) -> TracerProvider:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    provider = TracerProvider(resource=Resource.create({"service.name": "tokenpath-demo"}),
+                              shutdown_on_exit=False)
+    exporter = OTLPSpanExporter(endpoint=f"{collector_url}/v1/traces", headers=headers,
+                                timeout=10)
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500,
+                                                   max_queue_size=1 << 15))
+    return provider
+
+
+def _progress_text(stats: DriveStats, duration: float | None) -> str:
+    limit = f"/{duration:.0f}s" if duration else " (Ctrl-C to stop)"
+    return (f"{stats.elapsed:5.1f}s{limit}  sent {stats.sent}  ok {stats.ok}  "
+            f"failed {stats.failed}  in flight {stats.in_flight}  "
+            f"chunks streamed {stats.output_chunks}")
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    """This run's request records (as the collector built them) and their report."""
+
+    records: list[RequestRecord]
+    report: Report
+
+
+def run_demo(config: DemoConfig, out: Console) -> DemoResult:
+    """Run the demo and print its report (also usable from benchmarks and tests)."""
+    config.validate()
+    started_unix = time.time()
+    token = auth_token()
+    collector = _start_collector(config, token)
+    provider = _tracer_provider(collector.http_url, token)
+    try:
+        if config.engine is EngineKind.VLLM:
+            _serve_vllm(config, collector, provider, out)
+        else:
+            _serve_simulated(config, collector, provider, out)
+    except BaseException:
+        collector.shutdown()
+        raise
+    finally:
+        provider.force_flush(EXPORT_FLUSH_MILLIS)
+        provider.shutdown()
+    return _report_and_stop(collector, config, out, started_unix)
+
+
+def _start_collector(config: DemoConfig, token: str | None) -> CollectorService:
+    from tokenpath.collector.config import CollectorConfig
+    from tokenpath.collector.service import CollectorService
+
+    store_path = Path(config.store_path).expanduser()
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    # vLLM exports its spans over OTLP/gRPC; the simulated path uses OTLP/HTTP only
+    grpc_port = 0 if config.engine is EngineKind.VLLM else None
+    try:
+        collector = CollectorService(CollectorConfig(
+            http_host=config.collector_host, http_port=config.collector_port,
+            grpc_host=config.collector_host, grpc_port=grpc_port, store_path=str(store_path),
+            auth_token=token, prices_path=config.prices_path,
+        ))
+    except ConfigError as exc:
+        key = {"http": "collector-http", "store": "store"}.get(exc.key, exc.key)
+        raise ConfigError(key, str(exc).removeprefix(f"{exc.key}: ")) from exc
+    collector.start()
+    return collector
+
+
+def _banner_tail(collector: CollectorService, out: Console) -> None:
+    out.print(f"  collector {collector.http_url} (OTLP/HTTP /v1/traces, /metrics)")
+    out.print(f"  UI        {collector.http_url}/")
+    out.print("  agent     not started (the node agent is issue 5/9)")
+
+
+def _serve_simulated(config: DemoConfig, collector: CollectorService,
+                     provider: TracerProvider, out: Console) -> None:
+    from tokenpath.collector.cost.prices import load_price_sheet
+    from tokenpath.instrumentation.reference import SIMULATED_ENGINE_LABEL
+    from tokenpath.instrumentation.reference.engine import EngineConfig
+    from tokenpath.instrumentation.reference.ground_truth import GroundTruthWriter
+    from tokenpath.instrumentation.reference.serving_path import (
+        ReferencePathConfig,
+        ReferenceServingPath,
+    )
+    from tokenpath.instrumentation.reference.workload import WorkloadConfig, WorkloadGenerator
+
+    truth = GroundTruthWriter(config.ground_truth) if config.ground_truth else None
+    # the ground truth prices GPU time like the collector's price sheet does
+    gpu_price = load_price_sheet(config.prices_path).gpu_price(config.gpu)
+    engine = EngineConfig(gpu=config.gpu, model=config.model,
+                          tensor_parallel=config.tensor_parallel, time_scale=config.time_scale,
+                          gpu_dollars_per_hour=gpu_price.dollars_per_hour)
+    path = ReferenceServingPath(ReferencePathConfig(engine=engine, replicas=config.replicas),
+                                tracer_provider=provider, ground_truth=truth)
+    try:
+        path.start()
+        out.print(f"[bold]tokenpath demo[/] — reference serving path with a "
+                  f"[yellow]{SIMULATED_ENGINE_LABEL}[/] ({config.model} on "
+                  f"{config.tensor_parallel} x {config.gpu}, {config.replicas} replicas, "
+                  f"time scale {config.time_scale:g})")
+        out.print(f"  gateway   {path.base_url}/v1/chat/completions "
+                  f"(engine metrics in vLLM format: {path.base_url}/metrics)")
+        _banner_tail(collector, out)
+        workload = WorkloadGenerator(WorkloadConfig(seed=config.seed,
+                                                    shared_prefix=config.shared_prefix))
+        _drive_with_progress(path.base_url, provider, workload, config, config.model, out)
+    finally:
+        path.shutdown()
+        if truth is not None:
+            truth.shutdown()
+
+
+def _serve_vllm(config: DemoConfig, collector: CollectorService, provider: TracerProvider,
+                out: Console) -> None:
+    """A local vLLM (CPU, tiny test model, issue 3/9's launcher) behind the reference
+    gateway; vLLM exports its own spans to the collector over OTLP/gRPC."""
+    from tokenpath.instrumentation.gateway import GatewayInstrumentor
+    from tokenpath.instrumentation.reference.gateway_parts import ApiKeyAuth, TokenBucket
+    from tokenpath.instrumentation.reference.serving_path import LoopbackServer
+    from tokenpath.instrumentation.reference.upstream_gateway import (
+        UpstreamGatewayParts,
+        create_upstream_gateway,
+    )
+    from tokenpath.instrumentation.reference.workload import WorkloadConfig, WorkloadGenerator
+    from tokenpath.instrumentation.vllm.launcher import LocalVllmConfig, start_local_vllm
+
+    out.print("[bold]tokenpath demo[/] — starting a local vLLM on CPU with a tiny test model "
+              "(the first run installs vLLM into its own environment: minutes)")
+    try:
+        vllm = start_local_vllm(LocalVllmConfig(otlp_endpoint=collector.grpc_endpoint))
+    except Exception as exc:
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError("engine", f"vllm is not available here: {first_line}") from exc
+    server: LoopbackServer | None = None
+    try:
+        app = create_upstream_gateway(UpstreamGatewayParts(
+            upstream_urls=[vllm.base_url], auth=ApiKeyAuth(), rate_limit=TokenBucket(),
+            model=vllm.model_name))
+        GatewayInstrumentor().instrument_app(app, tracer_provider=provider)
+        server = LoopbackServer(app)
+        server.start()
+        out.print(f"  gateway   {server.base_url}/v1/chat/completions -> vLLM {vllm.base_url} "
+                  f"(model {vllm.model_name}, metrics {vllm.base_url}/metrics)")
+        _banner_tail(collector, out)
+        # the tiny test model has a 2,048-token context: a smaller workload of the same shape
+        workload = WorkloadGenerator(WorkloadConfig(
+            seed=config.seed, shared_prefix=config.shared_prefix, system_prompt_words=48,
+            tool_definition_words=32, user_words=(4, 24), multi_turn_share=0.1,
+            long_context_share=0.02, long_context_words=(60, 120), max_tokens=(8, 24)))
+        _drive_with_progress(server.base_url, provider, workload, config, vllm.model_name,
+                             out)
+    finally:
+        if server is not None:
+            server.shutdown()
+        vllm.stop()
+
+
+def _drive_with_progress(base_url: str, provider: TracerProvider, workload: WorkloadGenerator,
+                         config: DemoConfig, model: str, out: Console) -> None:
+    from tokenpath.instrumentation.client import InstrumentedClient
+    from tokenpath.instrumentation.reference.driver import drive
+    from tokenpath.instrumentation.reference.tokenizer import ToyTokenizer
+
+    progress = Progress(TextColumn("[bold blue]workload"), BarColumn(),
+                        TextColumn("{task.description}"), TimeElapsedColumn(),
+                        console=out, transient=False)
+    total = config.duration if config.duration else None
+    task = progress.add_task("starting", total=total)
+
+    def update(stats: DriveStats) -> None:
+        progress.update(task, description=_progress_text(stats, config.duration),
+                        completed=min(stats.elapsed, total) if total else stats.elapsed)
+
+    async def main() -> None:
+        client = InstrumentedClient(base_url, tracer_provider=provider,
+                                    tokenize=ToyTokenizer().encode)
+        try:
+            await drive(client, workload, model, config.rps,
+                        duration=config.duration, on_progress=update, seed=config.seed)
+        finally:
+            await client.aclose()
+
+    with progress:
+        try:
+            asyncio.run(main())
+        except KeyboardInterrupt:
+            out.print("[yellow]interrupted: stopping the workload and printing the report[/]")
+
+
+def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Console,
+                     started_unix: float) -> DemoResult:
+    """Flush the collector and print the report of this run's requests (the store may
+    hold earlier runs too)."""
+    from tokenpath.cli.render import render_report
+    from tokenpath.collector.store import open_store_readonly
+    from tokenpath.report import build_report
+
+    time.sleep(0.2)  # let the last OTLP export land
+    collector.shutdown()  # flushes every buffered trace through the attributor to the store
+    store = open_store_readonly(str(Path(config.store_path).expanduser()))
+    try:
+        records = store.records(since_unix=started_unix)
+        report = build_report(records, store.idle_cost_dollars(started_unix))
+    finally:
+        store.shutdown()
+    out.print()
+    render_report(report, out)
+    out.print()
+    out.print(f"This run: {report.requests} request records, stored in {config.store_path}.")
+    out.print(f"Explore all stored runs: [bold]tokenpath report --store {config.store_path}[/]"
+              ", or run "
+              f"[bold]tokenpath collector --store {config.store_path}[/] and open the UI at "
+              f"http://{config.collector_host}:{config.collector_port or 4318}/")
+    if config.ground_truth:
+        out.print(f"Ground truth (simulated engine's GPU seconds and dollars per request): "
+                  f"{config.ground_truth}")
+    return DemoResult(records, report)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
-    def demo() -> None:
+    def demo(
+        duration: float | None = typer.Option(
+            None, help="Seconds to run (default: until Ctrl-C)."),
+        rps: float = typer.Option(DEFAULT_RPS, help="Requests per second (Poisson arrivals)."),
+        store: str | None = typer.Option(
+            None, help="Store path (default $TOKENPATH_STORE or "
+                       "~/.local/share/tokenpath/store.db)."),
+        ground_truth: Path | None = typer.Option(
+            None, "--ground-truth",
+            help="Write the simulated engine's per-request GPU seconds and dollars (JSONL)."),
+        collector_http: str = typer.Option(DEFAULT_COLLECTOR_HTTP, "--collector-http",
+                                           help="Collector HTTP listener HOST:PORT."),
+        agent_listen: str = typer.Option(DEFAULT_AGENT_LISTEN, "--agent-listen",
+                                         help="Node agent listener HOST:PORT."),
+        engine: EngineKind = typer.Option(
+            EngineKind.SIMULATED, "--engine",
+            help="simulated (built in), or vllm: a local vLLM on CPU with a tiny test model "
+                 "(installed on first use)."),
+        time_scale: float = typer.Option(
+            DEFAULT_TIME_SCALE, "--time-scale",
+            help="Multiply the simulated engine's step times (0.01 = 100x faster)."),
+        shared_prefix: float = typer.Option(
+            DEFAULT_SHARED_PREFIX, "--shared-prefix",
+            help="Share of requests opening with a shared system prompt (0..1)."),
+        replicas: int = typer.Option(DEFAULT_REPLICAS, help="Engine replicas behind the router."),
+        gpu: str = typer.Option(DEFAULT_DEMO_GPU, help="GPU of the simulated engine."),
+        model: str = typer.Option(DEFAULT_DEMO_MODEL, help="Model of the simulated engine."),
+        tensor_parallel: int = typer.Option(DEFAULT_DEMO_TENSOR_PARALLEL, "--tensor-parallel"),
+        seed: int = typer.Option(DEFAULT_SEED, help="Workload seed."),
+        prices: str | None = typer.Option(
+            None, help="Price sheet YAML for the collector and the ground truth "
+                       "(default: the built-in sheet)."),
+    ) -> None:
         """Run the reference serving path with a workload and print the stage report."""
-        not_yet_available("demo", "2/9")
+        from tokenpath.collector.config import default_store_path
+
+        try:
+            host, port = parse_host_port(collector_http, "collector-http")
+            parse_host_port(agent_listen, "agent-listen")
+            config = DemoConfig(
+                duration=duration, rps=rps, store_path=store or default_store_path(),
+                ground_truth=ground_truth, collector_host=host, collector_port=port,
+                time_scale=time_scale, shared_prefix=shared_prefix, replicas=replicas,
+                gpu=gpu, model=model, tensor_parallel=tensor_parallel, seed=seed,
+                prices_path=prices, engine=engine,
+            )
+            config.validate()
+            from tokenpath.instrumentation.reference.engine import EngineConfig
+
+            EngineConfig(gpu=gpu, model=model, tensor_parallel=tensor_parallel,
+                         time_scale=time_scale).validate()
+        except ConfigError as exc:
+            fail(f"--{exc}")
+        try:
+            run_demo(config, console)
+        except ConfigError as exc:
+            fail(f"--{exc}")

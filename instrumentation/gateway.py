@@ -1,0 +1,342 @@
+"""Gateway shim for ASGI apps (FastAPI, Starlette or any ASGI callable).
+
+:class:`GatewayInstrumentor` wraps an app's middleware stack, in the style of
+OpenTelemetry's contrib instrumentors (``instrument_app``/``uninstrument_app``,
+idempotent, accepts a tracer provider). For every HTTP request it opens one SERVER span
+(parent taken from the incoming ``traceparent``) and records on it, as ``STAGE_EVENT``
+events through the hook API:
+
+- ``api_gateway``: the gateway's own time: arrival to the hand-off to the engine
+  (:func:`mark_engine_handoff`), minus the auth/rate-limit and router stages; for
+  requests that never reach an engine, the whole request minus those stages;
+- ``auth_ratelimit`` and ``router``: timed by the app with :func:`gateway_stage`;
+- ``response_path``: total time spent writing response chunks (the ``send`` calls);
+- ``switch_hop``, ``nic_tx``, ``ethernet_serialize`` (provenance derived) from the
+  response bytes and chunk sizes, see :mod:`tokenpath.instrumentation.network`;
+
+and the attributes TTFT_SECONDS (arrival to the first response body byte), response
+bytes, chunks, packets, small packets and write seconds. :func:`trace_headers` gives the
+``traceparent`` for the engine so gateway and engine spans share one trace.
+
+Every telemetry step is guarded: if tracing fails the request is served untouched.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tokenpath import attributes as attr
+from tokenpath.instrumentation.engine_hooks import get_tracer
+from tokenpath.instrumentation.hooks import StageRecorder
+from tokenpath.instrumentation.network import (
+    LinkModel,
+    ResponseTally,
+    derive_network_stages,
+)
+from tokenpath.instrumentation.safety import telemetry_errors
+from tokenpath.stages import Provenance, StageId
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+DEFAULT_EXCLUDED_PATHS = ("/healthz", "/metrics", "/v1/models")
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    link: LinkModel = field(default_factory=LinkModel)
+    excluded_paths: tuple[str, ...] = DEFAULT_EXCLUDED_PATHS
+
+    def validate(self) -> None:
+        self.link.validate()
+
+
+class GatewayRequest:
+    """Telemetry state of one request passing the gateway (see :func:`current_request`)."""
+
+    __slots__ = ("_handoff", "_handoff_ns", "extra", "last_write_ns", "recorder", "span",
+                 "started", "tally", "ttft", "write_seconds")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.recorder = StageRecorder(span)
+        self.started = time.perf_counter()
+        self._handoff: float | None = None
+        self._handoff_ns: int | None = None
+        self.tally = ResponseTally()
+        self.ttft: float | None = None
+        self.write_seconds = 0.0
+        self.last_write_ns: int | None = None  # when the last body write began
+        self.extra: dict[str, Any] = {}  # attributes set by the app, written at the end
+
+    def handoff(self) -> None:
+        if self._handoff is None:
+            self._handoff = time.perf_counter()
+            self._handoff_ns = time.time_ns()
+
+    @property
+    def handoff_ns(self) -> int | None:
+        return self._handoff_ns
+
+    def own_seconds(self, now: float) -> float:
+        """api_gateway: to the engine hand-off (or the end) minus the app-timed stages."""
+        end = self._handoff if self._handoff is not None else now
+        timed = self.recorder.seconds(StageId.AUTH_RATELIMIT) + self.recorder.seconds(
+            StageId.ROUTER
+        )
+        if self._handoff is None:
+            timed += self.write_seconds
+        return max(0.0, end - self.started - timed)
+
+
+_current: contextvars.ContextVar[GatewayRequest | None] = contextvars.ContextVar(
+    "tokenpath_gateway_request", default=None
+)
+
+
+def current_request() -> GatewayRequest | None:
+    return _current.get()
+
+
+@contextmanager
+def gateway_stage(stage: StageId) -> Iterator[None]:
+    """Time the ``with`` body as a gateway stage of the current request (no-op outside)."""
+    request = _current.get()
+    if request is None:
+        yield
+        return
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        request.recorder.record(stage, time.perf_counter() - start)
+
+
+def mark_engine_handoff() -> None:
+    """The request is handed to an engine now: the gateway's own time ends here."""
+    request = _current.get()
+    if request is not None:
+        request.handoff()
+
+
+def annotate(key: str, value: Any) -> None:
+    """Set an attribute on the current gateway span (no-op outside a request)."""
+    request = _current.get()
+    if request is not None:
+        request.extra[key] = value
+
+
+def trace_headers() -> dict[str, str]:
+    """W3C ``traceparent`` (and ``tracestate``) of the current span, for the engine."""
+    carrier: dict[str, str] = {}
+    try:
+        _PROPAGATOR.inject(carrier)
+    except Exception as exc:
+        telemetry_errors.count("gateway.trace_headers", exc)
+    return carrier
+
+
+class TokenpathGatewayMiddleware:
+    """ASGI middleware recording the gateway stages of every HTTP request."""
+
+    def __init__(self, app: ASGIApp, tracer_provider: TracerProvider | None = None,
+                 config: GatewayConfig | None = None) -> None:
+        self.app = app
+        self.config = config or GatewayConfig()
+        self.config.validate()
+        self._tracer = get_tracer(tracer_provider)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or scope.get("path") in self.config.excluded_paths:
+            await self.app(scope, receive, send)
+            return
+        started = self._start(scope)
+        if started is None:
+            await self.app(scope, receive, send)
+            return
+        request, token, context_token = started
+        link = self.config.link
+        status_code = 0
+
+        async def traced_send(message: Message) -> None:
+            nonlocal status_code
+            if message.get("type") == "http.response.body":
+                body = message.get("body") or b""
+                if body:
+                    request.last_write_ns = time.time_ns()
+                t0 = time.perf_counter()
+                await send(message)
+                t1 = time.perf_counter()
+                if body:
+                    try:
+                        if request.ttft is None:
+                            request.ttft = t0 - request.started
+                        request.write_seconds += t1 - t0
+                        request.tally.add_chunk(len(body), link)
+                    except Exception as exc:
+                        telemetry_errors.count("gateway.send", exc)
+                return
+            if message.get("type") == "http.response.start":
+                status_code = int(message.get("status", 0))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, traced_send)
+        except BaseException:
+            status_code = status_code or 500
+            raise
+        finally:
+            self._finish(request, status_code)
+            _current.reset(token)
+            try:
+                otel_context.detach(context_token)
+            except Exception as exc:
+                telemetry_errors.count("gateway.detach", exc)
+
+    def _start(self, scope: Scope) -> tuple[
+        GatewayRequest, contextvars.Token[Any], contextvars.Token[otel_context.Context]
+    ] | None:
+        try:
+            headers = {
+                key.decode("latin-1").lower(): value.decode("latin-1")
+                for key, value in scope.get("headers") or ()
+                if key.lower() in (b"traceparent", b"tracestate")
+            }
+            parent = _PROPAGATOR.extract(carrier=headers) if headers else None
+            method = str(scope.get("method", "GET"))
+            path = str(scope.get("path", ""))
+            span = self._tracer.start_span(
+                f"{method} {path}", context=parent, kind=SpanKind.SERVER,
+                attributes={attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path},
+            )
+            request = GatewayRequest(span)
+            context_token = otel_context.attach(trace.set_span_in_context(span, parent))
+            return request, _current.set(request), context_token
+        except Exception as exc:
+            telemetry_errors.count("gateway.start", exc)
+            return None
+
+    def _finish(self, request: GatewayRequest, status_code: int) -> None:
+        try:
+            now = time.perf_counter()
+            recorder = request.recorder
+            link = self.config.link
+            recorder.record(StageId.API_GATEWAY, request.own_seconds(now),
+                            end_ns=request.handoff_ns)
+            recorder.record(StageId.RESPONSE_PATH, request.write_seconds,
+                            end_ns=request.last_write_ns)
+            network = derive_network_stages(request.tally, link)
+            recorder.record(StageId.SWITCH_HOP, network.switch_hop_seconds,
+                            provenance=Provenance.DERIVED)
+            recorder.record(StageId.NIC_TX, network.nic_tx_seconds, provenance=Provenance.DERIVED)
+            recorder.record(StageId.ETHERNET_SERIALIZE, network.ethernet_serialize_seconds,
+                            provenance=Provenance.DERIVED)
+            span = request.span
+            tally = request.tally
+            extra = request.extra
+            extra.update({
+                attr.HTTP_RESPONSE_STATUS_CODE: status_code,
+                attr.STATUS: "ok" if 0 < status_code < 400 else "error",
+                attr.RESPONSE_BYTES: tally.payload_bytes,
+                attr.RESPONSE_CHUNKS: tally.chunks,
+                attr.RESPONSE_PACKETS: tally.packets,
+                attr.RESPONSE_SMALL_CHUNKS: tally.small_packets,
+                attr.RESPONSE_WRITE_SECONDS: request.write_seconds,
+                attr.LINK_BITS_PER_SECOND: link.link_bits_per_second,
+            })
+            if request.ttft is not None and 0 < status_code < 400:  # not for refusals
+                extra[attr.TTFT_SECONDS] = request.ttft
+            span.set_attributes(extra)
+            if status_code >= 500 or status_code == 0:
+                span.set_status(Status(StatusCode.ERROR))
+            recorder.flush()
+        except Exception as exc:
+            telemetry_errors.count("gateway.finish", exc)
+        finally:
+            try:
+                request.span.end()
+            except Exception as exc:
+                telemetry_errors.count("gateway.end", exc)
+
+
+class GatewayInstrumentor:
+    """Adds :class:`TokenpathGatewayMiddleware` around a Starlette/FastAPI app's stack.
+
+    ``instrument_app(app)`` instruments one app; ``instrument()`` makes every
+    ``fastapi.FastAPI`` created afterwards instrumented (apps whose module imported the
+    class before the call are not affected, as with OpenTelemetry's instrumentors).
+    """
+
+    _ATTR = "_tokenpath_gateway_original_build"
+    _original_fastapi: Any = None
+
+    def instrument_app(self, app: Any, tracer_provider: TracerProvider | None = None,
+                       config: GatewayConfig | None = None) -> None:
+        """Instrument ``app``; a second call does nothing."""
+        if getattr(app, self._ATTR, None) is not None:
+            return
+        original = app.build_middleware_stack
+        gateway_config = config or GatewayConfig()
+        gateway_config.validate()
+
+        def build_middleware_stack() -> ASGIApp:
+            return TokenpathGatewayMiddleware(original(), tracer_provider, gateway_config)
+
+        setattr(app, self._ATTR, original)
+        app.build_middleware_stack = build_middleware_stack
+        app.middleware_stack = None  # rebuilt on the next request
+
+    def uninstrument_app(self, app: Any) -> None:
+        """Undo :meth:`instrument_app`; a second call does nothing."""
+        original = getattr(app, self._ATTR, None)
+        if original is None:
+            return
+        app.build_middleware_stack = original
+        setattr(app, self._ATTR, None)
+        app.middleware_stack = None
+
+    @classmethod
+    def is_instrumented(cls, app: Any) -> bool:
+        return getattr(app, cls._ATTR, None) is not None
+
+    def instrument(self, tracer_provider: TracerProvider | None = None,
+                   config: GatewayConfig | None = None) -> None:
+        """Instrument every FastAPI app created from now on; a second call does nothing."""
+        import fastapi
+
+        if GatewayInstrumentor._original_fastapi is not None:
+            return
+        original = fastapi.FastAPI
+        instrumentor = self
+
+        class InstrumentedFastAPI(original):  # type: ignore[misc,valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                instrumentor.instrument_app(self, tracer_provider, config)
+
+        GatewayInstrumentor._original_fastapi = original
+        fastapi.FastAPI = InstrumentedFastAPI  # type: ignore[misc]
+
+    def uninstrument(self) -> None:
+        """Undo :meth:`instrument` (apps already created stay instrumented)."""
+        import fastapi
+
+        original = GatewayInstrumentor._original_fastapi
+        if original is None:
+            return
+        fastapi.FastAPI = original  # type: ignore[misc]
+        GatewayInstrumentor._original_fastapi = None

@@ -1,0 +1,94 @@
+"""Stages 11-13 derived from what the gateway measured: response bytes and chunk sizes.
+
+Provenance ``derived``: arithmetic on measured counts with documented link constants.
+
+- Each chunk the gateway writes becomes ``ceil(bytes / mss)`` TCP segments (at least one).
+- ``nic_tx``: the response payload's transmit time at the link rate,
+  ``payload_bytes * 8 / link_bps``.
+- ``ethernet_serialize``: the framing overhead's transmit time: per packet, IPv4 + TCP
+  headers (with timestamps; they already exceed Ethernet's 46-byte minimum payload, so
+  no padding), and the Ethernet header, FCS, preamble and inter-frame gap. Small packets
+  pay this per token: the last-mile leak.
+- ``switch_hop``: ``packets * hops * switch_latency`` store-and-forward/cut-through
+  latency in the fabric between engine host and gateway.
+- Small packets: TCP segments carrying under ``small_packet_payload_bytes`` (64) bytes.
+
+When the node agent's NIC counters are present the collector may refine these; this
+module only needs what a gateway sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenpath.config import ConfigError
+
+DEFAULT_LINK_BITS_PER_SECOND = 25e9  # 25GbE, a common server uplink
+DEFAULT_MSS_BYTES = 1448  # 1500 MTU - 20 IPv4 - 20 TCP - 12 TCP timestamps
+IP_TCP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps option 12
+ETHERNET_FRAMING_BYTES = 38  # header 14 + FCS 4 + preamble/SFD 8 + inter-frame gap 12
+DEFAULT_SMALL_PACKET_PAYLOAD_BYTES = 64
+DEFAULT_SWITCH_HOPS = 2  # leaf and spine between an engine host and its gateway
+DEFAULT_SWITCH_LATENCY_SECONDS = 1e-6  # per hop, typical data-center switch port-to-port
+
+
+@dataclass(frozen=True, slots=True)
+class LinkModel:
+    link_bits_per_second: float = DEFAULT_LINK_BITS_PER_SECOND
+    mss_bytes: int = DEFAULT_MSS_BYTES
+    small_packet_payload_bytes: int = DEFAULT_SMALL_PACKET_PAYLOAD_BYTES
+    switch_hops: int = DEFAULT_SWITCH_HOPS
+    switch_latency_seconds: float = DEFAULT_SWITCH_LATENCY_SECONDS
+
+    def validate(self) -> None:
+        if not self.link_bits_per_second > 0:
+            raise ConfigError("link_bits_per_second", "must be greater than 0")
+        if self.mss_bytes < 1:
+            raise ConfigError("mss_bytes", "must be at least 1")
+        if self.switch_hops < 0:
+            raise ConfigError("switch_hops", "must not be negative")
+        if self.switch_latency_seconds < 0:
+            raise ConfigError("switch_latency_seconds", "must not be negative")
+
+
+@dataclass(slots=True)
+class ResponseTally:
+    """Running counts of a response as the gateway writes it."""
+
+    payload_bytes: int = 0
+    chunks: int = 0
+    packets: int = 0
+    small_packets: int = 0
+    overhead_bytes: int = 0  # framing bytes on the wire beyond the payload
+
+    def add_chunk(self, size: int, link: LinkModel) -> None:
+        if size <= 0:
+            return
+        self.payload_bytes += size
+        self.chunks += 1
+        full, rest = divmod(size, link.mss_bytes)
+        packets = full + (1 if rest else 0)
+        self.packets += packets
+        small = link.small_packet_payload_bytes
+        if rest and rest < small:
+            self.small_packets += 1
+        elif not rest and link.mss_bytes < small:  # only with an absurdly small MSS
+            self.small_packets += packets
+        # IP + TCP headers (52 B) always exceed Ethernet's 46-byte minimum payload: no padding
+        self.overhead_bytes += packets * (IP_TCP_HEADER_BYTES + ETHERNET_FRAMING_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkStages:
+    switch_hop_seconds: float
+    nic_tx_seconds: float
+    ethernet_serialize_seconds: float
+
+
+def derive_network_stages(tally: ResponseTally, link: LinkModel) -> NetworkStages:
+    bits = link.link_bits_per_second
+    return NetworkStages(
+        switch_hop_seconds=tally.packets * link.switch_hops * link.switch_latency_seconds,
+        nic_tx_seconds=tally.payload_bytes * 8.0 / bits,
+        ethernet_serialize_seconds=tally.overhead_bytes * 8.0 / bits,
+    )

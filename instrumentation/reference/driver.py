@@ -1,0 +1,82 @@
+"""Drive a workload against an OpenAI-compatible endpoint at a target request rate."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tokenpath.instrumentation.client import ClientResult, InstrumentedClient
+from tokenpath.instrumentation.reference.workload import WorkloadGenerator
+
+DEFAULT_MAX_IN_FLIGHT = 256
+
+
+@dataclass(slots=True)
+class DriveStats:
+    sent: int = 0
+    ok: int = 0
+    failed: int = 0
+    output_chunks: int = 0
+    in_flight: int = 0
+    started: float = field(default_factory=time.monotonic)
+    trace_ids: list[str] = field(default_factory=list)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+async def drive(client: InstrumentedClient, workload: WorkloadGenerator, model: str,
+                rps: float, duration: float | None = None, requests: int | None = None,
+                on_progress: Callable[[DriveStats], None] | None = None,
+                max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, seed: int = 11) -> DriveStats:
+    """Send requests with Poisson arrivals at ``rps`` until ``duration`` seconds or
+    ``requests`` requests (whichever comes first; neither: until cancelled), then wait
+    for the ones in flight."""
+    stats = DriveStats()
+    rng = random.Random(seed)
+    tasks: set[asyncio.Task[None]] = set()
+    gate = asyncio.Semaphore(max_in_flight)
+
+    async def one() -> None:
+        request = workload.next_request()
+        stats.in_flight += 1
+        try:
+            result: ClientResult = await client.chat_completion(
+                request.messages, model, request.max_tokens, stream=request.stream)
+            if result.status_code == 200:
+                stats.ok += 1
+                stats.output_chunks += result.chunks
+                if result.trace_id:
+                    stats.trace_ids.append(result.trace_id)
+            else:
+                stats.failed += 1
+        except Exception:
+            stats.failed += 1
+        finally:
+            stats.in_flight -= 1
+            gate.release()
+            if on_progress is not None:
+                on_progress(stats)
+
+    try:
+        while True:
+            if duration is not None and stats.elapsed >= duration:
+                break
+            if requests is not None and stats.sent >= requests:
+                break
+            await gate.acquire()
+            stats.sent += 1
+            task = asyncio.create_task(one())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            await asyncio.sleep(rng.expovariate(rps) if rps > 0 else 0)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return stats

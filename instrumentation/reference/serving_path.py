@@ -1,0 +1,154 @@
+"""Assemble and run the reference serving path on loopback: engines, router, gateway app,
+gateway shim, and a uvicorn server in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI
+from opentelemetry.trace import TracerProvider
+from starlette.types import ASGIApp
+
+from tokenpath.config import ConfigError
+from tokenpath.instrumentation.gateway import GatewayConfig, GatewayInstrumentor
+from tokenpath.instrumentation.reference.engine import EngineConfig, SimulatedEngine
+from tokenpath.instrumentation.reference.gateway_parts import (
+    DEFAULT_BURST,
+    DEFAULT_RATE_PER_SECOND,
+    ApiKeyAuth,
+    Router,
+    RoutingPolicy,
+    TokenBucket,
+)
+from tokenpath.instrumentation.reference.ground_truth import GroundTruthWriter
+from tokenpath.instrumentation.reference.kv_cache import KVCacheStats
+from tokenpath.instrumentation.reference.server import ServingComponents, create_app
+from tokenpath.instrumentation.reference.tokenizer import ToyTokenizer
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_REPLICAS = 2
+STARTUP_TIMEOUT_SECONDS = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReferencePathConfig:
+    host: str = DEFAULT_HOST
+    port: int = 0  # 0: pick a free port
+    replicas: int = DEFAULT_REPLICAS
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    routing: RoutingPolicy = RoutingPolicy.PREFIX_AFFINE
+    api_keys: tuple[str, ...] = ()
+    rate_limit_per_second: float = DEFAULT_RATE_PER_SECOND
+    rate_limit_burst: float = DEFAULT_BURST
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    instrument: bool = True
+
+    def validate(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError("replicas", "must be at least 1")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("port", "out of range")
+        self.engine.validate()
+        self.gateway.validate()
+
+
+class LoopbackServer:
+    """Serves an ASGI app with uvicorn in a background thread; ``port`` 0 picks one."""
+
+    def __init__(self, app: ASGIApp, host: str = DEFAULT_HOST, port: int = 0) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> None:
+        if self._server is not None:
+            return
+        server = uvicorn.Server(uvicorn.Config(
+            self.app, host=self.host, port=self.port, log_level="warning",
+            access_log=False, lifespan="on",
+        ))
+        thread = threading.Thread(target=lambda: asyncio.run(server.serve()),
+                                  name="tokenpath-loopback-server", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server failed to start on {self.host}:{self.port}")
+            time.sleep(0.01)
+        sockets = [s for srv in server.servers for s in srv.sockets]
+        self.port = int(sockets[0].getsockname()[1])
+        self._server, self._thread = server, thread
+
+    def shutdown(self) -> None:
+        """Stop serving (in-flight requests are aborted); idempotent."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is None or thread is None:
+            return
+        server.should_exit = True
+        thread.join(timeout=STARTUP_TIMEOUT_SECONDS)
+
+
+class ReferenceServingPath:
+    """The whole reference path. ``start()`` serves on ``base_url``; ``shutdown()`` stops."""
+
+    def __init__(self, config: ReferencePathConfig | None = None,
+                 tracer_provider: TracerProvider | None = None,
+                 ground_truth: GroundTruthWriter | None = None) -> None:
+        self.config = config or ReferencePathConfig()
+        self.config.validate()
+        self.engines = [
+            SimulatedEngine(
+                dataclasses.replace(self.config.engine, replica=f"replica-{index}",
+                                    node=f"{self.config.engine.node}-{index}"),
+                tracer_provider=tracer_provider, ground_truth=ground_truth,
+            )
+            for index in range(self.config.replicas)
+        ]
+        self.router = Router(self.engines, [e.config.replica for e in self.engines],
+                             policy=self.config.routing)
+        self.app: FastAPI = create_app(ServingComponents(
+            router=self.router, engines=self.engines, auth=ApiKeyAuth(self.config.api_keys),
+            rate_limit=TokenBucket(self.config.rate_limit_per_second,
+                                   self.config.rate_limit_burst),
+            model=self.config.engine.model, tokenizer=ToyTokenizer(),
+        ))
+        if self.config.instrument:
+            GatewayInstrumentor().instrument_app(self.app, tracer_provider=tracer_provider,
+                                                 config=self.config.gateway)
+        self._server = LoopbackServer(self.app, self.config.host, self.config.port)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    @property
+    def base_url(self) -> str:
+        return self._server.base_url
+
+    def start(self) -> None:
+        self._server.start()
+
+    def shutdown(self) -> None:
+        """Stop serving (in-flight requests are aborted); idempotent."""
+        self._server.shutdown()
+
+    def kv_stats(self) -> KVCacheStats:
+        """Prefix-cache counters summed over the replicas (token-weighted)."""
+        total = KVCacheStats()
+        for engine in self.engines:
+            total.query_tokens += engine.kv.stats.query_tokens
+            total.hit_tokens += engine.kv.stats.hit_tokens
+            total.evictions += engine.kv.stats.evictions
+        return total

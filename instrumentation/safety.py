@@ -1,0 +1,70 @@
+"""Telemetry never breaks the host app: catch, count, log.
+
+Every shim entry point that runs inside a user's request path is wrapped by
+:func:`guarded` (or calls :meth:`TelemetryErrors.count` from an ``except`` block). The
+first failure at each place is logged at WARNING, later ones at DEBUG, so a broken
+exporter cannot flood the host's logs either.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+logger = logging.getLogger("tokenpath.instrumentation")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class TelemetryErrors:
+    """Counts telemetry failures per place; thread-safe, never raises."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def count(self, where: str, exc: BaseException) -> None:
+        try:
+            with self._lock:
+                seen = self._counts.get(where, 0)
+                self._counts[where] = seen + 1
+            level = logging.WARNING if seen == 0 else logging.DEBUG
+            logger.log(level, "tokenpath telemetry error in %s (ignored): %r", where, exc)
+        except Exception:  # pragma: no cover - logging itself failed
+            pass
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+    def by_place(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+telemetry_errors = TelemetryErrors()
+
+
+def guarded(where: str, default: R) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a telemetry function so any exception is counted and ``default`` returned."""
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return func(*args, **kwargs)
+            except Exception as exc:
+                telemetry_errors.count(where, exc)
+                return default
+
+        return wrapper
+
+    return decorate

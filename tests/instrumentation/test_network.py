@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+
+from tokenpath.config import ConfigError
+from tokenpath.instrumentation.network import (
+    ETHERNET_FRAMING_BYTES,
+    IP_TCP_HEADER_BYTES,
+    LinkModel,
+    ResponseTally,
+    derive_network_stages,
+)
+
+
+def test_chunks_become_packets_and_small_ones_are_counted() -> None:
+    link = LinkModel(link_bits_per_second=1e9, mss_bytes=1000, switch_hops=2,
+                     switch_latency_seconds=1e-6)
+    tally = ResponseTally()
+    for size in (30, 200, 2500, 0):
+        tally.add_chunk(size, link)
+    assert tally.chunks == 3  # empty writes are not chunks
+    assert tally.payload_bytes == 2730
+    assert tally.packets == 1 + 1 + 3
+    assert tally.small_packets == 1  # the 30-byte chunk (2500 ends in a 500-byte segment)
+    stages = derive_network_stages(tally, link)
+    assert stages.nic_tx_seconds == pytest.approx(2730 * 8 / 1e9)
+    overhead = 5 * (IP_TCP_HEADER_BYTES + ETHERNET_FRAMING_BYTES)
+    assert stages.ethernet_serialize_seconds == pytest.approx(overhead * 8 / 1e9)
+    assert stages.switch_hop_seconds == pytest.approx(5 * 2 * 1e-6)
+
+
+def test_token_per_packet_streaming_pays_more_framing_than_one_buffered_write() -> None:
+    link = LinkModel()
+    per_token, buffered = ResponseTally(), ResponseTally()
+    for _ in range(100):
+        per_token.add_chunk(40, link)
+    buffered.add_chunk(4000, link)
+    a = derive_network_stages(per_token, link)
+    b = derive_network_stages(buffered, link)
+    assert a.nic_tx_seconds == pytest.approx(b.nic_tx_seconds)
+    assert a.ethernet_serialize_seconds > 10 * b.ethernet_serialize_seconds
+    assert per_token.small_packets == 100 and buffered.small_packets == 0
+
+
+def test_link_model_validation_names_the_key() -> None:
+    with pytest.raises(ConfigError) as info:
+        LinkModel(link_bits_per_second=0).validate()
+    assert info.value.key == "link_bits_per_second"
