@@ -207,6 +207,8 @@ def run(requests: int = 300, workers: int = 2, repeats: int = 3) -> dict[str, An
             per_span = cpu / spans
             results[transport] = {
                 "cpu_us_per_span": per_span * 1e6,
+                "cpu_us_per_request": cpu / traces * 1e6,
+                "spans_per_request": spans / traces,
                 "ratio_to_floor": per_span / (floor_cpu / spans),
                 "spans_per_core_second": spans / cpu if cpu else None,
                 "wall_spans_per_second": spans / wall,
