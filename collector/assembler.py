@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TRACES = 20_000
 DEFAULT_MAX_SPANS_PER_TRACE = 1_000
-DEFAULT_ROOT_GRACE_SECONDS = 1.0
+# Above the OpenTelemetry SDK's default batch delay (OTEL_BSP_SCHEDULE_DELAY, 5 s): a
+# child span exported by another process may arrive that long after the root.
+DEFAULT_ROOT_GRACE_SECONDS = 6.0
 DEFAULT_IDLE_TIMEOUT_SECONDS = 30.0
 DEFAULT_FINISHED_MEMORY = 100_000
 DEFAULT_ANNOTATION_TTL_SECONDS = 120.0

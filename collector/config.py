@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenpath.collector.assembler import AssemblerConfig
+from tokenpath.collector.cost.attributor import AttributorConfig
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
 from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
@@ -47,6 +48,7 @@ class CollectorConfig:
     max_buffered_spans: int = DEFAULT_MAX_BUFFERED_SPANS
     auth_token: str | None = field(default=None, repr=False)
     assembler: AssemblerConfig = field(default_factory=AssemblerConfig)
+    cost: AttributorConfig = field(default_factory=AttributorConfig)
     limits: IngestLimits = field(default_factory=IngestLimits)
     tls: TlsConfig = field(default_factory=TlsConfig)
 
@@ -62,6 +64,7 @@ class CollectorConfig:
         if self.prices_path is not None and not Path(self.prices_path).is_file():
             raise ConfigError("prices", f"no such file: {self.prices_path}")
         self.assembler.validate()
+        self.cost.validate()
         self.limits.validate()
         self.tls.validate()
 
@@ -95,6 +98,7 @@ class CollectorConfig:
                             lambda v: parse_duration(v, "retention"))
         token = auth_token if auth_token is not None else (os.environ.get(ENV_AUTH_TOKEN) or None)
         assembler = _section(AssemblerConfig, f, "assembler")
+        cost = _section(AttributorConfig, f, "cost")
         limits = _section(IngestLimits, f, "limits")
         _section(TlsConfig, f, "tls")  # a mapping with known keys only
         tls_file = {f"tls.{k}": v for k, v in (f.get("tls") or {}).items() if v is not None}
@@ -109,7 +113,7 @@ class CollectorConfig:
         config = cls(
             http_host=http_host, http_port=http_port, grpc_host=grpc_host, grpc_port=grpc_port,
             store_path=store_path, prices_path=prices_path, retention_seconds=retention,
-            max_buffered_spans=max_buffered, auth_token=token, assembler=assembler,
+            max_buffered_spans=max_buffered, auth_token=token, assembler=assembler, cost=cost,
             limits=limits, tls=tls,
         )
         config.validate()

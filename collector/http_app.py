@@ -21,12 +21,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenpath.collector import api_views
 from tokenpath.collector.auth import bearer_matches
+from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.collector.receivers.http import otlp_router
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore
 from tokenpath.collector.tls import TlsConfig
-from tokenpath.collector.whatif_view import WhatIfRequest, load_engine, whatif_view
+from tokenpath.collector.whatif_view import WhatIfRequest, whatif_view
 from tokenpath.config import ConfigError, parse_duration
 from tokenpath.report import build_report
 
@@ -89,6 +90,7 @@ def build_app(
     store: RecordStore,
     metrics_text: Callable[[], str],
     stats: CollectorStats,
+    prices: PriceSheet,
     auth_token: str | None = None,
 ) -> FastAPI:
     app = FastAPI(title="tokenpath collector", docs_url=None, redoc_url=None,
@@ -145,8 +147,7 @@ def build_app(
                since: str | None = None) -> dict[str, Any]:
         request = WhatIfRequest.from_json(body)
         since_unix = _since(since)
-        return whatif_view(store.records(since_unix=since_unix),
-                           store.idle_cost_dollars(since_unix), request, load_engine())
+        return whatif_view(store.records(since_unix=since_unix), prices, request)
 
     @app.get(UI_ASSET_PREFIX + "{name}")
     def ui_asset(name: str) -> Response:

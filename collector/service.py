@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from tokenpath.collector.assembler import Assembler
 from tokenpath.collector.config import CollectorConfig
+from tokenpath.collector.cost.attributor import CostAttributor
+from tokenpath.collector.cost.prices import PriceSheet, load_price_sheet
 from tokenpath.collector.http_app import HttpListener, build_app
 from tokenpath.collector.mapping import StageMapper
 from tokenpath.collector.node_metrics import NodeMetricsState
@@ -38,14 +40,11 @@ class Attributor(Protocol):
     def shutdown(self) -> None: ...
 
 
-def build_attributor(downstream: RecordSink, config: CollectorConfig,
+def build_attributor(downstream: RecordSink, config: CollectorConfig, prices: PriceSheet,
                      node_metrics: NodeMetricsState) -> Attributor:
     """The cost attributor in front of the sinks: dollars per stage, idle cost per pool."""
-    from tokenpath.collector.cost.attributor import CostAttributor
-    from tokenpath.collector.cost.prices import load_price_sheet
-
     del node_metrics  # GPU busy counters are not used by the apportionment yet
-    return CostAttributor(downstream, load_price_sheet(config.prices_path))
+    return CostAttributor(downstream, prices, config=config.cost)
 
 
 class CollectorService:
@@ -64,13 +63,14 @@ class CollectorService:
                                          max_statuses=config.limits.max_label_values)
         self.node_metrics = NodeMetricsState()
         sinks = FanOut([self.prometheus, self.store])
-        self.attributor = build_attributor(sinks, config, self.node_metrics)
+        self.prices = load_price_sheet(config.prices_path)
+        self.attributor = build_attributor(sinks, config, self.prices, self.node_metrics)
         self.mapper = StageMapper(self.attributor, self.stats)
         self.assembler = Assembler(self.mapper, config.assembler, self.stats)
         self.ingest = OtlpIngest(self.assembler, self.node_metrics, config.limits, self.stats,
                                  config.max_buffered_spans)
         self.app = build_app(self.ingest, self.store, self.prometheus.render, self.stats,
-                             config.auth_token)
+                             self.prices, config.auth_token)
         self.http = HttpListener(self.app, config.http_host, config.http_port, config.tls)
         self.grpc: GrpcReceiver | None = None
         if config.grpc_port is not None:

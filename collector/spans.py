@@ -6,6 +6,7 @@ Python values (str, bool, int, float, or a tuple of those).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 AttrValue = str | bool | int | float | tuple[object, ...]
@@ -32,7 +33,7 @@ class SpanData:
     start_unix_nano: int
     end_unix_nano: int
     attributes: Attributes
-    events: list[SpanEvent] = field(default_factory=list)
+    events: Sequence[SpanEvent] = ()  # a shared empty tuple for the many spans without
     resource: Attributes = field(default_factory=dict)
     status_code: int = 0  # OTLP: 0 unset, 1 ok, 2 error
 

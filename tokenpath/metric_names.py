@@ -169,6 +169,39 @@ ENGINE_SPEC_DRAFT = _m("engine_spec_decode_draft_tokens", "counter",
 ENGINE_SPEC_ACCEPTED = _m("engine_spec_decode_accepted_tokens", "counter",
                           (LABEL_ENGINE, LABEL_MODEL), "Speculative draft tokens accepted.")
 
+# Added with the node agent (5/9): average packet size, engine pass-through counters and
+# gauges, agent self-telemetry.
+NODE_NET_TX_AVG_PACKET = _m("node_network_transmit_average_packet_bytes", "gauge",
+                            (LABEL_DEVICE,),
+                            "Mean transmitted packet size over the last poll interval.")
+NODE_NET_RX_AVG_PACKET = _m("node_network_receive_average_packet_bytes", "gauge",
+                            (LABEL_DEVICE,),
+                            "Mean received packet size over the last poll interval.")
+ENGINE_PROMPT_TOKENS_CACHED = _m("engine_prompt_tokens_cached", "counter",
+                                 (LABEL_ENGINE, LABEL_MODEL),
+                                 "Prompt tokens the engine reports as served from any cache "
+                                 "(vLLM prompt_tokens_cached).")
+ENGINE_ESTIMATED_FLOPS = _m("engine_estimated_flops_per_gpu", "counter",
+                            (LABEL_ENGINE, LABEL_MODEL),
+                            "Engine-estimated FLOPs per GPU (vLLM estimated_flops_per_gpu).")
+ENGINE_ESTIMATED_READ_BYTES = _m("engine_estimated_read_bytes_per_gpu", "counter",
+                                 (LABEL_ENGINE, LABEL_MODEL),
+                                 "Engine-estimated HBM bytes read per GPU "
+                                 "(vLLM estimated_read_bytes_per_gpu).")
+ENGINE_PREFIX_HIT_RATE = _m("engine_prefix_cache_hit_rate", "gauge",
+                            (LABEL_ENGINE, LABEL_MODEL),
+                            "Engine-reported recent prefix-cache hit rate (SGLang cache_hit_rate).")
+ENGINE_SPEC_ACCEPT_LENGTH = _m("engine_spec_decode_accept_length", "gauge",
+                               (LABEL_ENGINE, LABEL_MODEL),
+                               "Engine-reported mean accepted length per speculative step "
+                               "(SGLang spec_accept_length).")
+ENGINE_UP = _m("engine_up", "gauge", (LABEL_SOURCE,),
+               "1 when an engine /metrics endpoint answered at the last poll, 0 otherwise.")
+AGENT_POLL_SECONDS = _m("agent_poll_duration_seconds", "gauge", (),
+                        "Wall time the last poll took.")
+AGENT_OTLP_PUSH_ERRORS = _m("agent_otlp_push_errors", "counter", (),
+                            "OTLP metric exports to the collector that failed.")
+
 AGENT_METRICS: tuple[MetricSpec, ...] = (
     AGENT_NVML_UP, AGENT_SCRAPE_ERRORS, GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL,
     GPU_MEMORY_BW_UTIL, GPU_POWER, GPU_SM_CLOCK, GPU_NVLINK_TX, GPU_NVLINK_RX, GPU_PCIE_TX,
@@ -176,6 +209,9 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     NODE_NET_RX_PACKETS, NODE_NET_TX_DROPS, NODE_NET_RX_DROPS, ENGINE_PREFIX_HIT_TOKENS,
     ENGINE_PREFIX_QUERY_TOKENS, ENGINE_REQUESTS_RUNNING, ENGINE_REQUESTS_WAITING,
     ENGINE_KV_USAGE, ENGINE_SPEC_DRAFT, ENGINE_SPEC_ACCEPTED,
+    NODE_NET_TX_AVG_PACKET, NODE_NET_RX_AVG_PACKET, ENGINE_PROMPT_TOKENS_CACHED,
+    ENGINE_ESTIMATED_FLOPS, ENGINE_ESTIMATED_READ_BYTES, ENGINE_PREFIX_HIT_RATE,
+    ENGINE_SPEC_ACCEPT_LENGTH, ENGINE_UP, AGENT_POLL_SECONDS, AGENT_OTLP_PUSH_ERRORS,
 )
 
 # ``phase`` label value for stages that are not split into prefill and decode.

@@ -81,16 +81,39 @@ class MetricPoint:
 # --- attribute values ------------------------------------------------------------------
 
 
+# Strings up to this length are shared within one export request: attribute keys, stage
+# ids, model names, span names and the ids that spans of one trace repeat. Buffered spans
+# then hold references instead of copies (bench/memory.py measures the effect).
+SHARED_STRING_MAX_LENGTH = 64
+_NO_ATTRIBUTES: Attributes = {}  # shared by every span without attributes; never modified
+_ZERO_TRACE_ID = bytes(16)
+_ZERO_SPAN_ID = bytes(8)
+
+
 class _AttributeReader:
     """Converts KeyValue lists under the ingest limits, counting what it drops."""
 
-    __slots__ = ("content_dropped", "dropped", "limits", "truncated")
+    __slots__ = ("content_dropped", "dropped", "limits", "shared", "shared_attributes",
+                 "shared_ints", "truncated")
 
     def __init__(self, limits: IngestLimits) -> None:
         self.limits = limits
         self.dropped = 0
         self.content_dropped = 0
         self.truncated = 0
+        self.shared: dict[str, str] = {}
+        self.shared_ints: dict[int, int] = {}
+        self.shared_attributes: dict[tuple[tuple[str, AttrValue], ...], Attributes] = {}
+
+    def share(self, text: str) -> str:
+        """One object per distinct short string in this request."""
+        if len(text) > SHARED_STRING_MAX_LENGTH:
+            return text
+        return self.shared.setdefault(text, text)
+
+    def share_int(self, number: int) -> int:
+        """One object per distinct integer value (small ints are shared by Python itself)."""
+        return self.shared_ints.setdefault(number, number)
 
     def value(self, v: AnyValue) -> AttrValue | None:
         which = v.WhichOneof("value")
@@ -99,9 +122,9 @@ class _AttributeReader:
             if len(s) > self.limits.max_attribute_value_length:  # strings: characters
                 self.truncated += 1
                 s = s[: self.limits.max_attribute_value_length]
-            return s
+            return self.share(s)
         if which == "int_value":
-            return v.int_value
+            return self.share_int(v.int_value)
         if which == "double_value":
             return v.double_value
         if which == "bool_value":
@@ -122,9 +145,13 @@ class _AttributeReader:
         return None  # kvlist and empty values carry nothing the pipeline reads
 
     def read(self, kvs: Any) -> Attributes:
+        if not kvs:
+            return _NO_ATTRIBUTES
         out: Attributes = {}
         limit = self.limits.max_attributes_per_span
         keep_content = self.limits.keep_content_attributes
+        max_length = self.limits.max_attribute_value_length
+        shared = self.shared
         for kv in kvs:
             key = kv.key
             if not keep_content and key.startswith(GEN_AI_CONTENT_PREFIXES):
@@ -133,10 +160,26 @@ class _AttributeReader:
             if len(out) >= limit:
                 self.dropped += 1
                 continue
-            value = self.value(kv.value)
+            v = kv.value
+            # The common case inline (a short string); everything else through value().
+            if v.WhichOneof("value") == "string_value":
+                text = v.string_value
+                if len(text) > max_length:
+                    self.truncated += 1
+                    text = text[:max_length]
+                value: AttrValue | None = (
+                    shared.setdefault(text, text) if len(text) <= SHARED_STRING_MAX_LENGTH
+                    else text)
+            else:
+                value = self.value(v)
             if value is not None:
-                out[key] = value
-        return out
+                out[shared.setdefault(key, key) if len(key) <= SHARED_STRING_MAX_LENGTH
+                    else key] = value
+        if not out:
+            return _NO_ATTRIBUTES
+        # Spans of one request often carry the same attribute set (route, stage, phase):
+        # they share one dict. Attribute dicts are never modified after decoding.
+        return self.shared_attributes.setdefault(tuple(out.items()), out)
 
 
 # --- traces ------------------------------------------------------------------------------
@@ -158,36 +201,41 @@ def decode_traces(message: ExportTraceServiceRequest, limits: IngestLimits) -> D
     out = DecodedSpans()
     reader = _AttributeReader(limits)
     max_events = limits.max_events_per_span
+    share = reader.share
+    read = reader.read
+    spans = out.spans
     for resource_spans in message.resource_spans:
-        resource = reader.read(resource_spans.resource.attributes)
+        resource = read(resource_spans.resource.attributes)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 trace_id = span.trace_id
                 span_id = span.span_id
                 parent = span.parent_span_id
-                if len(trace_id) != 16 or not any(trace_id):
+                if len(trace_id) != 16 or trace_id == _ZERO_TRACE_ID:
                     out.reject("invalid trace_id")
                     continue
-                if len(span_id) != 8 or not any(span_id):
+                if len(span_id) != 8 or span_id == _ZERO_SPAN_ID:
                     out.reject("invalid span_id")
                     continue
                 if parent and len(parent) != 8:
                     out.reject("invalid parent_span_id")
                     continue
-                events = _read_events(span.events, reader, max_events, out)
-                out.spans.append(
+                start = span.start_time_unix_nano
+                end = span.end_time_unix_nano
+                spans.append(
                     SpanData(
-                        trace_id=trace_id.hex(),
-                        span_id=span_id.hex(),
-                        parent_span_id=parent.hex() if any(parent) else "",
-                        name=span.name,
-                        kind=span.kind,
-                        start_unix_nano=span.start_time_unix_nano,
-                        end_unix_nano=max(span.end_time_unix_nano, span.start_time_unix_nano),
-                        attributes=reader.read(span.attributes),
-                        events=events,
-                        resource=resource,
-                        status_code=span.status.code,
+                        share(trace_id.hex()),
+                        span_id.hex(),
+                        share(parent.hex()) if parent and parent != _ZERO_SPAN_ID else "",
+                        share(span.name),
+                        span.kind,
+                        start,
+                        end if end > start else start,
+                        read(span.attributes),
+                        _read_events(span.events, reader, max_events, out)
+                        if span.events else (),
+                        resource,
+                        span.status.code,
                     )
                 )
     out.attributes_dropped = reader.dropped

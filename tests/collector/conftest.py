@@ -10,10 +10,14 @@ import pytest
 
 from tokenpath.collector.assembler import AssemblerConfig
 from tokenpath.collector.config import CollectorConfig
+from tokenpath.collector.cost.attributor import AttributorConfig
 from tokenpath.collector.service import CollectorService
 
 FAST_ASSEMBLER = AssemblerConfig(root_grace_seconds=0.0, idle_timeout_seconds=5.0,
                                  tick_seconds=0.02)
+
+# Price records as soon as they arrive (the default holds them for the arrival lag).
+FAST_COST = AttributorConfig(min_delay_seconds=0.0, max_delay_seconds=0.0, tick_seconds=0.02)
 
 ServiceFactory = Callable[..., CollectorService]
 
@@ -26,7 +30,7 @@ def make_service() -> Iterator[ServiceFactory]:
 
     def factory(**overrides: Any) -> CollectorService:
         fields: dict[str, Any] = {"http_port": 0, "grpc_port": 0, "store_path": ":memory:",
-                                  "assembler": FAST_ASSEMBLER}
+                                  "assembler": FAST_ASSEMBLER, "cost": FAST_COST}
         fields.update(overrides)
         service = CollectorService(CollectorConfig(**fields))
         started.append(service)

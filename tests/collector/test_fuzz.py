@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
@@ -18,7 +18,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
-from starlette.testclient import TestClient
+
+if TYPE_CHECKING:
+    from starlette.testclient import TestClient
 
 from tests.collector.conftest import FAST_ASSEMBLER, wait_for
 from tests.support.otlp import JSON_HEADERS, PROTOBUF_HEADERS, to_otlp_json_dict
@@ -30,7 +32,6 @@ from tokenpath.collector.service import CollectorService
 from tokenpath.stages import StageId
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
 FUZZ = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -173,6 +174,8 @@ def service() -> Iterator[CollectorService]:
 
 @pytest.fixture(scope="module")
 def client(service: CollectorService) -> Iterator[TestClient]:
+    from starlette.testclient import TestClient  # deprecated with httpx: warns on import
+
     with TestClient(service.app, raise_server_exceptions=True) as test_client:
         yield test_client
 

@@ -21,21 +21,22 @@ def record(i: int, end: float) -> RequestRecord:
 
 def test_round_trip_and_restart(tmp_path: Path) -> None:
     path = str(tmp_path / "s.db")
-    store = RecordStore(StoreConfig(path=path))
+    now = 1_000_000.0  # the writer thread applies retention against this clock
+    store = RecordStore(StoreConfig(path=path), clock=lambda: now)
     store.start()
     for i in range(1, 21):
-        store.consume_record(record(i, 1000.0 + i))
-    store.consume_idle_cost(IdleCost("pool-a", 0.0, 10.0, 0.25))
+        store.consume_record(record(i, now - 100 + i))
+    store.consume_idle_cost(IdleCost("pool-a", now - 10, now, 0.25))
     store.shutdown()
     store.shutdown()  # idempotent
 
-    reopened = RecordStore(StoreConfig(path=path))
+    reopened = RecordStore(StoreConfig(path=path), clock=lambda: now)
     newest = reopened.records(limit=3)
     assert [r.input_tokens for r in newest] == [20, 19, 18]
     assert reopened.count() == 20
-    assert reopened.record(format(7, "032x")) == record(7, 1007.0)
+    assert reopened.record(format(7, "032x")) == record(7, now - 93)
     assert reopened.idle_cost_dollars() == 0.25
-    assert len(reopened.records(since_unix=1015.0)) == 6
+    assert len(reopened.records(since_unix=now - 85)) == 6
     reopened.shutdown()
 
 

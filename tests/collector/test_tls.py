@@ -113,7 +113,7 @@ def test_mutual_tls_requires_a_client_certificate(make_service: ServiceFactory,
     with pytest.raises(grpc.RpcError) as err:
         _grpc_export(service.grpc_endpoint, grpc.ssl_channel_credentials(certs.ca.read_bytes()))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
-    assert service.stats.records_stored == 5
+    wait_for(lambda: service.stats.records_stored == 5)
 
 
 def test_tls_options_from_flags_env_and_file(certs: CertFiles, tmp_path: Path,

@@ -78,11 +78,27 @@ class CollectorProcess:
         return out
 
 
+# Tests send from one process and flush explicitly: no need to wait the production grace
+# period (sized for other processes' batch delays) or the attributor's arrival-lag hold.
+FAST_CONFIG = """\
+assembler:
+  root_grace_seconds: 0.3
+cost:
+  min_delay_seconds: 0.3
+  max_delay_seconds: 2.0
+  tick_seconds: 0.1
+"""
+
+
 def start_collector(store: Path, *extra: str, env: dict[str, str] | None = None,
                     http_port: int | None = None, grpc_port: int | None = None
                     ) -> CollectorProcess:
     http_port = http_port or free_port()
     grpc_port = grpc_port or free_port()
+    if "--config" not in extra:
+        config = store.parent / "fast-collector.yaml"
+        config.write_text(FAST_CONFIG)
+        extra = (*extra, "--config", str(config))
     proc = subprocess.Popen(
         tokenpath_cmd("collector", "--http", f"127.0.0.1:{http_port}",
                       "--grpc", f"127.0.0.1:{grpc_port}", "--store", str(store), *extra),

@@ -2,18 +2,112 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
 import typer
 
-from tokenpath.cli.common import not_yet_available
+from tokenpath.cli.common import auth_token, console, fail
+from tokenpath.config import ConfigError, load_config_file
+
+if TYPE_CHECKING:
+    from tokenpath.agent.service import AgentService
+
+FORMATS = ("text", "json")
 
 
 def register(app: typer.Typer) -> None:
     @app.command("agent")
     def agent(
-        listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT for GET /metrics."),
-        collector: str | None = typer.Option(None, help="Collector OTLP/HTTP base URL."),
-        interval: float = typer.Option(1.0, help="Seconds between polls."),
-        engine_metrics: list[str] = typer.Option([], help="Engine /metrics URL (repeatable)."),
+        listen: str | None = typer.Option(
+            None, help="HOST:PORT for GET /metrics and /healthz (default 127.0.0.1:9400)."),
+        collector: str | None = typer.Option(
+            None, help="Collector OTLP/HTTP base URL; metrics are pushed to URL/v1/metrics."),
+        interval: str | None = typer.Option(
+            None, help="Seconds between polls: 1, 500ms, 2s (default 1)."),
+        engine_metrics: list[str] = typer.Option(
+            [], help="Engine /metrics URL, vLLM or SGLang (repeatable)."),
+        node: str | None = typer.Option(None, help="Node name (default: the hostname)."),
+        config: Path | None = typer.Option(
+            None, help="YAML config file (settings under `agent:`)."),
+        auth_token_file: Path | None = typer.Option(
+            None, help="File holding the bearer token (else TOKENPATH_AUTH_TOKEN)."),
+        once: bool = typer.Option(False, "--once", help="Take one poll, print it, exit."),
+        output_format: str = typer.Option(
+            "text", "--format", help="Output of --once: text or json."),
     ) -> None:
         """Sample NVML GPU/HBM, NIC counters and engine /metrics on this node."""
-        not_yet_available("agent", "5/9")
+        from tokenpath.agent.config import AgentConfig
+        from tokenpath.agent.service import AgentService
+
+        if output_format not in FORMATS:
+            fail(f"--format: expected one of {', '.join(FORMATS)}, got {output_format!r}")
+        try:
+            agent_config = AgentConfig.from_sources(
+                listen=listen, collector_url=collector, interval=interval,
+                engine_metrics_urls=engine_metrics, node=node,
+                file_values=load_config_file(config),
+            )
+        except ConfigError as exc:
+            fail(f"agent config: {exc}")
+        token = auth_token(auth_token_file)
+        service = AgentService(agent_config, auth_token=token)
+        if once:
+            _print_once(service, output_format)
+            return
+        stop = threading.Event()
+
+        def _on_signal(signum: int, frame: FrameType | None) -> None:
+            del signum, frame
+            stop.set()
+
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+        try:
+            service.start()
+        except OSError as exc:
+            service.shutdown()
+            fail(f"--listen {agent_config.listen}: {exc.strerror or exc}")
+        nvml = service.nvml_sampler
+        console.print(
+            f"tokenpath agent on http://{agent_config.listen}/metrics "
+            f"(node {agent_config.node}, every {agent_config.interval_seconds:g}s, "
+            f"nvml_up {1 if nvml.up else 0}"
+            + (f": {nvml.init_error}" if nvml.init_error else "") + ")",
+            highlight=False, markup=False,
+        )
+        if agent_config.collector_url:
+            console.print(f"pushing OTLP metrics to {agent_config.collector_url}/v1/metrics",
+                          highlight=False, markup=False)
+        try:
+            while not stop.wait(0.5):
+                pass
+        finally:
+            service.shutdown()
+
+
+def _print_once(service: AgentService, output_format: str) -> None:
+    try:
+        snapshot = service.poll_once()
+        nvml = service.nvml_sampler
+        if output_format == "json":
+            payload = {
+                "node": service.config.node,
+                "nvml_up": nvml.up,
+                "nvml_error": nvml.init_error,
+                "gpu_names": {str(k): v for k, v in nvml.device_names().items()},
+                **snapshot.to_json(),
+            }
+            print(json.dumps(payload, indent=2, sort_keys=True))
+        else:
+            for series, points in snapshot.to_json()["metrics"].items():
+                for point in points:
+                    labels = ",".join(f'{k}="{v}"' for k, v in point["labels"].items())
+                    print(f"{series}{{{labels}}} {point['value']:g}" if labels
+                          else f"{series} {point['value']:g}")
+    finally:
+        service.shutdown()

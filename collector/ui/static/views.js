@@ -377,9 +377,8 @@
     });
     return el("section", { class: "card", "aria-label": "Projection" },
       el("h2", {}, "Projection ", el("span", { class: "badge modeled", text: "modeled" })),
-      out.engine === "fallback"
-        ? note(`Fallback projection: ${out.note}. See the assumptions below.`)
-        : note(`Engine: ${out.engine || "roofline"}, calibrated on the recorded requests.`),
+      note(`Engine: ${out.engine || "roofline"}, calibrated on the recorded requests ` +
+           "(the same model as `tokenpath whatif`)."),
       table("Baseline and projected figures", ["metric", "baseline", "projected", "change"],
             rows, "data whatif-table"),
       out.assumptions ? el("details", {}, el("summary", { text: "Assumptions" }),

@@ -18,6 +18,7 @@ import pytest
 
 from tokenpath.collector.assembler import AssemblerConfig
 from tokenpath.collector.config import CollectorConfig
+from tokenpath.collector.cost.attributor import AttributorConfig
 from tokenpath.collector.service import CollectorService
 
 CHROMIUM = "/usr/bin/chromium"
@@ -25,11 +26,14 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "ui"
 FAST_ASSEMBLY = AssemblerConfig(root_grace_seconds=0.1, idle_timeout_seconds=5.0)
+# The workload's spans are back-dated over minutes; a short attribution delay prices them
+# as they arrive instead of holding them for the (adaptive) arrival lag.
+FAST_COST = AttributorConfig(min_delay_seconds=0.2, max_delay_seconds=0.5, tick_seconds=0.1)
 
 
 def start_collector(auth_token: str | None = None) -> CollectorService:
     service = CollectorService(CollectorConfig(http_port=0, grpc_port=None, auth_token=auth_token,
-                                               assembler=FAST_ASSEMBLY))
+                                               assembler=FAST_ASSEMBLY, cost=FAST_COST))
     service.start()
     return service
 

@@ -7,12 +7,9 @@ from typing import Any
 import pytest
 
 from tokenpath.collector import api_views
-from tokenpath.collector.whatif_view import (
-    DEFAULT_BASELINE_UTILIZATION,
-    WhatIfRequest,
-    fallback_projection,
-    whatif_view,
-)
+from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.collector.cost.whatif import Scenario, what_if
+from tokenpath.collector.whatif_view import WhatIfRequest, whatif_view
 from tokenpath.config import ConfigError
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.stages import STAGES, Phase, Provenance, StageId
@@ -111,45 +108,16 @@ def _priced(i: int, prefill_cost: float, decode_cost: float, **kw: Any) -> Reque
     return record
 
 
-def test_fallback_projection_moves_the_right_way() -> None:
+def test_whatif_view_is_the_roofline_engine() -> None:
     records = [_priced(i, 0.2, 0.8, start=float(i), cached=500) for i in range(10)]
-    base = fallback_projection(records, 0.0, WhatIfRequest())
-    assert base["engine"] == "fallback" and base["modeled"] is True
-    assert base["projected"]["cost_per_million_output_tokens"] == pytest.approx(
-        base["baseline"]["cost_per_million_output_tokens"])
-
-    spec = fallback_projection(records, 0.0, WhatIfRequest(spec_decode_speedup=2.0))
-    # Decode is 80% of the work: halving it leaves 0.2 + 0.4 = 60%.
-    assert spec["projected"]["cost_per_million_output_tokens"] == pytest.approx(
-        0.6 * spec["baseline"]["cost_per_million_output_tokens"])
-    assert spec["projected"]["requests_per_second_per_gpu"] == pytest.approx(
-        spec["baseline"]["requests_per_second_per_gpu"] / 0.6)
-
-    cache = fallback_projection(records, 0.0, WhatIfRequest(cache_hit_rate_delta=0.25))
-    # Hit ratio 0.5 -> 0.75 halves the uncached prefill work: 0.1 + 0.8 = 90%.
-    assert cache["projected"]["prefix_cache_hit_ratio"] == pytest.approx(0.75)
-    assert cache["projected"]["cost_per_million_output_tokens"] == pytest.approx(
-        0.9 * cache["baseline"]["cost_per_million_output_tokens"])
-    assert cache["projected"]["ttft_p50_seconds"] < cache["baseline"]["ttft_p50_seconds"]
-
-    busier = fallback_projection(records, 0.0, WhatIfRequest(gpu_utilization=0.8))
-    assert busier["baseline"]["gpu_utilization"] == DEFAULT_BASELINE_UTILIZATION
-    assert busier["projected"]["cost_per_million_output_tokens"] == pytest.approx(
-        busier["baseline"]["cost_per_million_output_tokens"] * 0.5 / 0.8)
-
-
-def test_whatif_prefers_the_real_engine_when_present() -> None:
-    calls: list[dict[str, Any]] = []
-
-    def engine(records: Any, idle: float, **kwargs: Any) -> dict[str, Any]:
-        calls.append(kwargs)
-        return {"baseline": {"cost_per_million_output_tokens": 1.0},
-                "projected": {"cost_per_million_output_tokens": 0.5}}
-
-    out = whatif_view([], 0.0, WhatIfRequest(quantization="int4"), engine)
-    assert out["engine"] == "roofline"
-    assert calls == [{"cache_hit_rate_delta": 0.0, "spec_decode_speedup": 1.0,
-                      "gpu_utilization": None, "quantization": "int4"}]
+    prices = load_price_sheet(None)
+    request = WhatIfRequest(spec_decode_speedup=2.0, quantization="int4")
+    out = whatif_view(records, prices, request)
+    direct = what_if(records, prices, Scenario(spec_decode_speedup=2.0, quantization="int4"))
+    assert out["engine"] == "roofline" and out["modeled"] is True
+    assert out["baseline"] == direct["baseline"] and out["projected"] == direct["projected"]
+    assert (out["projected"]["cost_per_million_output_tokens"]
+            < out["baseline"]["cost_per_million_output_tokens"])
 
 
 @pytest.mark.parametrize(("body", "key"), [

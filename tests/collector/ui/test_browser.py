@@ -49,8 +49,11 @@ def test_views_render_workload_in_chromium(collector: CollectorService,
     latency = browser_page.locator("svg[aria-label='p50 seconds by stage, in path order']")
     labels = latency.locator("text.axis-label").all_text_contents()
     assert labels == [f"{s.order}. {s.title}" for s in STAGES]
-    # Unpriced records (no cost model on this collector): dollars say so, never "$0".
-    assert browser_page.text_content("#kpi-cost .kpi-value") == "—"
+    # The collector's cost attributor priced the records: the page shows the API's figure.
+    cost = browser_page.text_content("#kpi-cost .kpi-value")
+    assert summary["cost_dollars"] > 0
+    assert cost == f"${summary['cost_dollars']:.4f}" or cost == f"${summary['cost_dollars']:.2f}"
+    assert "naive wall-clock" in browser_page.text_content("#kpi-cost .kpi-sub")
     screenshot(browser_page, "overview")
 
     # Requests list -> one request's waterfall: all 15 stages, in the server's path order.

@@ -47,7 +47,7 @@ def test_json_views_over_real_spans(collector: CollectorService) -> None:
     assert sum(p["requests"] for p in series["points"]) == 12
     leaks = httpx.get(f"{url}/api/leaks", params={"limit": 2}, timeout=5).json()
     assert leaks["requests"] == 12
-    assert leaks["priced"] is False  # no cost model on this collector
+    assert leaks["priced"] is True  # the cost attributor priced them
     assert len(leaks["cache"]["top_prefixes"]) <= 2
     assert set(leaks) == {"requests", "priced", "cache", "long_context",
                           "small_packets"}

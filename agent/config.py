@@ -1,0 +1,196 @@
+"""The agent's configuration: one dataclass, named defaults, ``validate()`` naming the key.
+
+Values resolve argument > environment > config file (``agent:`` section) > default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, cast
+from urllib.parse import urlsplit
+
+from tokenpath.agent.nic_sampler import (
+    DEFAULT_NIC_EXCLUDE,
+    DEFAULT_SYSFS_ROOT,
+    NIC_SOURCES,
+    NicSource,
+)
+from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
+
+DEFAULT_LISTEN: Final = "127.0.0.1:9400"
+DEFAULT_INTERVAL_SECONDS: Final = 1.0
+MIN_INTERVAL_SECONDS: Final = 0.05
+DEFAULT_ENGINE_TIMEOUT_SECONDS: Final = 2.0
+DEFAULT_PUSH_TIMEOUT_SECONDS: Final = 5.0
+# Counters pushed are cumulative, so a push every few polls loses no counts, only latency.
+DEFAULT_PUSH_INTERVAL_SECONDS: Final = 5.0
+DEFAULT_MAX_DEVICES: Final = 32
+DEFAULT_MAX_MODELS: Final = 16
+DEFAULT_MAX_SOURCES: Final = 64
+DEFAULT_NVML_RETRY_SECONDS: Final = 60.0
+
+ENV_LISTEN: Final = "TOKENPATH_AGENT_LISTEN"
+ENV_COLLECTOR: Final = "TOKENPATH_AGENT_COLLECTOR"
+ENV_INTERVAL: Final = "TOKENPATH_AGENT_INTERVAL"
+ENV_ENGINE_METRICS: Final = "TOKENPATH_AGENT_ENGINE_METRICS"
+ENV_NODE: Final = "TOKENPATH_AGENT_NODE"
+# The Kubernetes downward-API convention (spec.nodeName); the default when set.
+ENV_KUBERNETES_NODE_NAME: Final = "NODE_NAME"
+FILE_SECTION: Final = "agent"
+
+
+def default_node_name() -> str:
+    """``NODE_NAME`` (downward API) when set, else the hostname."""
+    return os.environ.get(ENV_KUBERNETES_NODE_NAME, "").strip() or socket.gethostname()
+
+
+def _url_list(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    if isinstance(value, list | tuple):
+        return tuple(str(part).strip() for part in value if str(part).strip())
+    raise ValueError("expected a list of URLs or a comma-separated string")
+
+
+def _interval(value: Any) -> float:
+    return parse_duration(value, "interval")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    listen: str = DEFAULT_LISTEN
+    collector_url: str | None = None
+    interval_seconds: float = DEFAULT_INTERVAL_SECONDS
+    engine_metrics_urls: tuple[str, ...] = ()
+    node: str = field(default_factory=lambda: default_node_name())
+    engine_timeout_seconds: float = DEFAULT_ENGINE_TIMEOUT_SECONDS
+    push_timeout_seconds: float = DEFAULT_PUSH_TIMEOUT_SECONDS
+    push_interval_seconds: float = DEFAULT_PUSH_INTERVAL_SECONDS
+    nic_source: NicSource = "auto"
+    nic_exclude: str = DEFAULT_NIC_EXCLUDE
+    sysfs_root: str = str(DEFAULT_SYSFS_ROOT)
+    pcie_throughput: bool = True
+    nvml_retry_seconds: float = DEFAULT_NVML_RETRY_SECONDS
+    max_devices: int = DEFAULT_MAX_DEVICES
+    max_models: int = DEFAULT_MAX_MODELS
+    max_sources: int = DEFAULT_MAX_SOURCES
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_host_port(self.listen, "listen")
+
+    def validate(self) -> AgentConfig:
+        self.listen_address  # noqa: B018 - raises ConfigError naming "listen"
+        if self.collector_url is not None:
+            _check_url(self.collector_url, "collector")
+        for url in self.engine_metrics_urls:
+            _check_url(url, "engine_metrics")
+        if not self.interval_seconds >= MIN_INTERVAL_SECONDS:
+            raise ConfigError("interval", f"must be at least {MIN_INTERVAL_SECONDS} s")
+        for key, value in (("engine_timeout", self.engine_timeout_seconds),
+                           ("push_timeout", self.push_timeout_seconds),
+                           ("push_interval", self.push_interval_seconds),
+                           ("nvml_retry", self.nvml_retry_seconds)):
+            if not value > 0:
+                raise ConfigError(key, f"must be positive, got {value!r}")
+        if not self.node or len(self.node) > 253:
+            raise ConfigError("node", "must be a non-empty name of at most 253 characters")
+        if not self.sysfs_root:
+            raise ConfigError("sysfs_root", "must be a directory path")
+        if self.nic_source not in NIC_SOURCES:
+            raise ConfigError("nic_source", f"must be one of {', '.join(NIC_SOURCES)}")
+        try:
+            re.compile(self.nic_exclude)
+        except re.error as exc:
+            raise ConfigError("nic_exclude", f"not a regular expression: {exc}") from exc
+        for key, cap in (("max_devices", self.max_devices), ("max_models", self.max_models),
+                         ("max_sources", self.max_sources)):
+            if not 1 <= cap <= 10_000:
+                raise ConfigError(key, f"must be between 1 and 10000, got {cap!r}")
+        return self
+
+    @classmethod
+    def from_sources(
+        cls,
+        *,
+        listen: str | None = None,
+        collector_url: str | None = None,
+        interval: str | float | None = None,
+        engine_metrics_urls: list[str] | None = None,
+        node: str | None = None,
+        file_values: Mapping[str, Any] | None = None,
+    ) -> AgentConfig:
+        """Resolve every field argument > environment > file > default, then validate."""
+        raw = dict(file_values or {})
+        explicit_section = FILE_SECTION in raw
+        section_value = raw[FILE_SECTION] if explicit_section else raw
+        if not isinstance(section_value, Mapping):
+            raise ConfigError(FILE_SECTION, "must be a mapping")
+        section: Mapping[str, Any] = section_value
+        defaults = cls()
+        config = cls(
+            listen=resolve("listen", listen, ENV_LISTEN, section, DEFAULT_LISTEN, str),
+            collector_url=resolve("collector", collector_url, ENV_COLLECTOR, section,
+                                  None, str),
+            interval_seconds=resolve("interval",
+                                     None if interval is None else _interval(interval),
+                                     ENV_INTERVAL, section, DEFAULT_INTERVAL_SECONDS,
+                                     _interval),
+            engine_metrics_urls=resolve("engine_metrics",
+                                        tuple(engine_metrics_urls) if engine_metrics_urls
+                                        else None,
+                                        ENV_ENGINE_METRICS, section, (), _url_list),
+            node=resolve("node", node, ENV_NODE, section, defaults.node, str),
+            engine_timeout_seconds=resolve("engine_timeout", None, None, section,
+                                           DEFAULT_ENGINE_TIMEOUT_SECONDS,
+                                           lambda v: parse_duration(v, "engine_timeout")),
+            push_timeout_seconds=resolve("push_timeout", None, None, section,
+                                         DEFAULT_PUSH_TIMEOUT_SECONDS,
+                                         lambda v: parse_duration(v, "push_timeout")),
+            push_interval_seconds=resolve("push_interval", None, None, section,
+                                          DEFAULT_PUSH_INTERVAL_SECONDS,
+                                          lambda v: parse_duration(v, "push_interval")),
+            nic_source=cast(NicSource, resolve("nic_source", None, None, section, "auto", str)),
+            nic_exclude=resolve("nic_exclude", None, None, section, DEFAULT_NIC_EXCLUDE, str),
+            sysfs_root=resolve("sysfs_root", None, None, section, str(DEFAULT_SYSFS_ROOT), str),
+            pcie_throughput=resolve("pcie_throughput", None, None, section, True, _boolean),
+            nvml_retry_seconds=resolve("nvml_retry", None, None, section,
+                                       DEFAULT_NVML_RETRY_SECONDS,
+                                       lambda v: parse_duration(v, "nvml_retry")),
+            max_devices=resolve("max_devices", None, None, section, DEFAULT_MAX_DEVICES, int),
+            max_models=resolve("max_models", None, None, section, DEFAULT_MAX_MODELS, int),
+            max_sources=resolve("max_sources", None, None, section, DEFAULT_MAX_SOURCES, int),
+        )
+        unknown = sorted(set(section) - KNOWN_FILE_KEYS) if explicit_section else []
+        if unknown:
+            raise ConfigError(unknown[0], "unknown agent setting")
+        return config.validate()
+
+
+KNOWN_FILE_KEYS: Final = frozenset({
+    "listen", "collector", "interval", "engine_metrics", "node", "engine_timeout",
+    "push_timeout", "push_interval", "nic_source", "nic_exclude", "sysfs_root",
+    "pcie_throughput", "nvml_retry",
+    "max_devices", "max_models", "max_sources",
+})
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _check_url(url: str, key: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(key, f"expected an http(s) URL, got {url!r}")

@@ -1,0 +1,120 @@
+"""The agent's listener: ``GET /metrics`` (Prometheus text) and ``GET /healthz``.
+
+A small threaded ``http.server``: no framework in the agent's hot path. When a bearer
+token is configured, ``/metrics`` requires ``Authorization: Bearer <token>`` (compared in
+constant time before anything is rendered; the token is never logged); ``/healthz`` stays
+open for kubelet probes.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+logger = logging.getLogger(__name__)
+
+METRICS_PATH = "/metrics"
+HEALTHZ_PATH = "/healthz"
+# How often the idle listener thread wakes to check for shutdown.
+SERVE_POLL_SECONDS = 0.5
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _AgentHttpServer
+    protocol_version = "HTTP/1.1"
+    # Headers and body leave in one write, and without Nagle: no 40 ms delayed-ACK
+    # stall on kept-alive scrape connections.
+    disable_nagle_algorithm = True
+    wbufsize = -1
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == HEALTHZ_PATH:
+            self._reply(200, b"ok\n", "text/plain; charset=utf-8")
+        elif path == METRICS_PATH:
+            if not self.server.authorized(self.headers.get("Authorization")):
+                self._reply(401, b"unauthorized\n", "text/plain; charset=utf-8",
+                            {"WWW-Authenticate": "Bearer"})
+                return
+            try:
+                body = self.server.render()
+            except Exception:
+                logger.exception("rendering /metrics failed")
+                self._reply(500, b"error\n", "text/plain; charset=utf-8")
+                return
+            self._reply(200, body, CONTENT_TYPE_LATEST)
+        else:
+            self._reply(404, b"not found\n", "text/plain; charset=utf-8")
+
+    def _not_allowed(self) -> None:
+        self._reply(405, b"method not allowed\n", "text/plain; charset=utf-8",
+                    {"Allow": "GET"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
+
+    def _reply(self, status: int, body: bytes, content_type: str,
+               headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("%s " + format, self.address_string(), *args)
+
+
+class _AgentHttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], render: Callable[[], bytes],
+                 auth_token: str | None) -> None:
+        super().__init__(address, _Handler)
+        self.render = render
+        self._expected = f"Bearer {auth_token}".encode() if auth_token else None
+
+    def authorized(self, header: str | None) -> bool:
+        if self._expected is None:
+            return True
+        given = (header or "").encode("utf-8", "replace")
+        return hmac.compare_digest(given, self._expected)
+
+
+class AgentHttpServer:
+    """Serves ``render()`` (Prometheus text, e.g. ``generate_latest(registry)``) as
+    ``/metrics`` on ``host:port`` (port 0 picks a free one)."""
+
+    def __init__(self, host: str, port: int, render: Callable[[], bytes],
+                 *, auth_token: str | None = None) -> None:
+        self._server = _AgentHttpServer((host, port), render, auth_token)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def host(self) -> str:
+        return str(self._server.server_address[0])
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._server.serve_forever,
+                                            args=(SERVE_POLL_SECONDS,),
+                                            name="tokenpath-agent-http", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._server.server_close()

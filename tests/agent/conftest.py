@@ -1,0 +1,110 @@
+"""Loopback HTTP servers for the agent tests: engine /metrics pages and an OTLP sink."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from string import Template
+from typing import Any
+
+import pytest
+
+PAGES = Path(__file__).parent / "pages"
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+VLLM_DEFAULTS: dict[str, Any] = {
+    "model": "tiny-llama", "running": 3, "waiting": 1, "kv_usage": 0.25, "queries": 4096,
+    "hits": 2048, "cached": 2048, "flops": 1.5e12, "read_bytes": 3.2e9, "drafts": 300,
+    "accepted": 210,
+}
+SGLANG_DEFAULTS: dict[str, Any] = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct", "running": 5, "waiting": 2,
+    "kv_usage": 0.28, "hit_rate": 0.42, "accept_length": 2.5, "prompt": 10000,
+    "cached_device": 3000, "cached_host": 1000,
+}
+
+
+def render_vllm(**values: Any) -> str:
+    return Template((PAGES / "vllm_0_32.prom").read_text()).substitute({**VLLM_DEFAULTS,
+                                                                        **values})
+
+
+def render_sglang(**values: Any) -> str:
+    return Template((PAGES / "sglang.prom").read_text()).substitute({**SGLANG_DEFAULTS,
+                                                                     **values})
+
+
+class PageServer:
+    """Serves ``pages[path]`` as Prometheus text; records POST bodies per path."""
+
+    def __init__(self) -> None:
+        self.pages: dict[str, str] = {}
+        self.posts: list[tuple[str, dict[str, str], bytes]] = []
+        self.post_status = 200
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            disable_nagle_algorithm = True
+            def do_GET(self) -> None:
+                body = owner.pages.get(self.path)
+                if body is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = body.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", PROMETHEUS_TEXT)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = self.rfile.read(length)
+                owner.posts.append((self.path, dict(self.headers.items()), body))
+                self.send_response(owner.post_status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def page_server() -> Iterator[PageServer]:
+    server = PageServer()
+    yield server
+    server.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def dead_url() -> str:
+    """A loopback URL nothing listens on (connection refused)."""
+    return f"http://127.0.0.1:{free_port()}/metrics"

@@ -1,0 +1,171 @@
+"""Engine /metrics normalization against real loopback HTTP servers."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.agent.conftest import PageServer, render_sglang, render_vllm
+from tokenpath import metric_names as mn
+from tokenpath.agent.engine_names import (
+    ENGINE_METRIC_RULES,
+    ENGINE_SGLANG,
+    ENGINE_VLLM,
+    SOURCE_LINE_PREFIXES,
+)
+from tokenpath.agent.engine_scraper import EngineScraper, endpoint_source
+from tokenpath.agent.prom_text import iter_samples
+from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts
+
+VLLM_MODEL = "tiny-llama"
+SGLANG_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+V = (ENGINE_VLLM, VLLM_MODEL)
+S = (ENGINE_SGLANG, SGLANG_MODEL)
+
+
+@pytest.fixture
+def client() -> httpx.Client:
+    with httpx.Client(timeout=2.0) as client:
+        yield client  # type: ignore[misc]
+
+
+def scraper_for(urls: list[str], client: httpx.Client, max_models: int = 8) -> EngineScraper:
+    return EngineScraper(urls, client, model_label=BoundedLabel(max_models))
+
+
+def test_vllm_sglang_and_a_dead_endpoint(page_server: PageServer, dead_url: str,
+                                         client: httpx.Client) -> None:
+    page_server.pages["/vllm"] = render_vllm()
+    page_server.pages["/sglang"] = render_sglang()
+    urls = [page_server.url("/vllm"), page_server.url("/sglang"), dead_url]
+    errors = ErrorCounts(16)
+    readings = scraper_for(urls, client).read(errors)
+    c, g = readings.counters, readings.gauges
+    # vLLM 0.32 names.
+    assert c[(mn.ENGINE_PREFIX_HIT_TOKENS, V)] == 2048
+    assert c[(mn.ENGINE_PREFIX_QUERY_TOKENS, V)] == 4096
+    assert c[(mn.ENGINE_PROMPT_TOKENS_CACHED, V)] == 2048
+    assert c[(mn.ENGINE_ESTIMATED_FLOPS, V)] == 1.5e12
+    assert c[(mn.ENGINE_ESTIMATED_READ_BYTES, V)] == 3.2e9
+    assert c[(mn.ENGINE_SPEC_DRAFT, V)] == 300
+    assert c[(mn.ENGINE_SPEC_ACCEPTED, V)] == 210
+    assert g[(mn.ENGINE_REQUESTS_RUNNING, V)] == 3
+    assert g[(mn.ENGINE_REQUESTS_WAITING, V)] == 1
+    assert g[(mn.ENGINE_KV_USAGE, V)] == 0.25
+    # SGLang names: cached tokens summed over cache_source, prompt tokens are queries.
+    assert c[(mn.ENGINE_PREFIX_HIT_TOKENS, S)] == 4000
+    assert c[(mn.ENGINE_PREFIX_QUERY_TOKENS, S)] == 10000
+    assert g[(mn.ENGINE_REQUESTS_RUNNING, S)] == 5
+    assert g[(mn.ENGINE_REQUESTS_WAITING, S)] == 2
+    assert g[(mn.ENGINE_KV_USAGE, S)] == 0.28
+    assert g[(mn.ENGINE_PREFIX_HIT_RATE, S)] == 0.42
+    assert g[(mn.ENGINE_SPEC_ACCEPT_LENGTH, S)] == 2.5
+    # Nothing else leaks through (histograms, _created, process metrics).
+    assert {spec for spec, _ in [*c, *g]} <= {rule.target for rule in ENGINE_METRIC_RULES}
+    # The dead endpoint is counted and marked down; the live ones are up.
+    dead_source = endpoint_source(dead_url)
+    assert errors.get(dead_source) == 1.0
+    assert readings.up[dead_source] == 0.0
+    assert readings.up[endpoint_source(page_server.url("/vllm"))] == 1.0
+
+
+def test_dead_endpoint_is_retried_next_poll(page_server: PageServer,
+                                            client: httpx.Client) -> None:
+    url = page_server.url("/vllm")
+    scraper = scraper_for([url], client)
+    errors = ErrorCounts(16)
+    assert scraper.read(errors).up[endpoint_source(url)] == 0.0  # 404: no page yet
+    page_server.pages["/vllm"] = render_vllm()
+    readings = scraper.read(errors)
+    assert readings.up[endpoint_source(url)] == 1.0
+    assert readings.counters[(mn.ENGINE_PREFIX_HIT_TOKENS, V)] == 2048
+    assert errors.get(endpoint_source(url)) == 1.0
+
+
+def test_counters_survive_an_engine_restart_and_an_outage(page_server: PageServer,
+                                                          client: httpx.Client) -> None:
+    url = page_server.url("/vllm")
+    scraper = scraper_for([url], client)
+    errors = ErrorCounts(16)
+    page_server.pages["/vllm"] = render_vllm(hits=1000, queries=3000)
+    scraper.read(errors)
+    page_server.pages["/vllm"] = render_vllm(hits=1500, queries=4000)
+    assert scraper.read(errors).counters[(mn.ENGINE_PREFIX_HIT_TOKENS, V)] == 1500
+    # Engine down: counters hold their totals, gauges are dropped.
+    del page_server.pages["/vllm"]
+    down = scraper.read(errors)
+    assert down.counters[(mn.ENGINE_PREFIX_HIT_TOKENS, V)] == 1500
+    assert (mn.ENGINE_REQUESTS_RUNNING, V) not in down.gauges
+    # Engine restarted: its counters start again from zero.
+    page_server.pages["/vllm"] = render_vllm(hits=100, queries=300)
+    after = scraper.read(errors)
+    assert after.counters[(mn.ENGINE_PREFIX_HIT_TOKENS, V)] == 1600
+    assert after.counters[(mn.ENGINE_PREFIX_QUERY_TOKENS, V)] == 4300
+    assert scraper.restarts_seen >= 2
+
+
+def test_two_endpoints_same_model_add_counts_and_average_ratios(
+        page_server: PageServer, client: httpx.Client) -> None:
+    page_server.pages["/a"] = render_vllm(running=2, kv_usage=0.2, hits=10)
+    page_server.pages["/b"] = render_vllm(running=4, kv_usage=0.6, hits=30)
+    readings = scraper_for([page_server.url("/a"), page_server.url("/b")], client).read(
+        ErrorCounts(16))
+    assert readings.gauges[(mn.ENGINE_REQUESTS_RUNNING, V)] == 6
+    assert readings.gauges[(mn.ENGINE_KV_USAGE, V)] == pytest.approx(0.4)
+    assert readings.counters[(mn.ENGINE_PREFIX_HIT_TOKENS, V)] == 40
+
+
+def test_older_vllm_names(page_server: PageServer, client: httpx.Client) -> None:
+    page_server.pages["/old"] = "\n".join([
+        "# TYPE vllm:gpu_prefix_cache_hits_total counter",
+        'vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 7.0',
+        "# TYPE vllm:gpu_prefix_cache_queries_total counter",
+        'vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 9.0',
+        "# TYPE vllm:gpu_cache_usage_perc gauge",
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5',
+        "",
+    ])
+    readings = scraper_for([page_server.url("/old")], client).read(ErrorCounts(16))
+    assert readings.counters[(mn.ENGINE_PREFIX_HIT_TOKENS, (ENGINE_VLLM, "m"))] == 7
+    assert readings.counters[(mn.ENGINE_PREFIX_QUERY_TOKENS, (ENGINE_VLLM, "m"))] == 9
+    assert readings.gauges[(mn.ENGINE_KV_USAGE, (ENGINE_VLLM, "m"))] == 0.5
+
+
+def test_older_name_is_ignored_when_its_successor_is_on_the_same_page(
+        page_server: PageServer, client: httpx.Client) -> None:
+    page_server.pages["/both"] = "\n".join([
+        'vllm:gpu_prefix_cache_hits_total{model_name="m"} 7.0',
+        'vllm:prefix_cache_hits_total{model_name="m"} 7.0',
+        'vllm:gpu_cache_usage_perc{model_name="m"} 0.9',
+        'vllm:kv_cache_usage_perc{model_name="m"} 0.5',
+        "",
+    ])
+    readings = scraper_for([page_server.url("/both")], client).read(ErrorCounts(16))
+    assert readings.counters[(mn.ENGINE_PREFIX_HIT_TOKENS, (ENGINE_VLLM, "m"))] == 7
+    assert readings.gauges[(mn.ENGINE_KV_USAGE, (ENGINE_VLLM, "m"))] == 0.5
+
+
+def test_garbage_page_is_an_error_not_a_crash(page_server: PageServer,
+                                              client: httpx.Client) -> None:
+    page_server.pages["/bad"] = 'vllm:num_requests_running{model_name="m"} not-a-number\n'
+    url = page_server.url("/bad")
+    errors = ErrorCounts(16)
+    readings = scraper_for([url], client).read(errors)
+    assert readings.up[endpoint_source(url)] == 0.0
+    assert errors.get(endpoint_source(url)) == 1.0
+
+
+def test_model_label_is_bounded(page_server: PageServer, client: httpx.Client) -> None:
+    page_server.pages["/many"] = "\n".join(
+        f'vllm:num_requests_running{{model_name="m{i}"}} 1' for i in range(5)) + "\n"
+    readings = scraper_for([page_server.url("/many")], client, max_models=2).read(
+        ErrorCounts(16))
+    models = {labels[1] for spec, labels in readings.gauges}
+    assert models == {"m0", "m1", mn.OTHER_LABEL_VALUE}
+    assert readings.gauges[(mn.ENGINE_REQUESTS_RUNNING, (ENGINE_VLLM, mn.OTHER_LABEL_VALUE))] == 3
+
+
+def test_only_rule_lines_are_read() -> None:
+    names = {name for name, _, _ in iter_samples(render_vllm(), SOURCE_LINE_PREFIXES)}
+    assert "vllm:prefix_cache_hits_total" in names
+    assert not any("time_to_first_token" in name for name in names)

@@ -1,0 +1,173 @@
+"""NVML path against the fake ``pynvml`` (no GPU on these machines)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pynvml
+import pytest
+
+from tests.fakes.fake_nvml import AGENT_NVML_FUNCTIONS, FakeGpu, FakeNvml
+from tokenpath import metric_names as mn
+from tokenpath.agent.nic_sampler import NicSampler
+from tokenpath.agent.node_poller import NodePoller
+from tokenpath.agent.nvml_sampler import NvmlSampler
+from tokenpath.agent.snapshot import ErrorCounts
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_poller(nvml: object, clock: FakeClock, tmp_path: object = None) -> NodePoller:
+    sampler = NvmlSampler(nvml, clock, retry_seconds=30.0)
+    sampler.start()
+    # NICs from an empty sysfs tree: this file is about GPUs.
+    nics = NicSampler(source="sysfs", sysfs_root=tmp_path or "/nonexistent-sysfs")  # type: ignore[arg-type]
+    return NodePoller(nvml_sampler=sampler, nic_sampler=nics, engine_scraper=None,
+                      clock=clock, wall_clock_ns=lambda: 1, max_devices=16, max_sources=32)
+
+
+def four_gpus() -> list[FakeGpu]:
+    return [
+        FakeGpu(utilization_percent=80, nvlink_tx_kib=1000, nvlink_rx_kib=2000),
+        FakeGpu(utilization_percent=40, nvlink_tx_kib=500, nvlink_rx_kib=700),
+        FakeGpu(failing=True),
+        FakeGpu(has_nvlink=False, has_power=False),
+    ]
+
+
+def test_several_gpus_with_one_failing_counts_the_failure_and_reports_the_rest() -> None:
+    nvml = FakeNvml(four_gpus())
+    poller = make_poller(nvml, FakeClock())
+    snap = poller.poll()
+    assert snap.get(mn.AGENT_NVML_UP) == 1.0
+    assert snap.get(mn.GPU_UTILIZATION, ("0",)) == pytest.approx(0.8)
+    assert snap.get(mn.GPU_UTILIZATION, ("1",)) == pytest.approx(0.4)
+    assert snap.get(mn.GPU_UTILIZATION, ("2",)) is None
+    assert snap.get(mn.GPU_UTILIZATION, ("3",)) == pytest.approx(0.5)
+    assert snap.get(mn.GPU_MEMORY_BW_UTIL, ("0",)) == pytest.approx(0.3)
+    assert snap.get(mn.GPU_MEMORY_USED, ("0",)) == 40 * 2**30
+    assert snap.get(mn.GPU_MEMORY_TOTAL, ("0",)) == 80 * 2**30
+    assert snap.get(mn.GPU_POWER, ("0",)) == pytest.approx(350.0)
+    assert snap.get(mn.GPU_SM_CLOCK, ("0",)) == pytest.approx(1980e6)
+    assert snap.get(mn.GPU_PCIE_TX, ("0",)) == 1000 * 1024
+    assert snap.get(mn.GPU_PCIE_RX, ("0",)) == 2000 * 1024
+    assert snap.get(mn.GPU_NVLINK_TX, ("0",)) == 1000 * 1024
+    assert snap.get(mn.GPU_NVLINK_RX, ("1",)) == 700 * 1024
+    # The failing GPU is counted once per poll under its own source.
+    assert snap.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu2",)) == 1.0
+    # NOT_SUPPORTED (no NVLink, no power on GPU 3) is not an error and is simply absent.
+    assert snap.get(mn.GPU_NVLINK_TX, ("3",)) is None
+    assert snap.get(mn.GPU_POWER, ("3",)) is None
+    assert snap.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu3",)) is None
+    poller.poll()
+    assert poller.errors.get("nvml:gpu2") == 2.0
+
+
+def test_unsupported_calls_are_not_repeated() -> None:
+    nvml = FakeNvml([FakeGpu(has_nvlink=False, has_power=False)])
+    poller = make_poller(nvml, FakeClock())
+    for _ in range(3):
+        poller.poll()
+    assert nvml.calls["nvmlDeviceGetPowerUsage"] == 1
+    assert nvml.calls["nvmlDeviceGetFieldValues"] == 1
+    assert nvml.calls["nvmlDeviceGetUtilizationRates"] == 3
+
+
+def test_nvlink_counters_never_go_backwards_across_a_device_reset() -> None:
+    gpus = [FakeGpu(nvlink_tx_kib=1000, nvlink_rx_kib=4000)]
+    nvml = FakeNvml(gpus)
+    poller = make_poller(nvml, FakeClock())
+    first = poller.poll().get(mn.GPU_NVLINK_TX, ("0",))
+    assert first == 1000 * 1024
+    gpus[0].nvlink_tx_kib = 1500
+    assert poller.poll().get(mn.GPU_NVLINK_TX, ("0",)) == 1500 * 1024
+    gpus[0].reset()
+    gpus[0].nvlink_tx_kib = 200
+    after_reset = poller.poll()
+    assert after_reset.get(mn.GPU_NVLINK_TX, ("0",)) == (1500 + 200) * 1024
+    assert after_reset.get(mn.GPU_NVLINK_RX, ("0",)) == 4000 * 1024
+
+
+def test_gpu_that_fails_then_recovers_gets_a_fresh_handle() -> None:
+    gpus = [FakeGpu(failing=True)]
+    nvml = FakeNvml(gpus)
+    poller = make_poller(nvml, FakeClock())
+    assert poller.poll().get(mn.GPU_UTILIZATION, ("0",)) is None
+    gpus[0].failing = False
+    assert poller.poll().get(mn.GPU_UTILIZATION, ("0",)) == pytest.approx(0.5)
+    assert nvml.calls["nvmlDeviceGetHandleByIndex"] == 2
+
+
+def test_busy_seconds_integrate_utilization_over_elapsed_time() -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu(utilization_percent=50)]
+    poller = make_poller(FakeNvml(gpus), clock)
+    assert poller.poll().get(mn.GPU_BUSY_SECONDS, ("0",)) == 0.0
+    clock.now += 2.0
+    assert poller.poll().get(mn.GPU_BUSY_SECONDS, ("0",)) == pytest.approx(1.0)
+    gpus[0].utilization_percent = 100
+    clock.now += 1.0
+    assert poller.poll().get(mn.GPU_BUSY_SECONDS, ("0",)) == pytest.approx(2.0)
+    # A long gap (agent stalled, GPU unreadable) is not guessed.
+    clock.now += 3600.0
+    assert poller.poll().get(mn.GPU_BUSY_SECONDS, ("0",)) == pytest.approx(2.0)
+
+
+def test_without_a_driver_nvml_up_is_zero_and_the_poll_still_works(tmp_path: object) -> None:
+    clock = FakeClock()
+    nvml = FakeNvml(library_missing=True)
+    poller = make_poller(nvml, clock)
+    snap = poller.poll()
+    assert snap.get(mn.AGENT_NVML_UP) == 0.0
+    assert mn.GPU_UTILIZATION not in snap.points
+    assert snap.get(mn.AGENT_SCRAPE_ERRORS, ("nvml",)) is None
+    # Init is retried only after retry_seconds.
+    poller.poll()
+    assert nvml.calls["nvmlInit"] == 1
+    clock.now += 31.0
+    nvml.library_missing = False
+    assert poller.poll().get(mn.AGENT_NVML_UP) == 1.0
+    assert nvml.calls["nvmlInit"] == 2
+
+
+def test_no_nvml_module_at_all() -> None:
+    sampler = NvmlSampler(None, FakeClock())
+    sampler.start()
+    assert not sampler.up
+    assert sampler.read(ErrorCounts(8)) == []
+    assert sampler.init_error is not None
+
+
+def test_never_asks_for_process_lists() -> None:
+    nvml = FakeNvml(four_gpus())
+    poller = make_poller(nvml, FakeClock())
+    for _ in range(3):
+        poller.poll()
+    called = set(nvml.calls)
+    assert "nvmlDeviceGetComputeRunningProcesses" not in called
+    assert called <= set(AGENT_NVML_FUNCTIONS)
+
+
+@pytest.mark.parametrize("name", AGENT_NVML_FUNCTIONS)
+def test_fake_matches_the_real_pynvml_signature(name: str) -> None:
+    real = inspect.signature(getattr(pynvml, name))
+    fake = inspect.signature(getattr(FakeNvml(), name))
+    assert list(real.parameters)[: len(fake.parameters)] == list(fake.parameters)[
+        : len(real.parameters)
+    ]
+    required = [p for p in real.parameters.values() if p.default is inspect.Parameter.empty]
+    assert len(required) <= len(fake.parameters)
+
+
+def test_fake_constants_match_pynvml() -> None:
+    fake = FakeNvml()
+    for constant in ("NVML_ERROR_NOT_SUPPORTED", "NVML_CLOCK_SM", "NVML_PCIE_UTIL_TX_BYTES",
+                     "NVML_PCIE_UTIL_RX_BYTES", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
+                     "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", "NVML_ERROR_GPU_IS_LOST"):
+        assert getattr(fake, constant) == getattr(pynvml, constant), constant

@@ -1,0 +1,221 @@
+"""A fake of the ``pynvml`` module (nvidia-ml-py) at the narrowest boundary the agent uses.
+
+:class:`FakeNvml` is module-like: the agent calls ``nvml.nvmlInit()``,
+``nvml.nvmlDeviceGetUtilizationRates(handle)`` and reads ``nvml.NVML_CLOCK_SM`` on it
+exactly as on the real module, with the same argument lists and return shapes (values in
+NVML's units: percent, bytes, milliwatts, MHz, KiB, KB/s). Errors are ``NVMLError``
+subclasses carrying ``.value`` like pynvml's. Each :class:`FakeGpu` can fail, lack NVLink,
+lack power readings, or be reset (NVLink counters back to zero). ``calls`` counts every
+function called so tests can assert the agent never asks for expensive data.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+class NVMLError_NotSupported(NVMLError):
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_NOT_SUPPORTED)
+
+
+class NVMLError_GpuIsLost(NVMLError):
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_GPU_IS_LOST)
+
+
+class NVMLError_LibraryNotFound(NVMLError):
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_LIBRARY_NOT_FOUND)
+
+
+class NVMLError_Uninitialized(NVMLError):
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_UNINITIALIZED)
+
+
+@dataclass
+class FakeGpu:
+    name: str = "NVIDIA H100 80GB HBM3"
+    utilization_percent: int = 50
+    memory_utilization_percent: int = 30
+    memory_used_bytes: int = 40 * 2**30
+    memory_total_bytes: int = 80 * 2**30
+    power_milliwatts: int = 350_000
+    sm_clock_mhz: int = 1980
+    nvlink_tx_kib: int = 0
+    nvlink_rx_kib: int = 0
+    pcie_tx_kb_per_second: int = 1000
+    pcie_rx_kb_per_second: int = 2000
+    has_nvlink: bool = True
+    has_power: bool = True
+    failing: bool = False
+
+    def reset(self) -> None:
+        """A device reset: NVML's cumulative NVLink counters restart from zero."""
+        self.nvlink_tx_kib = 0
+        self.nvlink_rx_kib = 0
+
+
+@dataclass(frozen=True)
+class FakeHandle:
+    index: int
+
+
+class FakeNvml:
+    """Module-like stand-in for ``pynvml``."""
+
+    NVMLError = NVMLError
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
+    NVML_SUCCESS = NVML_SUCCESS
+    NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
+    NVML_CLOCK_GRAPHICS = NVML_CLOCK_GRAPHICS
+    NVML_CLOCK_SM = NVML_CLOCK_SM
+    NVML_CLOCK_MEM = NVML_CLOCK_MEM
+    NVML_PCIE_UTIL_TX_BYTES = NVML_PCIE_UTIL_TX_BYTES
+    NVML_PCIE_UTIL_RX_BYTES = NVML_PCIE_UTIL_RX_BYTES
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+
+    def __init__(self, gpus: list[FakeGpu] | None = None, *, library_missing: bool = False):
+        self.gpus = list(gpus) if gpus is not None else [FakeGpu()]
+        self.library_missing = library_missing
+        self.initialized = False
+        self.calls: Counter[str] = Counter()
+
+    # -- library -------------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self.calls["nvmlInit"] += 1
+        if self.library_missing:
+            raise NVMLError_LibraryNotFound()
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        self.calls["nvmlShutdown"] += 1
+        self._check_init()
+        self.initialized = False
+
+    def nvmlDeviceGetCount(self) -> int:
+        self.calls["nvmlDeviceGetCount"] += 1
+        self._check_init()
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        self.calls["nvmlDeviceGetHandleByIndex"] += 1
+        self._check_init()
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError(2)
+        return FakeHandle(index)
+
+    # -- per device ----------------------------------------------------------------------
+    def nvmlDeviceGetName(self, handle: FakeHandle) -> str:
+        self.calls["nvmlDeviceGetName"] += 1
+        return self._gpu(handle).name
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> SimpleNamespace:
+        self.calls["nvmlDeviceGetUtilizationRates"] += 1
+        gpu = self._gpu(handle)
+        return SimpleNamespace(gpu=gpu.utilization_percent,
+                               memory=gpu.memory_utilization_percent)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: Any = None) -> SimpleNamespace:
+        self.calls["nvmlDeviceGetMemoryInfo"] += 1
+        gpu = self._gpu(handle)
+        return SimpleNamespace(total=gpu.memory_total_bytes, used=gpu.memory_used_bytes,
+                               free=gpu.memory_total_bytes - gpu.memory_used_bytes)
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeHandle) -> int:
+        self.calls["nvmlDeviceGetPowerUsage"] += 1
+        gpu = self._gpu(handle)
+        if not gpu.has_power:
+            raise NVMLError_NotSupported()
+        return gpu.power_milliwatts
+
+    def nvmlDeviceGetClockInfo(self, handle: FakeHandle, type: int) -> int:
+        self.calls["nvmlDeviceGetClockInfo"] += 1
+        gpu = self._gpu(handle)
+        if type != NVML_CLOCK_SM:
+            raise NVMLError_NotSupported()
+        return gpu.sm_clock_mhz
+
+    def nvmlDeviceGetPcieThroughput(self, device: FakeHandle, counter: int) -> int:
+        self.calls["nvmlDeviceGetPcieThroughput"] += 1
+        gpu = self._gpu(device)
+        if counter == NVML_PCIE_UTIL_TX_BYTES:
+            return gpu.pcie_tx_kb_per_second
+        return gpu.pcie_rx_kb_per_second
+
+    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list[Any]) -> list[Any]:
+        self.calls["nvmlDeviceGetFieldValues"] += 1
+        gpu = self._gpu(handle)
+        values = []
+        for entry in fieldIds:
+            field_id, scope_id = entry if isinstance(entry, tuple) else (entry, 0)
+            if not gpu.has_nvlink:
+                ret, raw = NVML_ERROR_NOT_SUPPORTED, 0
+            elif field_id == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
+                ret, raw = NVML_SUCCESS, gpu.nvlink_tx_kib
+            elif field_id == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
+                ret, raw = NVML_SUCCESS, gpu.nvlink_rx_kib
+            else:
+                ret, raw = NVML_ERROR_NOT_SUPPORTED, 0
+            values.append(SimpleNamespace(
+                fieldId=field_id, scopeId=scope_id, timestamp=0, latencyUsec=0,
+                valueType=NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, nvmlReturn=ret,
+                value=SimpleNamespace(ullVal=raw),
+            ))
+        return values
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[Any]:
+        """Expensive in real NVML; the agent must never call it in its loop."""
+        self.calls["nvmlDeviceGetComputeRunningProcesses"] += 1
+        return []
+
+    # -- helpers -------------------------------------------------------------------------
+    def _check_init(self) -> None:
+        if not self.initialized:
+            raise NVMLError_Uninitialized()
+
+    def _gpu(self, handle: FakeHandle) -> FakeGpu:
+        self._check_init()
+        gpu = self.gpus[handle.index]
+        if gpu.failing:
+            raise NVMLError_GpuIsLost()
+        return gpu
+
+
+# Functions the agent is allowed to call, for the signature check against real pynvml.
+AGENT_NVML_FUNCTIONS = (
+    "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetName", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo", "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetFieldValues",
+)
