@@ -25,11 +25,13 @@ def _demo(tmp: Path, shared_prefix: float) -> tuple[dict[str, Any], list[dict[st
     result = subprocess.run(
         [sys.executable, "-m", "tokenpath.cli.main", "demo", "--duration", "3", "--rps", "8",
          "--time-scale", "0.02", "--shared-prefix", str(shared_prefix), "--store", str(store),
-         "--ground-truth", str(truth), "--collector-http", "127.0.0.1:0"],
+         "--ground-truth", str(truth), "--collector-http", "127.0.0.1:0",
+         "--agent-listen", "127.0.0.1:0"],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "simulated engine" in result.stdout
+    assert "agent     http://127.0.0.1:" in result.stdout  # the node agent ran alongside
     runner = CliRunner()
     report = runner.invoke(app, ["report", "--store", str(store), "--format", "json"])
     assert report.exit_code == 0, report.output

@@ -26,6 +26,7 @@ from tokenpath.config import ConfigError, parse_host_port
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
+    from tokenpath.agent.service import AgentService
     from tokenpath.collector.service import CollectorService
     from tokenpath.instrumentation.reference.driver import DriveStats
     from tokenpath.instrumentation.reference.workload import WorkloadGenerator
@@ -67,6 +68,7 @@ class DemoConfig:
     seed: int = DEFAULT_SEED
     prices_path: str | None = None
     engine: EngineKind = EngineKind.SIMULATED
+    agent_listen: str = DEFAULT_AGENT_LISTEN
 
     def validate(self) -> None:
         if self.duration is not None and self.duration <= 0:
@@ -156,10 +158,37 @@ def _start_collector(config: DemoConfig, token: str | None) -> CollectorService:
     return collector
 
 
-def _banner_tail(collector: CollectorService, out: Console) -> None:
+def _banner_tail(collector: CollectorService, agent: AgentService | None, agent_note: str,
+                 out: Console) -> None:
     out.print(f"  collector {collector.http_url} (OTLP/HTTP /v1/traces, /metrics)")
     out.print(f"  UI        {collector.http_url}/")
-    out.print("  agent     not started (the node agent is issue 5/9)")
+    if agent is not None:
+        host = agent.config.listen_address[0]
+        out.print(f"  agent     http://{host}:{agent.listen_port}/metrics (scraping the engine "
+                  "metrics, pushing to the collector)")
+    else:
+        out.print(f"  agent     not started: {agent_note}")
+
+
+def _start_agent(config: DemoConfig, collector: CollectorService, engine_metrics_url: str,
+                 ) -> tuple[AgentService | None, str]:
+    """The node agent on ``--agent-listen``, scraping the engine and pushing OTLP metrics
+    to the collector. A failure to start it is reported, never fatal to the demo."""
+    from tokenpath.agent.config import AgentConfig
+    from tokenpath.agent.service import AgentService
+
+    try:
+        agent = AgentService(AgentConfig.from_sources(
+            listen=config.agent_listen, collector_url=collector.http_url,
+            engine_metrics_urls=[engine_metrics_url]), auth_token=auth_token())
+    except (ConfigError, OSError) as exc:
+        return None, str(exc)
+    try:
+        agent.start()
+    except (ConfigError, OSError) as exc:
+        agent.shutdown()
+        return None, f"--agent-listen {config.agent_listen}: {exc}"
+    return agent, ""
 
 
 def _serve_simulated(config: DemoConfig, collector: CollectorService,
@@ -182,19 +211,23 @@ def _serve_simulated(config: DemoConfig, collector: CollectorService,
                           gpu_dollars_per_hour=gpu_price.dollars_per_hour)
     path = ReferenceServingPath(ReferencePathConfig(engine=engine, replicas=config.replicas),
                                 tracer_provider=provider, ground_truth=truth)
+    agent: AgentService | None = None
     try:
         path.start()
+        agent, agent_note = _start_agent(config, collector, f"{path.base_url}/metrics")
         out.print(f"[bold]tokenpath demo[/] — reference serving path with a "
                   f"[yellow]{SIMULATED_ENGINE_LABEL}[/] ({config.model} on "
                   f"{config.tensor_parallel} x {config.gpu}, {config.replicas} replicas, "
                   f"time scale {config.time_scale:g})")
         out.print(f"  gateway   {path.base_url}/v1/chat/completions "
                   f"(engine metrics in vLLM format: {path.base_url}/metrics)")
-        _banner_tail(collector, out)
+        _banner_tail(collector, agent, agent_note, out)
         workload = WorkloadGenerator(WorkloadConfig(seed=config.seed,
                                                     shared_prefix=config.shared_prefix))
         _drive_with_progress(path.base_url, provider, workload, config, config.model, out)
     finally:
+        if agent is not None:
+            agent.shutdown()
         path.shutdown()
         if truth is not None:
             truth.shutdown()
@@ -222,7 +255,9 @@ def _serve_vllm(config: DemoConfig, collector: CollectorService, provider: Trace
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError("engine", f"vllm is not available here: {first_line}") from exc
     server: LoopbackServer | None = None
+    agent: AgentService | None = None
     try:
+        agent, agent_note = _start_agent(config, collector, f"{vllm.base_url}/metrics")
         app = create_upstream_gateway(UpstreamGatewayParts(
             upstream_urls=[vllm.base_url], auth=ApiKeyAuth(), rate_limit=TokenBucket(),
             model=vllm.model_name))
@@ -231,7 +266,7 @@ def _serve_vllm(config: DemoConfig, collector: CollectorService, provider: Trace
         server.start()
         out.print(f"  gateway   {server.base_url}/v1/chat/completions -> vLLM {vllm.base_url} "
                   f"(model {vllm.model_name}, metrics {vllm.base_url}/metrics)")
-        _banner_tail(collector, out)
+        _banner_tail(collector, agent, agent_note, out)
         # the tiny test model has a 2,048-token context: a smaller workload of the same shape
         workload = WorkloadGenerator(WorkloadConfig(
             seed=config.seed, shared_prefix=config.shared_prefix, system_prompt_words=48,
@@ -240,6 +275,8 @@ def _serve_vllm(config: DemoConfig, collector: CollectorService, provider: Trace
         _drive_with_progress(server.base_url, provider, workload, config, vllm.model_name,
                              out)
     finally:
+        if agent is not None:
+            agent.shutdown()
         if server is not None:
             server.shutdown()
         vllm.stop()
@@ -347,13 +384,13 @@ def register(app: typer.Typer) -> None:
 
         try:
             host, port = parse_host_port(collector_http, "collector-http")
-            parse_host_port(agent_listen, "agent-listen")
+            parse_host_port(agent_listen, "agent-listen")  # checked here, bound later
             config = DemoConfig(
                 duration=duration, rps=rps, store_path=store or default_store_path(),
                 ground_truth=ground_truth, collector_host=host, collector_port=port,
                 time_scale=time_scale, shared_prefix=shared_prefix, replicas=replicas,
                 gpu=gpu, model=model, tensor_parallel=tensor_parallel, seed=seed,
-                prices_path=prices, engine=engine,
+                prices_path=prices, engine=engine, agent_listen=agent_listen,
             )
             config.validate()
             from tokenpath.instrumentation.reference.engine import EngineConfig
