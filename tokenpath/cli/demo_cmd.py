@@ -1,8 +1,9 @@
-"""``tokenpath demo``: the reference serving path, the collector and a workload, on loopback.
+"""``tokenpath demo``: the reference serving path, collector, agent and a workload, on loopback.
 
 Starts the collector (in-process, loopback), the reference serving path of SPEC section 6
 (a simulated engine behind a real gateway, instrumented with tokenpath's shims and
-exporting OTLP to the collector), drives a chat workload with shared system prompts,
+exporting OTLP to the collector; or, with ``--engine vllm``, a local CPU vLLM behind the
+same gateway), the node agent scraping the engine's metrics, drives a chat workload with shared system prompts,
 multi-turn continuations and a long-context tail while showing progress, then prints the
 per-stage report. Ctrl-C stops the workload early and still prints the report.
 """
