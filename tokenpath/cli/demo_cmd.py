@@ -5,7 +5,8 @@ Starts the collector (in-process, loopback), the reference serving path of SPEC 
 exporting OTLP to the collector; or, with ``--engine vllm``, a local CPU vLLM behind the
 same gateway) and the node agent scraping the engine's metrics; drives a chat workload
 with shared system prompts, multi-turn continuations and a long-context tail while
-showing progress, then prints the per-stage report. Ctrl-C stops the workload early and still prints the report.
+showing progress, then prints the per-stage report. Ctrl-C stops the workload early and
+still prints the report.
 """
 
 from __future__ import annotations
