@@ -16,7 +16,7 @@ from tokenpath.metric_names import MetricSpec
 
 ENGINE_VLLM: Final = "vllm"
 ENGINE_SGLANG: Final = "sglang"
-MODEL_LABELS: Final = ("model_name", "model", "name")
+MODEL_LABELS: Final = (mn.VLLM_LABEL_MODEL_NAME, "model", "name")
 UNKNOWN_MODEL: Final = "unknown"
 
 Aggregate = Literal["sum", "mean"]
@@ -46,17 +46,17 @@ def _rule(
 
 ENGINE_METRIC_RULES: tuple[EngineMetricRule, ...] = (
     # vLLM (V1 engine, 0.10+ through 0.32): prefix cache counters are in tokens.
-    _rule("vllm:prefix_cache_hits", mn.ENGINE_PREFIX_HIT_TOKENS, "sum"),
-    _rule("vllm:prefix_cache_queries", mn.ENGINE_PREFIX_QUERY_TOKENS, "sum"),
+    _rule(mn.VLLM_PREFIX_CACHE_HITS, mn.ENGINE_PREFIX_HIT_TOKENS, "sum"),
+    _rule(mn.VLLM_PREFIX_CACHE_QUERIES, mn.ENGINE_PREFIX_QUERY_TOKENS, "sum"),
     _rule("vllm:gpu_prefix_cache_hits", mn.ENGINE_PREFIX_HIT_TOKENS, "sum",
-          "older V1 spelling", superseded_by="vllm:prefix_cache_hits"),
+          "older V1 spelling", superseded_by=mn.VLLM_PREFIX_CACHE_HITS),
     _rule("vllm:gpu_prefix_cache_queries", mn.ENGINE_PREFIX_QUERY_TOKENS, "sum",
-          "older V1 spelling", superseded_by="vllm:prefix_cache_queries"),
-    _rule("vllm:num_requests_running", mn.ENGINE_REQUESTS_RUNNING, "sum"),
-    _rule("vllm:num_requests_waiting", mn.ENGINE_REQUESTS_WAITING, "sum"),
-    _rule("vllm:kv_cache_usage_perc", mn.ENGINE_KV_USAGE, "mean", "a 0-1 fraction"),
+          "older V1 spelling", superseded_by=mn.VLLM_PREFIX_CACHE_QUERIES),
+    _rule(mn.VLLM_NUM_REQUESTS_RUNNING, mn.ENGINE_REQUESTS_RUNNING, "sum"),
+    _rule(mn.VLLM_NUM_REQUESTS_WAITING, mn.ENGINE_REQUESTS_WAITING, "sum"),
+    _rule(mn.VLLM_KV_CACHE_USAGE, mn.ENGINE_KV_USAGE, "mean", "a 0-1 fraction"),
     _rule("vllm:gpu_cache_usage_perc", mn.ENGINE_KV_USAGE, "mean", "older spelling, 0-1",
-          superseded_by="vllm:kv_cache_usage_perc"),
+          superseded_by=mn.VLLM_KV_CACHE_USAGE),
     _rule("vllm:spec_decode_num_draft_tokens", mn.ENGINE_SPEC_DRAFT, "sum"),
     _rule("vllm:spec_decode_num_accepted_tokens", mn.ENGINE_SPEC_ACCEPTED, "sum"),
     _rule("vllm:prompt_tokens_cached", mn.ENGINE_PROMPT_TOKENS_CACHED, "sum"),

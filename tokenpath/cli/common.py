@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -11,7 +12,11 @@ from rich.console import Console
 
 AUTH_TOKEN_ENV = "TOKENPATH_AUTH_TOKEN"
 
-console = Console()
+# Piped output (CI logs, `make demo | tee`) gets room for the 15-stage table instead of
+# rich's 80-column default; a terminal (or $COLUMNS) keeps its own width.
+PIPED_WIDTH = 140
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS")
+                  else PIPED_WIDTH)
 err_console = Console(stderr=True)
 
 

@@ -60,7 +60,9 @@ def collector() -> Iterator[CollectorService]:
         service.shutdown()
 
 
-@pytest.fixture(scope="session")
+# Package scope: the sync Playwright API keeps an event loop on the main thread while it
+# runs, which would break asyncio.run in tests collected after these.
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     sync_api = pytest.importorskip("playwright.sync_api",
                                    reason="playwright (dev extra) is not installed")
