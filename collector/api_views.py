@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from tokenpath.collector.cost.cache import DEFAULT_BLOCK_TOKENS, prefill_dollars, replay_prefixes
 from tokenpath.records import RequestRecord
 from tokenpath.report import percentile, token_weighted_hit_ratio
-from tokenpath.stages import GPU_STAGES, NETWORK_STAGES, STAGES, Phase, StageId
+from tokenpath.stages import GPU_STAGES, NETWORK_STAGES, STAGES, StageId
 
 DEFAULT_TIMESERIES_BUCKETS = 30
 MAX_TIMESERIES_BUCKETS = 500
 DEFAULT_LEAK_LIMIT = 10
-DEFAULT_BLOCK_TOKENS = 16  # tokens per prefix-fingerprint block (vLLM's KV block size)
 DEFAULT_LONG_CONTEXT_TOKENS = 8192
 CONTEXT_BUCKET_EDGES = (1024, 2048, 4096, 8192, 16384, 32768)
 # The response path: stages after the engine that carry bytes back to the client.
@@ -81,75 +80,14 @@ def timeseries_view(records: Sequence[RequestRecord],
 # --- leaks ----------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _PrefixTally:
-    fingerprint: str
-    prefix_tokens: int
-    requests: int = 0
-    hits: int = 0
-    misses: int = 0
-    recomputed_tokens: int = 0
-    waste_dollars: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "fingerprint": self.fingerprint,
-            "prefix_tokens": self.prefix_tokens,
-            "requests": self.requests,
-            "hits": self.hits,
-            "misses": self.misses,
-            "recomputed_tokens": self.recomputed_tokens,
-            "waste_dollars": self.waste_dollars,
-        }
-
-
 def repeated_prefixes(records: Sequence[RequestRecord], block_tokens: int = DEFAULT_BLOCK_TOKENS,
                       limit: int = DEFAULT_LEAK_LIMIT) -> tuple[list[dict[str, Any]], int]:
-    """Prefixes seen again by later requests, ranked by waste dollars, then recomputed tokens.
-
-    For each request (oldest first) the deepest fingerprint already seen in an earlier
-    request is its repeated prefix. A request whose cached tokens cover less than that
-    prefix recomputed the difference: a miss, and its miss-waste dollars land there.
-    Fingerprints and lengths only; prompt content never reaches the collector.
-    Returns the top ``limit`` prefixes and the recomputed tokens over all of them.
-    """
-    seen: set[str] = set()
-    tallies: dict[str, _PrefixTally] = {}
-    for record in sorted(records, key=lambda r: r.start_unix):
-        depth = -1
-        for index, fingerprint in enumerate(record.prefix_fingerprints):
-            if fingerprint not in seen:
-                break
-            depth = index
-        if depth >= 0:
-            fingerprint = record.prefix_fingerprints[depth]
-            prefix_tokens = (depth + 1) * block_tokens
-            if record.input_tokens > 0:
-                prefix_tokens = min(prefix_tokens, record.input_tokens)
-            tally = tallies.get(fingerprint)
-            if tally is None:
-                tally = tallies[fingerprint] = _PrefixTally(fingerprint, prefix_tokens)
-            tally.requests += 1
-            recomputed = max(0, prefix_tokens - record.cache_read_tokens)
-            if recomputed > 0:
-                tally.misses += 1
-                tally.recomputed_tokens += recomputed
-            else:
-                tally.hits += 1
-            tally.waste_dollars += record.cache_miss_waste_dollars
-        seen.update(record.prefix_fingerprints)
-    ranked = sorted(tallies.values(),
-                    key=lambda t: (-t.waste_dollars, -t.recomputed_tokens, -t.requests))
-    return [t.to_json() for t in ranked[:limit]], sum(t.recomputed_tokens for t in ranked)
-
-
-def _prefill_cost(record: RequestRecord) -> float:
-    total = 0.0
-    for stage in GPU_STAGES:
-        timing = record.stages.get(stage)
-        if timing is not None and Phase.PREFILL in timing.phases:
-            total += timing.phases[Phase.PREFILL].cost_dollars
-    return total
+    """The top ``limit`` repeated prefixes by waste, and the prefix tokens recomputed over
+    all of them: the cost model's prefix tracker replayed over the stored records.
+    Fingerprints and lengths only; prompt content never reaches the collector."""
+    tracker = replay_prefixes(records, block_tokens)
+    top = tracker.heavy_hitters.top_by_waste(limit)
+    return [p.to_json() for p in top], tracker.recomputed_tokens
 
 
 def _context_bucket_label(low: int, high: int | None) -> str:
@@ -181,7 +119,7 @@ def long_context_view(records: Sequence[RequestRecord],
     long = [r for r in records if r.input_tokens >= threshold_tokens]
     total_cost = sum(r.cost_dollars for r in records)
     total_prefill = sum(r.prefill_seconds or 0.0 for r in records)
-    total_prefill_cost = sum(_prefill_cost(r) for r in records)
+    total_prefill_cost = sum(prefill_dollars(r) for r in records)
     return {
         "threshold_tokens": threshold_tokens,
         "requests": len(long),
@@ -190,7 +128,7 @@ def long_context_view(records: Sequence[RequestRecord],
                           if total_cost > 0 else None),
         "share_of_prefill_seconds": (sum(r.prefill_seconds or 0.0 for r in long) / total_prefill
                                      if total_prefill > 0 else None),
-        "share_of_prefill_cost": (sum(_prefill_cost(r) for r in long) / total_prefill_cost
+        "share_of_prefill_cost": (sum(prefill_dollars(r) for r in long) / total_prefill_cost
                                   if total_prefill_cost > 0 else None),
         "histogram": histogram,
     }

@@ -7,7 +7,8 @@ A sink: it consumes finished RequestRecords and IdleCost slices and owns its met
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -142,57 +143,27 @@ class _SelfTelemetry(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self._stats
-
-        def counter(spec: M.MetricSpec) -> CounterMetricFamily:
-            return CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
-
-        received = counter(M.SPANS_RECEIVED)
-        for receiver, n in sorted(s.spans_received.items()):
-            received.add_metric([receiver], n)
-        yield received
-        rejected = counter(M.SPANS_REJECTED)
-        for (receiver, reason), n in sorted(s.spans_rejected.items()):
-            rejected.add_metric([receiver, reason], n)
-        yield rejected
-        dropped = counter(M.SPANS_DROPPED)
-        for reason, n in sorted(s.spans_dropped.items()):
-            dropped.add_metric([reason], n)
-        yield dropped
-        evicted = counter(M.TRACES_EVICTED)
-        for reason, n in sorted(s.traces_evicted.items()):
-            evicted.add_metric([reason], n)
-        yield evicted
-        attrs = counter(M.ATTRIBUTES_DROPPED)
-        for reason, n in sorted(s.attributes_dropped.items()):
-            attrs.add_metric([reason], n)
-        yield attrs
-        refused = counter(M.REQUESTS_REJECTED)
-        for (receiver, status), n in sorted(s.requests_rejected.items()):
-            refused.add_metric([receiver, status], n)
-        yield refused
-        points = counter(M.METRIC_POINTS_RECEIVED)
-        for receiver, n in sorted(s.metric_points_received.items()):
-            points.add_metric([receiver], n)
-        yield points
-        points_dropped = counter(M.METRIC_POINTS_DROPPED)
-        for reason, n in sorted(s.metric_points_dropped.items()):
-            points_dropped.add_metric([reason], n)
-        yield points_dropped
-        events_dropped = counter(M.SPAN_EVENTS_DROPPED)
-        for reason, n in sorted(s.events_dropped.items()):
-            events_dropped.add_metric([reason], n)
-        yield events_dropped
-        yield CounterMetricFamily(M.SPANS_UNMAPPED.name, M.SPANS_UNMAPPED.help,
-                                  value=s.spans_unmapped)
-        yield CounterMetricFamily(M.RECORDS_STORED.name, M.RECORDS_STORED.help,
-                                  value=s.records_stored)
-        yield CounterMetricFamily(M.STORE_ERRORS.name, M.STORE_ERRORS.help,
-                                  value=s.store_errors)
-        overflow = counter(M.LABEL_OVERFLOW)
-        for bounded in self._labels:
-            overflow.add_metric([bounded.name], bounded.overflowed)
-        yield overflow
-        yield GaugeMetricFamily(M.TRACES_IN_FLIGHT.name, M.TRACES_IN_FLIGHT.help,
-                                value=s.traces_in_flight)
-        yield GaugeMetricFamily(M.SPANS_BUFFERED.name, M.SPANS_BUFFERED.help,
-                                value=s.spans_buffered)
+        labelled: tuple[tuple[M.MetricSpec, Mapping[Any, int]], ...] = (
+            (M.SPANS_RECEIVED, s.spans_received),
+            (M.SPANS_REJECTED, s.spans_rejected),
+            (M.SPANS_DROPPED, s.spans_dropped),
+            (M.TRACES_EVICTED, s.traces_evicted),
+            (M.ATTRIBUTES_DROPPED, s.attributes_dropped),
+            (M.REQUESTS_REJECTED, s.requests_rejected),
+            (M.METRIC_POINTS_RECEIVED, s.metric_points_received),
+            (M.METRIC_POINTS_DROPPED, s.metric_points_dropped),
+            (M.SPAN_EVENTS_DROPPED, s.events_dropped),
+            (M.LABEL_OVERFLOW, {b.name: b.overflowed for b in self._labels}),
+        )
+        for spec, counts in labelled:
+            family = CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+            for key, n in sorted(counts.items()):
+                family.add_metric(list(key) if isinstance(key, tuple) else [key], n)
+            yield family
+        for spec, value in ((M.SPANS_UNMAPPED, s.spans_unmapped),
+                            (M.RECORDS_STORED, s.records_stored),
+                            (M.STORE_ERRORS, s.store_errors)):
+            yield CounterMetricFamily(spec.name, spec.help, value=value)
+        for spec, value in ((M.TRACES_IN_FLIGHT, s.traces_in_flight),
+                            (M.SPANS_BUFFERED, s.spans_buffered)):
+            yield GaugeMetricFamily(spec.name, spec.help, value=value)

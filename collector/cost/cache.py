@@ -26,15 +26,6 @@ DEFAULT_RECENT_CAPACITY = 65_536
 DEFAULT_HEAVY_HITTER_CAPACITY = 256
 
 
-def token_weighted_hit_ratio(records: Iterable[RequestRecord]) -> float:
-    """cache_read tokens / input tokens over all records (never a mean of ratios)."""
-    cached = total = 0
-    for record in records:
-        cached += max(0, record.cache_read_tokens)
-        total += max(0, record.input_tokens)
-    return cached / total if total > 0 else 0.0
-
-
 @dataclass(slots=True)
 class PrefixStats:
     fingerprint: str
@@ -44,6 +35,13 @@ class PrefixStats:
     hits: int
     misses: int
     waste_dollars: float
+    recomputed_tokens: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {"fingerprint": self.fingerprint, "prefix_tokens": self.prefix_tokens,
+                "requests": self.count, "count_error": self.error, "hits": self.hits,
+                "misses": self.misses, "recomputed_tokens": self.recomputed_tokens,
+                "waste_dollars": self.waste_dollars}
 
 
 class HeavyHitters:
@@ -58,7 +56,8 @@ class HeavyHitters:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def update(self, fingerprint: str, prefix_tokens: int, hit: bool, waste: float) -> None:
+    def update(self, fingerprint: str, prefix_tokens: int, hit: bool, waste: float,
+               recomputed_tokens: int = 0) -> None:
         entry = self._entries.get(fingerprint)
         if entry is None:
             floor = 0
@@ -75,6 +74,7 @@ class HeavyHitters:
         else:
             entry.misses += 1
         entry.waste_dollars += waste
+        entry.recomputed_tokens += recomputed_tokens
 
     def top_by_waste(self, limit: int = 10) -> list[PrefixStats]:
         ranked = sorted(self._entries.values(), key=lambda e: (-e.waste_dollars, -e.count))
@@ -106,6 +106,7 @@ class PrefixCacheTracker:
         self._recent: OrderedDict[str, _Seen] = OrderedDict()
         self.heavy_hitters = HeavyHitters(heavy_hitter_capacity)
         self.waste_dollars = 0.0
+        self.recomputed_tokens = 0
 
     def seen_prefix_tokens(self, record: RequestRecord, at: float) -> tuple[int, int]:
         """(tokens of the longest prefix seen before ``at``, its block index or -1)."""
@@ -119,8 +120,11 @@ class PrefixCacheTracker:
         return tokens, depth
 
     def observe(self, record: RequestRecord, prefill_dollars: float,
-                roofline: Roofline | None) -> float:
-        """Waste dollars of ``record`` (0 when nothing seen was recomputed); remembers it."""
+                roofline: Roofline | None, known_waste: float | None = None) -> float:
+        """Waste dollars of ``record`` (0 when nothing seen was recomputed); remembers it.
+
+        ``known_waste`` replays a stored record whose waste was priced when it was recorded.
+        """
         if not record.prefix_fingerprints:
             return 0.0
         at = record.prefill_start_unix if record.prefill_start_unix is not None else (
@@ -130,7 +134,9 @@ class PrefixCacheTracker:
         new_tokens = max(1, record.input_tokens - cached)
         wasted_tokens = min(new_tokens, max(0, seen_tokens - cached))
         waste = 0.0
-        if wasted_tokens > 0 and prefill_dollars > 0:
+        if known_waste is not None:
+            waste = known_waste
+        elif wasted_tokens > 0 and prefill_dollars > 0:
             if roofline is not None:
                 share = (roofline.prefill_flops(wasted_tokens, cached)
                          / roofline.prefill_flops(new_tokens, cached))
@@ -139,7 +145,9 @@ class PrefixCacheTracker:
             waste = prefill_dollars * min(1.0, share)
         if depth >= 0:
             self.heavy_hitters.update(record.prefix_fingerprints[depth], seen_tokens,
-                                      hit=cached >= seen_tokens, waste=waste)
+                                      hit=cached >= seen_tokens, waste=waste,
+                                      recomputed_tokens=wasted_tokens)
+            self.recomputed_tokens += wasted_tokens
         self._remember(record.prefix_fingerprints, at)
         self.waste_dollars += waste
         return waste
@@ -170,15 +178,17 @@ def prefill_dollars(record: RequestRecord) -> float:
                if Phase.PREFILL in t.phases)
 
 
+def replay_prefixes(records: Iterable[RequestRecord],
+                    block_tokens: int = DEFAULT_BLOCK_TOKENS) -> PrefixCacheTracker:
+    """Replay stored records (in engine order) through a tracker. Each record's waste is
+    the one priced when it was recorded (``cache_miss_waste_dollars``)."""
+    tracker = PrefixCacheTracker(block_tokens=block_tokens)
+    for record in sorted(records, key=lambda r: r.prefill_start_unix or r.start_unix):
+        tracker.observe(record, 0.0, None, known_waste=record.cache_miss_waste_dollars)
+    return tracker
+
+
 def top_prefixes_by_waste(records: Iterable[RequestRecord], limit: int = 10,
                           block_tokens: int = DEFAULT_BLOCK_TOKENS) -> list[PrefixStats]:
-    """Replay stored records (in engine order) through a tracker: the repeated prefixes
-    whose recomputation cost the most. Fingerprints only."""
-    from tokenpath.collector.cost.catalog import roofline_for_record
-
-    tracker = PrefixCacheTracker(block_tokens=block_tokens)
-    ordered = sorted(records, key=lambda r: r.prefill_start_unix or r.start_unix)
-    for record in ordered:
-        roofline = roofline_for_record(record, record.gpu_type or "H100-SXM")
-        tracker.observe(record, prefill_dollars(record), roofline)
-    return tracker.heavy_hitters.top_by_waste(limit)
+    """The repeated prefixes whose recomputation cost the most. Fingerprints only."""
+    return replay_prefixes(records, block_tokens).heavy_hitters.top_by_waste(limit)

@@ -29,11 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenpath.collector.cost.cache import token_weighted_hit_ratio, top_prefixes_by_waste
+from tokenpath.collector.cost.cache import top_prefixes_by_waste
 from tokenpath.collector.cost.catalog import catalog_model_name
 from tokenpath.collector.cost.longcontext import spend_by_context_bucket
 from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.records import RequestRecord
+from tokenpath.report import token_weighted_hit_ratio
 from tokenpath.roofline import GPUS, MODELS, Roofline
 
 # Speculative decoding: cost of one draft token relative to one target decode step.
@@ -175,7 +176,7 @@ def calibrate(records: Sequence[RequestRecord], prices: PriceSheet) -> Calibrati
     batch = max(1.0, sum(decode_sum.values()) / busy_total) if busy_total > 0 else 1.0
     utilization = busy_total / window_total if window_total > 0 else 1.0
     calibration = Calibration(requests, batch, max(utilization, 1e-6), 1.0,
-                              token_weighted_hit_ratio(usable), window_total)
+                              token_weighted_hit_ratio(usable) or 0.0, window_total)
     measured = sum(r.gpu_cost_dollars / (req.dollars_per_gpu_second * req.roofline.tensor_parallel)
                    for r, req in zip(usable, requests, strict=True))
     modeled = sum(p + d for p, d in (_gpu_seconds(req, calibration, Scenario())

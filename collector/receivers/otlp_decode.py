@@ -185,15 +185,20 @@ class _AttributeReader:
 # --- traces ------------------------------------------------------------------------------
 
 
-def parse_trace_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
-    message = ExportTraceServiceRequest()
+def _parse_into(body: bytes, content_type: str, message: Any) -> None:
+    """Protobuf or OTLP/JSON into ``message``; :class:`MalformedPayload` when neither."""
     if content_type == "json":
         _parse_json_into(body, message)
-    else:
-        try:
-            message.ParseFromString(body)
-        except (DecodeError, ValueError) as exc:
-            raise MalformedPayload(f"invalid OTLP protobuf: {exc}") from exc
+        return
+    try:
+        message.ParseFromString(body)
+    except (DecodeError, ValueError) as exc:
+        raise MalformedPayload(f"invalid OTLP protobuf: {exc}") from exc
+
+
+def parse_trace_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
+    message = ExportTraceServiceRequest()
+    _parse_into(body, content_type, message)
     return message
 
 
@@ -264,13 +269,7 @@ def _read_events(raw_events: Any, reader: _AttributeReader, max_events: int,
 
 def parse_metrics_request(body: bytes, content_type: str) -> ExportMetricsServiceRequest:
     message = ExportMetricsServiceRequest()
-    if content_type == "json":
-        _parse_json_into(body, message)
-    else:
-        try:
-            message.ParseFromString(body)
-        except (DecodeError, ValueError) as exc:
-            raise MalformedPayload(f"invalid OTLP protobuf: {exc}") from exc
+    _parse_into(body, content_type, message)
     return message
 
 

@@ -4,14 +4,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
-from tokenpath.collector.cost.cache import (
-    HeavyHitters,
-    PrefixCacheTracker,
-    token_weighted_hit_ratio,
-)
+from tokenpath.collector.cost.cache import HeavyHitters, PrefixCacheTracker
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.cost.stepsim import SimRequest, simulate
-from tokenpath.records import RequestRecord
 from tokenpath.roofline import roofline_for
 from tokenpath.stages import Phase
 
@@ -19,13 +14,6 @@ from .helpers import FakeClock, RecordingSink, engine_record
 
 ROOFLINE = roofline_for("H100-SXM", "llama-3.1-8b")
 PRICES = load_price_sheet()
-
-
-def test_hit_ratio_is_token_weighted_not_a_mean_of_ratios() -> None:
-    small = RequestRecord(trace_id="a" * 32, input_tokens=10, cache_read_tokens=10)
-    large = RequestRecord(trace_id="b" * 32, input_tokens=990, cache_read_tokens=0)
-    assert token_weighted_hit_ratio([small, large]) == 0.01  # mean of ratios would be 0.5
-    assert token_weighted_hit_ratio([]) == 0.0
 
 
 def test_heavy_hitters_stay_bounded_and_keep_the_heavy_prefix() -> None:
