@@ -110,7 +110,8 @@ def otlp_router(ingest: OtlpIngest, stats: CollectorStats) -> APIRouter:
     router = APIRouter()
     limits = ingest.limits
 
-    async def handle(request: Request, export: Callable[[bytes, str], Any]) -> Response:
+    async def handle(request: Request, export: Callable[[bytes, str], Any],
+                     admit: Callable[[], None] | None = None) -> Response:
         kind = _content_kind(request)
         if kind is None:
             stats.add(stats.requests_rejected, (RECEIVER, "415"))
@@ -118,6 +119,8 @@ def otlp_router(ingest: OtlpIngest, stats: CollectorStats) -> APIRouter:
                                     "Content-Type must be application/x-protobuf or "
                                     "application/json", None)
         try:
+            if admit is not None:
+                admit()
             body = await _read_body(request, limits.max_body_bytes, limits.max_decompressed_bytes)
             return _ok_response(export(body, kind), kind)
         except _BodyError as exc:
@@ -143,7 +146,7 @@ def otlp_router(ingest: OtlpIngest, stats: CollectorStats) -> APIRouter:
 
     @router.post("/v1/traces")
     async def traces(request: Request) -> Response:
-        return await handle(request, export_traces)
+        return await handle(request, export_traces, ingest.admit_traces)
 
     @router.post("/v1/metrics")
     async def metrics(request: Request) -> Response:

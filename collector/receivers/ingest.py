@@ -61,9 +61,14 @@ class OtlpIngest:
         self._stats = stats
         self._max_buffered_spans = max_buffered_spans
 
-    def export_traces(self, message: ExportTraceServiceRequest, receiver: str) -> DecodedSpans:
+    def admit_traces(self) -> None:
+        """Raise :class:`Overloaded` when the buffer is full: receivers call this before
+        reading a body, so shedding costs no parsing."""
         if self._stats.spans_buffered >= self._max_buffered_spans:
             raise Overloaded()
+
+    def export_traces(self, message: ExportTraceServiceRequest, receiver: str) -> DecodedSpans:
+        self.admit_traces()
         decoded = decode_traces(message, self.limits)
         stats = self._stats
         for reason, n in decoded.rejection_reasons.items():
