@@ -62,6 +62,16 @@ def test_demo_reports_all_15_stages_and_prefix_sharing_raises_the_hit_ratio(
         assert by_stage[StageId.HBM_LOAD.value]["phases"][Phase.DECODE.value]["seconds"] > 0
         assert set(by_stage[StageId.GPU_DISPATCH.value]["phases"]) == {"prefill", "decode"}
         assert 0.0 < report["prefix_cache_hit_ratio"] < 1.0
+        # SPEC section 4's report fields, with real values from the cost attributor
+        assert report["window_seconds"] > 0 and report["output_tokens_per_second"] > 0
+        assert 0 < report["ttft_p50_seconds"] <= report["ttft_p95_seconds"]
+        assert report["cost_dollars"] > 0 and report["idle_cost_dollars"] >= 0
+        assert report["cache_miss_waste_dollars"] >= 0
+        assert report["cost_per_million_output_tokens"] > 0
+        for stage in (StageId.GPU_DISPATCH, StageId.HBM_LOAD, StageId.KERNEL_EXEC):
+            assert by_stage[stage.value]["cost_dollars"] > 0, stage
+        assert report["cost_dollars"] == pytest.approx(
+            sum(s["cost_dollars"] for s in stages), rel=1e-6)
     assert high["prefix_cache_hit_ratio"] > low["prefix_cache_hit_ratio"]
     assert all(r["simulated"] for r in records)
     assert all(len(r["trace_id"]) == 32 for r in records)
