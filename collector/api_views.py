@@ -14,13 +14,13 @@ from typing import Any
 
 from tokenpath.collector.cost.cache import DEFAULT_BLOCK_TOKENS, prefill_dollars, replay_prefixes
 from tokenpath.records import RequestRecord
-from tokenpath.report import percentile, token_weighted_hit_ratio
+from tokenpath.report import LONG_CONTEXT_TOKENS, percentile, token_weighted_hit_ratio
 from tokenpath.stages import GPU_STAGES, NETWORK_STAGES, STAGES, StageId
 
 DEFAULT_TIMESERIES_BUCKETS = 30
 MAX_TIMESERIES_BUCKETS = 500
 DEFAULT_LEAK_LIMIT = 10
-DEFAULT_LONG_CONTEXT_TOKENS = 8192
+DEFAULT_LONG_CONTEXT_TOKENS = LONG_CONTEXT_TOKENS
 CONTEXT_BUCKET_EDGES = (1024, 2048, 4096, 8192, 16384, 32768)
 # The response path: stages after the engine that carry bytes back to the client.
 RESPONSE_PATH_STAGES: tuple[StageId, ...] = (*NETWORK_STAGES, StageId.RESPONSE_PATH)

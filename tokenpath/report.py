@@ -13,6 +13,9 @@ from typing import Any
 from tokenpath.records import RequestRecord
 from tokenpath.stages import STAGES, Phase, Provenance, StageId
 
+# Requests with at least this many input tokens count as long-context (leak 2).
+LONG_CONTEXT_TOKENS = 8192
+
 _PROVENANCE_RANK = {Provenance.MEASURED: 0, Provenance.DERIVED: 1, Provenance.MODELED: 2}
 
 
@@ -93,6 +96,9 @@ class Report:
     prefill_seconds: float
     decode_seconds: float
     small_packet_share: float | None
+    long_context_requests: int
+    long_context_cost_dollars: float
+    long_context_share_of_cost: float | None
     models: list[str]
     simulated: bool
 
@@ -118,6 +124,10 @@ class Report:
             "prefill_seconds": self.prefill_seconds,
             "decode_seconds": self.decode_seconds,
             "small_packet_share": self.small_packet_share,
+            "long_context_tokens": LONG_CONTEXT_TOKENS,
+            "long_context_requests": self.long_context_requests,
+            "long_context_cost_dollars": self.long_context_cost_dollars,
+            "long_context_share_of_cost": self.long_context_share_of_cost,
             "models": self.models,
             "simulated": self.simulated,
         }
@@ -161,6 +171,8 @@ def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.
     output_tokens = sum(r.output_tokens for r in records)
     cost = sum(r.cost_dollars for r in records)
     chunks = sum(r.response_chunks for r in records)
+    long_context = [r for r in records if r.input_tokens >= LONG_CONTEXT_TOKENS]
+    long_context_cost = sum(r.cost_dollars for r in long_context)
     return Report(
         requests=len(records),
         complete_requests=sum(1 for r in records if r.complete),
@@ -184,6 +196,9 @@ def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.
         prefill_seconds=sum(r.prefill_seconds or 0.0 for r in records),
         decode_seconds=sum(r.decode_seconds or 0.0 for r in records),
         small_packet_share=(sum(r.small_chunks for r in records) / chunks) if chunks else None,
+        long_context_requests=len(long_context),
+        long_context_cost_dollars=long_context_cost,
+        long_context_share_of_cost=long_context_cost / cost if cost > 0 else None,
         models=sorted({r.model for r in records}),
         simulated=any(r.simulated for r in records),
     )

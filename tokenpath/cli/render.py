@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenpath.records import RequestRecord
-from tokenpath.report import Report
-from tokenpath.stages import STAGE_BY_ID, STAGE_IDS, Phase
+from tokenpath.report import LONG_CONTEXT_TOKENS, Report
+from tokenpath.stages import STAGE_BY_ID, Phase
 
 
 def _sec(value: float | None) -> str:
@@ -72,10 +72,10 @@ def render_report(report: Report, console: Console) -> None:
     facts.add_row("naive wall-clock cost", _usd(report.naive_cost_dollars))
     facts.add_row("$ per million output tokens", _usd(report.cost_per_million_output_tokens))
     facts.add_row("leak 1: cache-miss waste", _usd(report.cache_miss_waste_dollars))
-    long_ctx = next((s for s in report.stages if s.stage is STAGE_IDS[8]), None)
-    if long_ctx is not None:
-        facts.add_row("leak 2: prefill compute (attention grows O(n^2))",
-                      _usd(long_ctx.phase_cost_dollars.get(Phase.PREFILL)))
+    facts.add_row(f"leak 2: long contexts (>= {LONG_CONTEXT_TOKENS:,} input tokens)",
+                  f"{report.long_context_requests} requests, "
+                  f"{_usd(report.long_context_cost_dollars)} "
+                  f"({_pct(report.long_context_share_of_cost)} of cost; attention is O(n^2))")
     facts.add_row("leak 3: small-packet share of streamed chunks", _pct(report.small_packet_share))
     console.print(facts)
 
