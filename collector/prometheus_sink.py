@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tokenpath import metric_names as M
+from tokenpath.collector.cost.longcontext import context_bucket_index, context_bucket_labels
 from tokenpath.collector.exposition import FastCounter, FastHistogram, render
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.pipeline import IdleCost
@@ -86,9 +87,12 @@ class PrometheusSink:
         self.cache_miss_waste = FastCounter(M.CACHE_MISS_WASTE)
         self.naive_cost = FastCounter(M.NAIVE_COST)
         self.response_chunks = FastCounter(M.RESPONSE_CHUNKS)
+        self.context_cost = FastCounter(M.LONG_CONTEXT_COST)
+        self._context_buckets = context_bucket_labels()
         self._families: list[FastCounter | FastHistogram] = [
             self.requests, self.stage_duration, self.ttft, self.tpot, self.tokens, self.cost,
             self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
+            self.context_cost,
         ]
         self.registry.register(
             _SelfTelemetry(self._stats, [self._model, self._pool, self._status]))
@@ -106,8 +110,8 @@ class PrometheusSink:
                 rest = timing.cost_dollars - sum(s.cost_dollars for s in timing.phases.values())
                 if rest > 1e-15:
                     self.cost.labels(stage, M.PHASE_NONE, model).inc(rest)
-            elif timing.cost_dollars > 0:
-                self.cost.labels(stage, M.PHASE_NONE, model).inc(timing.cost_dollars)
+            else:  # a zero-cost stage (the scheduler queue) still gets its series, at 0
+                self.cost.labels(stage, M.PHASE_NONE, model).inc(max(0.0, timing.cost_dollars))
         if record.ttft_seconds is not None:
             self.ttft.labels(model).observe(record.ttft_seconds)
         if record.tpot_seconds is not None:
@@ -117,6 +121,9 @@ class PrometheusSink:
         self.tokens.labels(model, M.TOKEN_KIND_OUTPUT).inc(record.output_tokens)
         self.cache_miss_waste.labels(model).inc(max(0.0, record.cache_miss_waste_dollars))
         self.naive_cost.labels(model).inc(max(0.0, record.naive_cost_dollars))
+        bucket = context_bucket_index(record.input_tokens + record.output_tokens)
+        self.context_cost.labels(model, self._context_buckets[bucket]).inc(
+            max(0.0, record.cost_dollars))
         if record.response_chunks:
             small = min(record.small_chunks, record.response_chunks)
             self.response_chunks.labels(model, M.CHUNK_SIZE_SMALL).inc(small)

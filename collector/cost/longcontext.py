@@ -50,6 +50,17 @@ def _labels(bounds: Sequence[int]) -> list[str]:
     return labels
 
 
+def context_bucket_labels(bounds: Sequence[int] = DEFAULT_BUCKET_BOUNDS) -> list[str]:
+    """The bucket labels in order: ``0-2048``, ..., ``>=131072``."""
+    return _labels(bounds)
+
+
+def context_bucket_index(context_tokens: int,
+                         bounds: Sequence[int] = DEFAULT_BUCKET_BOUNDS) -> int:
+    """Index of the bucket holding ``context_tokens`` (input + output tokens)."""
+    return next((i for i, bound in enumerate(bounds) if context_tokens < bound), len(bounds))
+
+
 def spend_by_context_bucket(
     records: Iterable[RequestRecord],
     bounds: Sequence[int] = DEFAULT_BUCKET_BOUNDS,
@@ -60,8 +71,7 @@ def spend_by_context_bucket(
     total = 0.0
     for record in records:
         context = record.input_tokens + record.output_tokens
-        index = next((i for i, bound in enumerate(bounds) if context < bound), len(bounds))
-        bucket = buckets[index]
+        bucket = buckets[context_bucket_index(context, bounds)]
         bucket.requests += 1
         bucket.cost_dollars += record.cost_dollars
         total += record.cost_dollars

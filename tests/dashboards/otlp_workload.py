@@ -1,13 +1,12 @@
-"""Synthetic OTLP traces for a real `tokenpath collector` process: one request per trace,
-all 15 stages as stage events, GenAI token attributes (cache_read tokens high with repeated
-prompts, zero with unique ones), TTFT and response chunks. Numbers are synthetic."""
+"""Synthetic OTLP traces for real `tokenpath collector` processes (the scale-out test,
+tests/deploy/test_scale_out.py): one request per trace, all 15 stages as stage events,
+GenAI token attributes, TTFT and response chunks. Numbers are synthetic."""
 
 from __future__ import annotations
 
 import random
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -22,7 +21,6 @@ from tokenpath import attributes as attr
 from tokenpath.stages import STAGES, Phase
 
 READY_TIMEOUT_SECONDS = 60.0
-REPEATED_PROMPT_HIT_SHARE = 0.8
 
 
 def _kv(key: str, value: object) -> KeyValue:
@@ -111,39 +109,3 @@ class CollectorProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)
-
-
-class SpanWorkload:
-    """Posts request traces to a collector at a steady rate; repeated or unique prompts."""
-
-    def __init__(self, http_url: str, model: str, requests_per_tick: int = 4,
-                 tick_seconds: float = 0.25, seed: int = 11) -> None:
-        self._url = http_url
-        self._model = model
-        self._per_tick = requests_per_tick
-        self._tick = tick_seconds
-        self._rng = random.Random(seed)
-        self.unique_prompts = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="span-workload", daemon=True)
-        self.sent = 0
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def shutdown(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._tick):
-            share = 0.0 if self.unique_prompts.is_set() else REPEATED_PROMPT_HIT_SHARE
-            spans: list[Span] = []
-            now = time.time_ns()
-            for index in range(self._per_tick):
-                _, trace = request_trace(self._rng, self._model, now + index * 1000,
-                                         cache_read_share=share)
-                spans.extend(trace)
-            export_spans(self._url, spans)
-            self.sent += self._per_tick

@@ -99,16 +99,22 @@ def start_alertmanager(binary: str, workdir: Path, webhook_url: str) -> tuple[Ma
 
 
 def start_prometheus(binary: str, workdir: Path, scrape_jobs: dict[str, list[str]],
-                     rule_file: Path, alertmanager_url: str,
-                     interval: str = "1s") -> tuple[ManagedProcess, str]:
+                     rule_file: Path, alertmanager_url: str, interval: str = "1s",
+                     target_labels: dict[str, dict[str, str]] | None = None,
+                     ) -> tuple[ManagedProcess, str]:
+    """Static scrape jobs (job -> targets), ``target_labels`` per job as in deploy/."""
     port = free_port()
+    labels = target_labels or {}
     am_host = urllib.parse.urlparse(alertmanager_url).netloc
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(rule_file)],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am_host]}]}]},
-        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}
-                           for job, targets in scrape_jobs.items()],
+        "scrape_configs": [
+            {"job_name": job,
+             "static_configs": [{"targets": targets, **({"labels": labels[job]}
+                                                        if job in labels else {})}]}
+            for job, targets in scrape_jobs.items()],
     }
     path = workdir / "prometheus.yml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")

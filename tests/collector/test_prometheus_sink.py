@@ -1,0 +1,52 @@
+"""The collector's Prometheus sink: cost by context-length bucket, zero-cost stages exposed."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tokenpath import metric_names as M
+from tokenpath.collector.cost.longcontext import context_bucket_labels
+from tokenpath.collector.prometheus_sink import PrometheusSink
+from tokenpath.records import RequestRecord, StageTiming
+from tokenpath.stages import Provenance, StageId
+
+MODEL = "sink-model"
+
+
+def _samples(sink: PrometheusSink, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    for family in text_string_to_metric_families(sink.render()):
+        for sample in family.samples:
+            if sample.name == name:
+                out[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def _record(trace: int, input_tokens: int, output_tokens: int, cost: float) -> RequestRecord:
+    return RequestRecord(
+        trace_id=f"{trace:032x}", model=MODEL, input_tokens=input_tokens,
+        output_tokens=output_tokens, cost_dollars=cost,
+        stages={StageId.ROUTER: StageTiming(StageId.ROUTER, 0.001, Provenance.MEASURED, cost),
+                StageId.SCHEDULER_QUEUE: StageTiming(StageId.SCHEDULER_QUEUE, 0.01,
+                                                     Provenance.MEASURED, 0.0)})
+
+
+def test_cost_is_exposed_by_context_length_bucket() -> None:
+    sink = PrometheusSink()
+    short, long_ = context_bucket_labels()[0], context_bucket_labels()[2]
+    sink.consume_record(_record(1, 1000, 100, 0.25))  # 1,100 tokens of context
+    sink.consume_record(_record(2, 900, 50, 0.5))
+    sink.consume_record(_record(3, 10_000, 200, 2.0))  # 8,192 <= 10,200 < 32,768
+    by_bucket = {dict(labels)[M.LABEL_CONTEXT_BUCKET]: value for labels, value
+                 in _samples(sink, f"{M.LONG_CONTEXT_COST.name}_total").items()}
+    assert by_bucket == {short: pytest.approx(0.75), long_: pytest.approx(2.0)}
+
+
+def test_a_zero_cost_stage_still_has_its_cost_series() -> None:
+    sink = PrometheusSink()
+    sink.consume_record(_record(1, 100, 10, 0.1))
+    by_stage = {dict(labels)[M.LABEL_STAGE]: value for labels, value
+                in _samples(sink, f"{M.COST.name}_total").items()}
+    assert by_stage == {StageId.ROUTER.value: pytest.approx(0.1),
+                        StageId.SCHEDULER_QUEUE.value: 0.0}
