@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from tokenpath import attributes as attr
 from tokenpath.config import ConfigError
@@ -27,14 +27,12 @@ from tokenpath.instrumentation.gateway import (
     trace_headers,
 )
 from tokenpath.instrumentation.reference.gateway_parts import ApiKeyAuth, TokenBucket
+from tokenpath.instrumentation.relay import relay_response
 from tokenpath.stages import StageId
 
 FORWARDED_ROUTES = ("/v1/chat/completions", "/v1/completions")
 UPSTREAM_TIMEOUT_SECONDS = 300.0
 # Hop-by-hop and length headers are not copied from the upstream response.
-_DROPPED_RESPONSE_HEADERS = frozenset(
-    {"content-length", "transfer-encoding", "connection", "content-encoding"}
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,17 +87,7 @@ def create_upstream_gateway(parts: UpstreamGatewayParts) -> FastAPI:
         except httpx.HTTPError as exc:
             return JSONResponse({"error": {"message": f"upstream unavailable: {exc}"}},
                                 status_code=502)
-        kept = {k: v for k, v in response.headers.items()
-                if k.lower() not in _DROPPED_RESPONSE_HEADERS}
-
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in response.aiter_raw():
-                    yield chunk
-            finally:
-                await response.aclose()
-
-        return StreamingResponse(relay(), status_code=response.status_code, headers=kept)
+        return relay_response(response)
 
     for route in FORWARDED_ROUTES:
         app.add_api_route(route, forward, methods=["POST"])

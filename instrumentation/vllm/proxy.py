@@ -21,12 +21,12 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import StreamingResponse
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokenpath.config import parse_host_port
+from tokenpath.instrumentation.relay import relay_response
 
 PROXY_SERVICE_NAME = "tokenpath-vllm-gateway"
 FORWARDED_ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -34,9 +34,6 @@ HEALTH_ROUTE = "/health"
 UNTRACED_URLS = "/health,/docs,/openapi.json"
 UPSTREAM_TIMEOUT_SECONDS = 120.0
 # Hop-by-hop and length headers are not copied from the upstream response.
-_DROPPED_RESPONSE_HEADERS = frozenset(
-    {"content-length", "transfer-encoding", "connection", "content-encoding"}
-)
 
 
 def build_proxy_app(
@@ -66,17 +63,7 @@ def build_proxy_app(
         upstream = http.build_request(request.method, request.url.path, content=body,
                                       headers=headers)
         response = await http.send(upstream, stream=True)
-        kept = {k: v for k, v in response.headers.items()
-                if k.lower() not in _DROPPED_RESPONSE_HEADERS}
-
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in response.aiter_bytes():
-                    yield chunk
-            finally:
-                await response.aclose()
-
-        return StreamingResponse(relay(), status_code=response.status_code, headers=kept)
+        return relay_response(response)
 
     for route in FORWARDED_ROUTES:
         app.add_api_route(route, forward, methods=["POST"])
