@@ -6,10 +6,13 @@ downstream at construction and knows nothing else about the pipeline.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Protocol
 
 from tokenpath.records import RequestRecord
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +37,7 @@ class RecordSink(Protocol):
 
 class FanOut:
     """Hands every record and idle slice to each sink in turn; one failing sink never
-    starves the others."""
+    starves the others. Failures are counted in ``errors`` and logged."""
 
     def __init__(self, sinks: list[RecordSink]) -> None:
         self._sinks = list(sinks)
@@ -45,14 +48,18 @@ class FanOut:
             try:
                 sink.consume_record(record)
             except Exception:
-                self.errors += 1
+                self._failed(sink)
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
         for sink in self._sinks:
             try:
                 sink.consume_idle_cost(idle)
             except Exception:
-                self.errors += 1
+                self._failed(sink)
+
+    def _failed(self, sink: RecordSink) -> None:
+        self.errors += 1
+        log.exception("sink %s failed (%d failures so far)", type(sink).__name__, self.errors)
 
     def shutdown(self) -> None:
         for sink in self._sinks:
