@@ -48,3 +48,26 @@ class MonotonicCounters:
 
     def __len__(self) -> int:
         return len(self._last)
+
+
+class MonotonicTotal:
+    """One raw counter as a total that never goes backwards (same rule as
+    :class:`MonotonicCounters`, without the keyed lookups; raw values must be valid)."""
+
+    __slots__ = ("last", "total")
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.total = 0.0
+
+    def update(self, raw: float) -> float:
+        """Feed the latest raw reading; returns the total."""
+        last = self.last
+        if last is None:
+            self.total = raw
+        elif raw >= last:
+            self.total += raw - last
+        else:  # a reset: counting restarted from zero
+            self.total += raw
+        self.last = raw
+        return self.total

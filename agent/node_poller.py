@@ -1,8 +1,8 @@
 """One poll of the node: GPUs, NICs and engines folded into a :class:`Snapshot`.
 
-The poller owns everything that must persist between polls: the monotonic accumulators
-(NVLink and NIC counters survive device resets), the integrated GPU busy time, the
-previous NIC totals (for the average packet size over the last interval), the error
+The poller owns what must persist between polls outside the GPUs (whose per-GPU state
+the :class:`NvmlSampler` keeps): the NIC counters made monotonic across device resets,
+the previous NIC totals (for the average packet size over the last interval), the error
 counts and the bounded label sets. It runs every second forever, so the per-series work
 is plain dict writes (measured against the raw calls in ``bench/agent_bench.py``).
 """
@@ -17,9 +17,6 @@ from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.nvml_sampler import NvmlSampler
 from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts, LabelValues, Snapshot
 
-# Longest gap over which a utilization reading is integrated into busy seconds: after a
-# GPU was unreadable for longer, the gap is not guessed.
-MAX_BUSY_INTEGRATION_GAP_SECONDS = 10.0
 MAX_TRACKED_NICS = 4096
 
 Series = dict[LabelValues, float]
@@ -46,21 +43,6 @@ class _NicState:
         return totals
 
 
-class _GpuState:
-    """Per GPU: NVLink raw/total bytes (monotonic across resets) and busy seconds."""
-
-    __slots__ = ("busy", "labels", "last_seen", "rx_last", "rx_total", "tx_last", "tx_total")
-
-    def __init__(self, labels: LabelValues) -> None:
-        self.labels = labels
-        self.tx_last: float | None = None
-        self.tx_total = 0.0
-        self.rx_last: float | None = None
-        self.rx_total = 0.0
-        self.busy = 0.0
-        self.last_seen: float | None = None
-
-
 class NodePoller:
     def __init__(
         self,
@@ -81,7 +63,6 @@ class NodePoller:
         self.errors = ErrorCounts(max_sources)
         self._device_label = BoundedLabel(max_devices)
         self._gpu_label = BoundedLabel(max_devices)
-        self._gpu_state: dict[int, _GpuState] = {}
         self._nic_state: dict[str, _NicState] = {}
         self.push_errors = 0.0
 
@@ -94,7 +75,7 @@ class NodePoller:
         snapshot = Snapshot(self._wall_clock_ns())
         points = snapshot.points
         points[mn.AGENT_NVML_UP] = {(): 0.0}
-        self._add_gpus(points)
+        self._nvml.read(self.errors, self._gpu_label).add_to(points)
         if self._nvml.up:
             points[mn.AGENT_NVML_UP] = {(): 1.0}
         self._add_nics(points)
@@ -106,75 +87,6 @@ class NodePoller:
         points[mn.AGENT_OTLP_PUSH_ERRORS] = {(): self.push_errors}
         points[mn.AGENT_POLL_SECONDS] = {(): self._clock() - started}
         return snapshot
-
-    def _add_gpus(self, points: dict[mn.MetricSpec, Series]) -> None:
-        gpus = self._nvml.read(self.errors)
-        if not gpus:
-            return
-        now = self._clock()
-        util: Series = {}
-        bandwidth: Series = {}
-        used: Series = {}
-        total: Series = {}
-        busy_series: Series = {}
-        power: Series = {}
-        clock: Series = {}
-        pcie_tx: Series = {}
-        pcie_rx: Series = {}
-        nvlink_tx: Series = {}
-        nvlink_rx: Series = {}
-        states = self._gpu_state
-        for gpu in gpus:
-            index = gpu.index
-            state = states.get(index)
-            if state is None:
-                states[index] = state = _GpuState((self._gpu_label(str(index)),))
-            labels = state.labels
-            util[labels] = gpu.utilization_ratio
-            bandwidth[labels] = gpu.memory_bandwidth_ratio
-            used[labels] = gpu.memory_used_bytes
-            total[labels] = gpu.memory_total_bytes
-            if gpu.power_watts is not None:
-                power[labels] = gpu.power_watts
-            if gpu.sm_clock_hertz is not None:
-                clock[labels] = gpu.sm_clock_hertz
-            if gpu.pcie_tx_bytes_per_second is not None:
-                pcie_tx[labels] = gpu.pcie_tx_bytes_per_second
-            if gpu.pcie_rx_bytes_per_second is not None:
-                pcie_rx[labels] = gpu.pcie_rx_bytes_per_second
-            raw = gpu.nvlink_tx_bytes
-            if raw is not None:
-                last_raw = state.tx_last
-                if last_raw is None:
-                    state.tx_total = raw
-                else:  # a drop is a device reset: counting restarted from zero
-                    state.tx_total += raw - last_raw if raw >= last_raw else raw
-                nvlink_tx[labels] = state.tx_total
-                state.tx_last = raw
-            raw = gpu.nvlink_rx_bytes
-            if raw is not None:
-                last_raw = state.rx_last
-                if last_raw is None:
-                    state.rx_total = raw
-                else:
-                    state.rx_total += raw - last_raw if raw >= last_raw else raw
-                nvlink_rx[labels] = state.rx_total
-                state.rx_last = raw
-            last = state.last_seen
-            if last is not None and 0 < now - last <= MAX_BUSY_INTEGRATION_GAP_SECONDS:
-                state.busy += gpu.utilization_ratio * (now - last)
-            state.last_seen = now
-            busy_series[labels] = state.busy
-        points[mn.GPU_UTILIZATION] = util
-        points[mn.GPU_MEMORY_BW_UTIL] = bandwidth
-        points[mn.GPU_MEMORY_USED] = used
-        points[mn.GPU_MEMORY_TOTAL] = total
-        points[mn.GPU_BUSY_SECONDS] = busy_series
-        for spec, series in ((mn.GPU_POWER, power), (mn.GPU_SM_CLOCK, clock),
-                             (mn.GPU_PCIE_TX, pcie_tx), (mn.GPU_PCIE_RX, pcie_rx),
-                             (mn.GPU_NVLINK_TX, nvlink_tx), (mn.GPU_NVLINK_RX, nvlink_rx)):
-            if series:
-                points[spec] = series
 
     def _add_nics(self, points: dict[mn.MetricSpec, Series]) -> None:
         readings = self._nics.read(self.errors)
@@ -202,12 +114,15 @@ class NodePoller:
             else:
                 labels = state.labels
                 label = labels[0]
-                before = state.totals[:4]
+                rx_bytes_before, tx_bytes_before, rx_packets_before, tx_packets_before = (
+                    state.totals[:4])
                 totals = state.update(raws)
                 # A mean packet size of several devices folded into "other" means nothing.
                 if label != other:
-                    rx_mean[labels] = _mean_size(totals[0] - before[0], totals[2] - before[2])
-                    tx_mean[labels] = _mean_size(totals[1] - before[1], totals[3] - before[3])
+                    packets = totals[2] - rx_packets_before
+                    rx_mean[labels] = (totals[0] - rx_bytes_before) / packets if packets else 0.0
+                    packets = totals[3] - tx_packets_before
+                    tx_mean[labels] = (totals[1] - tx_bytes_before) / packets if packets else 0.0
             if label == other and labels in rx_bytes:
                 for series, value in zip((rx_bytes, tx_bytes, rx_packets, tx_packets,
                                           rx_drops, tx_drops), totals, strict=True):
@@ -238,7 +153,3 @@ class NodePoller:
             snapshot.add(spec, labels, value)
         for source, up in readings.up.items():
             snapshot.add(mn.ENGINE_UP, (source,), up)
-
-
-def _mean_size(byte_delta: float, packet_delta: float) -> float:
-    return byte_delta / packet_delta if packet_delta > 0 else 0.0

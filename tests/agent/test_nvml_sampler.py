@@ -12,7 +12,7 @@ from tokenpath import metric_names as mn
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.node_poller import NodePoller
 from tokenpath.agent.nvml_sampler import NvmlSampler
-from tokenpath.agent.snapshot import ErrorCounts
+from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts
 
 
 class FakeClock:
@@ -140,7 +140,8 @@ def test_no_nvml_module_at_all() -> None:
     sampler = NvmlSampler(None, FakeClock())
     sampler.start()
     assert not sampler.up
-    assert sampler.read(ErrorCounts(8)) == []
+    series = sampler.read(ErrorCounts(8), BoundedLabel(8))
+    assert not series.utilization and not series.busy_seconds
     assert sampler.init_error is not None
 
 
