@@ -25,6 +25,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     NumberDataPoint,
 )
 
+from tokenpath import metric_names as mn
 from tokenpath.agent.http_fetch import HttpClient
 from tokenpath.agent.snapshot import LabelValues, Snapshot
 from tokenpath.attributes import NODE
@@ -192,8 +193,8 @@ class OtlpMetricsPusher:
             self._last_ok = True
             return True
         if self._last_ok:
-            logger.warning("OTLP metrics push to %s failed (%s); counting failures in "
-                           "tokenpath_agent_otlp_push_errors_total", self._url, problem)
+            logger.warning("OTLP metrics push to %s failed (%s); counting failures in %s",
+                           self._url, problem, mn.AGENT_OTLP_PUSH_ERRORS.series)
         self._last_ok = False
         self.failed += 1
         if self._on_error is not None:
