@@ -26,7 +26,8 @@ from tokenpath.agent.engine_names import (
 from tokenpath.agent.http_fetch import HttpClient
 from tokenpath.agent.monotonic import MonotonicCounters
 from tokenpath.agent.prom_text import iter_samples
-from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts, LabelValues
+from tokenpath.agent.snapshot import ErrorCounts, LabelValues
+from tokenpath.labels import BoundedLabel
 from tokenpath.metric_names import MetricSpec
 
 logger = logging.getLogger(__name__)

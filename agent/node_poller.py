@@ -15,7 +15,8 @@ from tokenpath import metric_names as mn
 from tokenpath.agent.engine_scraper import EngineScraper
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.nvml_sampler import NvmlSampler
-from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts, LabelValues, Snapshot
+from tokenpath.agent.snapshot import ErrorCounts, LabelValues, Snapshot
+from tokenpath.labels import BoundedLabel
 
 MAX_TRACKED_NICS = 4096
 

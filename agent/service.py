@@ -27,7 +27,8 @@ from tokenpath.agent.node_poller import NodePoller
 from tokenpath.agent.nvml_sampler import NvmlSampler
 from tokenpath.agent.otlp_push import OtlpMetricsPusher
 from tokenpath.agent.prom_collector import AgentCollector
-from tokenpath.agent.snapshot import BoundedLabel, Snapshot
+from tokenpath.agent.snapshot import Snapshot
+from tokenpath.labels import BoundedLabel
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenpath.metric_names import OTHER_LABEL_VALUE, MetricSpec
+from tokenpath.labels import BoundedLabel
+from tokenpath.metric_names import MetricSpec
 
 LabelValues = tuple[str, ...]
 
@@ -49,24 +50,6 @@ class Snapshot:
                 for labels, value in series.items()
             ]
         return {"taken_unix_nano": self.taken_unix_nano, "metrics": metrics}
-
-
-class BoundedLabel:
-    """Admits at most ``cap`` distinct values of one label; later ones become ``other``."""
-
-    def __init__(self, cap: int) -> None:
-        self._cap = cap
-        self._seen: set[str] = set()
-        self.overflowed = 0
-
-    def __call__(self, value: str) -> str:
-        if value in self._seen:
-            return value
-        if len(self._seen) < self._cap:
-            self._seen.add(value)
-            return value
-        self.overflowed += 1
-        return OTHER_LABEL_VALUE
 
 
 class ErrorCounts:

@@ -6,7 +6,6 @@ A sink: it consumes finished RequestRecords and IdleCost slices and owns its met
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,6 +17,7 @@ from tokenpath import metric_names as M
 from tokenpath.collector.cost.longcontext import context_bucket_index, context_bucket_labels
 from tokenpath.collector.exposition import FastCounter, FastHistogram, render
 from tokenpath.collector.stats import CollectorStats
+from tokenpath.labels import BoundedLabel
 from tokenpath.pipeline import IdleCost
 from tokenpath.records import RequestRecord
 
@@ -31,29 +31,6 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 1
                 60.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 SMALL_CHUNK_LABEL = M.CHUNK_SIZE_SMALL
-
-
-class BoundedLabel:
-    """Passes label values through until ``cap`` distinct ones were seen; then ``other``."""
-
-    def __init__(self, name: str, cap: int, stats: CollectorStats) -> None:
-        self.name = name
-        self._cap = cap
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-        self._stats = stats
-        self.overflowed = 0
-
-    def __call__(self, value: str | None) -> str:
-        value = value or "unknown"
-        if value in self._seen:
-            return value
-        with self._lock:
-            if len(self._seen) < self._cap:
-                self._seen.add(value)
-                return value
-            self.overflowed += 1
-        return M.OTHER_LABEL_VALUE
 
 
 class PrometheusSink:
@@ -74,9 +51,9 @@ class PrometheusSink:
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._stats = stats or CollectorStats()
-        self._model = BoundedLabel(M.LABEL_MODEL, max_models, self._stats)
-        self._pool = BoundedLabel(M.LABEL_POOL, max_pools, self._stats)
-        self._status = BoundedLabel(M.LABEL_STATUS, max_statuses, self._stats)
+        self._model = BoundedLabel(max_models, M.LABEL_MODEL)
+        self._pool = BoundedLabel(max_pools, M.LABEL_POOL)
+        self._status = BoundedLabel(max_statuses, M.LABEL_STATUS)
         self.requests = FastCounter(M.REQUESTS)
         self.stage_duration = FastHistogram(M.STAGE_DURATION, STAGE_BUCKETS)
         self.ttft = FastHistogram(M.TTFT, TTFT_BUCKETS)

@@ -40,10 +40,9 @@ class Attributor(Protocol):
     def shutdown(self) -> None: ...
 
 
-def build_attributor(downstream: RecordSink, config: CollectorConfig, prices: PriceSheet,
-                     node_metrics: NodeMetricsState) -> Attributor:
+def build_attributor(downstream: RecordSink, config: CollectorConfig,
+                     prices: PriceSheet) -> Attributor:
     """The cost attributor in front of the sinks: dollars per stage, idle cost per pool."""
-    del node_metrics  # GPU busy counters are not used by the apportionment yet
     return CostAttributor(downstream, prices, config=config.cost)
 
 
@@ -64,7 +63,7 @@ class CollectorService:
         self.node_metrics = NodeMetricsState()
         sinks = FanOut([self.prometheus, self.store])
         self.prices = load_price_sheet(config.prices_path)
-        self.attributor = build_attributor(sinks, config, self.prices, self.node_metrics)
+        self.attributor = build_attributor(sinks, config, self.prices)
         self.mapper = StageMapper(self.attributor, self.stats)
         self.assembler = Assembler(self.mapper, config.assembler, self.stats)
         self.ingest = OtlpIngest(self.assembler, self.node_metrics, config.limits, self.stats,

@@ -15,7 +15,8 @@ from tokenpath.agent.engine_names import (
 )
 from tokenpath.agent.engine_scraper import EngineScraper, endpoint_source
 from tokenpath.agent.prom_text import iter_samples
-from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts
+from tokenpath.agent.snapshot import ErrorCounts
+from tokenpath.labels import BoundedLabel
 
 VLLM_MODEL = "tiny-llama"
 SGLANG_MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -12,7 +12,8 @@ from tokenpath import metric_names as mn
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.node_poller import NodePoller
 from tokenpath.agent.nvml_sampler import NvmlSampler
-from tokenpath.agent.snapshot import BoundedLabel, ErrorCounts
+from tokenpath.agent.snapshot import ErrorCounts
+from tokenpath.labels import BoundedLabel
 
 
 class FakeClock:
