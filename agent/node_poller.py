@@ -3,45 +3,84 @@
 The poller owns what must persist between polls outside the GPUs (whose per-GPU state
 the :class:`NvmlSampler` keeps): the NIC counters made monotonic across device resets,
 the previous NIC totals (for the average packet size over the last interval), the error
-counts and the bounded label sets. It runs every second forever, so the per-series work
-is plain dict writes (measured against the raw calls in ``bench/agent_bench.py``).
+counts and the bounded label sets. It runs every second forever, so it only records one
+row per GPU and per NIC; the snapshot turns rows into series when it is first read
+(measured against the raw calls in ``bench/agent_bench.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import ge
 
 from tokenpath import metric_names as mn
 from tokenpath.agent.engine_scraper import EngineScraper
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.nvml_sampler import NvmlSampler
-from tokenpath.agent.snapshot import ErrorCounts, LabelValues, Snapshot
+from tokenpath.agent.snapshot import ErrorCounts, LabelValues, Points, Snapshot, add_point
 from tokenpath.labels import BoundedLabel
 
 MAX_TRACKED_NICS = 4096
 
-Series = dict[LabelValues, float]
+
+# NIC counter metrics in NIC_FIELDS order (rx/tx bytes, packets, drops).
+NIC_COUNTER_METRICS: tuple[mn.MetricSpec, ...] = (
+    mn.NODE_NET_RX_BYTES, mn.NODE_NET_TX_BYTES, mn.NODE_NET_RX_PACKETS,
+    mn.NODE_NET_TX_PACKETS, mn.NODE_NET_RX_DROPS, mn.NODE_NET_TX_DROPS,
+)
+# A NIC row: label values, monotonic totals in NIC_FIELDS order, then the mean received
+# and sent packet size over the last interval (None on a NIC's first poll).
+NicRow = tuple[LabelValues, list[float], float | None, float | None]
 
 
 class _NicState:
-    """Last raw counters and monotonic totals of one NIC, in SYSFS/psutil field order
-    (rx_bytes, tx_bytes, rx_packets, tx_packets, rx_drops, tx_drops)."""
+    """Last raw counters and monotonic totals of one NIC, in NIC_FIELDS order.
 
-    __slots__ = ("labels", "last", "totals")
+    A total is the raw counter plus an offset that grows by the previous raw value each
+    time the counter drops (a reset to zero: the device was re-created), so a NIC that
+    never reset has its raw counters as totals with no arithmetic."""
+
+    __slots__ = ("labels", "last", "offsets", "totals")
 
     def __init__(self, labels: LabelValues, raws: list[float]) -> None:
         self.labels = labels
         self.last = raws
-        self.totals = list(raws)
+        self.offsets: list[float] | None = None
+        self.totals: list[float] = raws
 
     def update(self, raws: list[float]) -> list[float]:
-        last, totals = self.last, self.totals
-        for i in range(6):
-            raw, previous = raws[i], last[i]
-            # A drop is a reset to zero (device re-created): count the new raw value.
-            totals[i] += raw - previous if raw >= previous else raw
+        """Feed one poll's raw counters (a list the caller no longer changes)."""
+        last = self.last
+        if not all(map(ge, raws, last)):
+            before = self.offsets or [0.0] * len(raws)
+            self.offsets = [offset + previous if raw < previous else offset
+                            for offset, raw, previous in zip(before, raws, last, strict=True)]
         self.last = raws
-        return totals
+        offsets = self.offsets
+        self.totals = raws if offsets is None else [
+            raw + offset for raw, offset in zip(raws, offsets, strict=True)]
+        return self.totals
+
+
+def _add_nic_rows(rows: list[NicRow], points: Points) -> None:
+    """Series from NIC rows; devices folded into the ``other`` label are summed."""
+    labels, totals, rx_packet, tx_packet = zip(*rows, strict=True)
+    if len(set(labels)) == len(labels):
+        for spec, values in zip(NIC_COUNTER_METRICS, zip(*totals, strict=True), strict=True):
+            points[spec] = dict(zip(labels, values, strict=True))
+    else:  # several devices share the "other" label
+        for spec, values in zip(NIC_COUNTER_METRICS, zip(*totals, strict=True), strict=True):
+            column: dict[LabelValues, float] = {}
+            for label, value in zip(labels, values, strict=True):
+                column[label] = column.get(label, 0.0) + value
+            points[spec] = column
+    rx_mean = {label: mean for label, mean in zip(labels, rx_packet, strict=True)
+               if mean is not None}
+    if rx_mean:
+        points[mn.NODE_NET_RX_AVG_PACKET] = rx_mean
+        points[mn.NODE_NET_TX_AVG_PACKET] = {
+            label: mean for label, mean in zip(labels, tx_packet, strict=True)
+            if mean is not None}
 
 
 class NodePoller:
@@ -73,34 +112,26 @@ class NodePoller:
 
     def poll(self) -> Snapshot:
         started = self._clock()
-        snapshot = Snapshot(self._wall_clock_ns())
-        points = snapshot.points
-        points[mn.AGENT_NVML_UP] = {(): 0.0}
-        self._nvml.read(self.errors, self._gpu_label).add_to(points)
-        if self._nvml.up:
-            points[mn.AGENT_NVML_UP] = {(): 1.0}
-        self._add_nics(points)
+        taken = self._wall_clock_ns()
+        points: Points = {}
+        gpus = self._nvml.read(self.errors, self._gpu_label)
+        points[mn.AGENT_NVML_UP] = {(): 1.0 if self._nvml.up else 0.0}
+        deferred = [gpus.add_to]
+        nic_rows = self._nic_rows()
+        if nic_rows:
+            deferred.append(lambda points: _add_nic_rows(nic_rows, points))
         if self._engines is not None:
-            self._add_engines(snapshot)
+            self._add_engines(points)
         errors = self.errors.items()
         if errors:
             points[mn.AGENT_SCRAPE_ERRORS] = {(source,): count for source, count in errors}
         points[mn.AGENT_OTLP_PUSH_ERRORS] = {(): self.push_errors}
         points[mn.AGENT_POLL_SECONDS] = {(): self._clock() - started}
-        return snapshot
+        return Snapshot(taken, points, deferred)
 
-    def _add_nics(self, points: dict[mn.MetricSpec, Series]) -> None:
+    def _nic_rows(self) -> list[NicRow]:
         readings = self._nics.read(self.errors)
-        if not readings:
-            return
-        rx_bytes: Series = {}
-        tx_bytes: Series = {}
-        rx_packets: Series = {}
-        tx_packets: Series = {}
-        rx_drops: Series = {}
-        tx_drops: Series = {}
-        rx_mean: Series = {}
-        tx_mean: Series = {}
+        rows: list[NicRow] = []
         states = self._nic_state
         other = mn.OTHER_LABEL_VALUE
         for device, raws in readings:
@@ -109,48 +140,28 @@ class NodePoller:
                 if len(states) >= MAX_TRACKED_NICS:
                     continue
                 states[device] = state = _NicState((self._device_label(device),), raws)
-                labels = state.labels
-                label = labels[0]
-                totals = state.totals
-            else:
-                labels = state.labels
-                label = labels[0]
-                rx_bytes_before, tx_bytes_before, rx_packets_before, tx_packets_before = (
-                    state.totals[:4])
-                totals = state.update(raws)
-                # A mean packet size of several devices folded into "other" means nothing.
-                if label != other:
-                    packets = totals[2] - rx_packets_before
-                    rx_mean[labels] = (totals[0] - rx_bytes_before) / packets if packets else 0.0
-                    packets = totals[3] - tx_packets_before
-                    tx_mean[labels] = (totals[1] - tx_bytes_before) / packets if packets else 0.0
-            if label == other and labels in rx_bytes:
-                for series, value in zip((rx_bytes, tx_bytes, rx_packets, tx_packets,
-                                          rx_drops, tx_drops), totals, strict=True):
-                    series[labels] += value
+                rows.append((state.labels, state.totals, None, None))
                 continue
-            rx_bytes[labels] = totals[0]
-            tx_bytes[labels] = totals[1]
-            rx_packets[labels] = totals[2]
-            tx_packets[labels] = totals[3]
-            rx_drops[labels] = totals[4]
-            tx_drops[labels] = totals[5]
-        points[mn.NODE_NET_RX_BYTES] = rx_bytes
-        points[mn.NODE_NET_TX_BYTES] = tx_bytes
-        points[mn.NODE_NET_RX_PACKETS] = rx_packets
-        points[mn.NODE_NET_TX_PACKETS] = tx_packets
-        points[mn.NODE_NET_RX_DROPS] = rx_drops
-        points[mn.NODE_NET_TX_DROPS] = tx_drops
-        if rx_mean:
-            points[mn.NODE_NET_RX_AVG_PACKET] = rx_mean
-            points[mn.NODE_NET_TX_AVG_PACKET] = tx_mean
+            before = state.totals
+            totals = state.update(raws)
+            labels = state.labels
+            # A mean packet size of several devices folded into "other" means nothing.
+            if labels[0] == other:
+                rows.append((labels, totals, None, None))
+                continue
+            packets = totals[2] - before[2]
+            rx_packet = (totals[0] - before[0]) / packets if packets else 0.0
+            packets = totals[3] - before[3]
+            tx_packet = (totals[1] - before[1]) / packets if packets else 0.0
+            rows.append((labels, totals, rx_packet, tx_packet))
+        return rows
 
-    def _add_engines(self, snapshot: Snapshot) -> None:
+    def _add_engines(self, points: Points) -> None:
         assert self._engines is not None
         readings = self._engines.read(self.errors)
         for (spec, labels), value in readings.counters.items():
-            snapshot.add(spec, labels, value)
+            add_point(points, spec, labels, value)
         for (spec, labels), value in readings.gauges.items():
-            snapshot.add(spec, labels, value)
+            add_point(points, spec, labels, value)
         for source, up in readings.up.items():
-            snapshot.add(mn.ENGINE_UP, (source,), up)
+            add_point(points, mn.ENGINE_UP, (source,), up)

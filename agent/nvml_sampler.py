@@ -1,15 +1,23 @@
 """GPU series through NVML (nvidia-ml-py, imported as ``pynvml``), cheap calls only.
 
 Per GPU and poll: utilization rates (SM and memory-bandwidth busy share), memory info,
-power, SM clock, NVLink data throughput counters (one ``nvmlDeviceGetFieldValues`` call,
-summed over links) and PCIe throughput. No process lists, no nvidia-smi.
+power, SM clock, and one ``nvmlDeviceGetFieldValues`` call for the cumulative NVLink data
+counters (summed over links) and PCIe byte counters. No process lists, no nvidia-smi, and
+not ``nvmlDeviceGetPcieThroughput``: NVML documents it as sampling a byte counter over a
+20 ms window, so two calls per GPU would block a poll of 8 GPUs for about 320 ms. The
+PCIe throughput gauges are the PCIe byte counters' increase over the poll interval.
 
-The sampler writes each reading straight into the poll's series (:class:`GpuSeries`) and
-keeps what one GPU needs between polls (:class:`_Gpu`): its handle, the optional
-readings it still asks for, its NVLink totals (monotonic across device resets) and its
-integrated busy seconds. This runs every second forever, so the per-GPU work is a few
-attribute reads and dict writes around each NVML call (measured against the raw calls in
-``bench/agent_bench.py``).
+The field values come back as a ctypes array of pynvml's ``c_nvmlFieldValue_t``; they are
+decoded with one ``struct`` unpack whose layout is taken from that ctypes type (field
+offsets and size), instead of a ctypes attribute read per field.
+
+The sampler records each GPU's readings of a poll as one row (:class:`GpuReadings`),
+turned into per-metric series only when the poll's snapshot is first read (a scrape or
+a push), and keeps what one GPU needs between polls (:class:`_Gpu`): its handle, the
+optional readings it still asks for, its NVLink totals (monotonic across device resets),
+its last PCIe counters and its integrated busy seconds. This runs every second forever,
+so the per-GPU work is a few local reads around each NVML call (measured against the raw
+calls in ``bench/agent_bench.py``).
 
 The NVML module is injected (``nvml=``), so tests pass a fake shaped like ``pynvml``. With
 no module, no driver or no GPU, :attr:`NvmlSampler.up` is ``False`` and :meth:`read`
@@ -20,7 +28,9 @@ counted against that GPU (``nvml:gpu<N>``) and never stops the other GPUs.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -45,56 +55,99 @@ MAX_BUSY_INTEGRATION_GAP_SECONDS = 10.0
 Series = dict[LabelValues, float]
 
 
-class GpuSeries:
-    """One poll of every readable GPU: per metric, ``(gpu,)`` label values -> value.
-    NVLink and busy values are already cumulative and monotonic."""
+# A GPU row: its label values, then one value per GPU_ROW_METRICS entry (None where the
+# reading was not taken). NVLink and busy values are cumulative and monotonic.
+GPU_ROW_METRICS: tuple[mn.MetricSpec, ...] = (
+    mn.GPU_UTILIZATION, mn.GPU_MEMORY_BW_UTIL, mn.GPU_MEMORY_USED, mn.GPU_MEMORY_TOTAL,
+    mn.GPU_BUSY_SECONDS, mn.GPU_POWER, mn.GPU_SM_CLOCK, mn.GPU_NVLINK_TX, mn.GPU_NVLINK_RX,
+    mn.GPU_PCIE_TX, mn.GPU_PCIE_RX,
+)
+GpuRow = tuple[Any, ...]
 
-    __slots__ = ("busy_seconds", "memory_bandwidth", "memory_total", "memory_used",
-                 "nvlink_rx", "nvlink_tx", "pcie_rx", "pcie_tx", "power", "sm_clock",
-                 "utilization")
+
+class GpuReadings:
+    """One poll of every readable GPU, one row per GPU."""
+
+    __slots__ = ("rows",)
 
     def __init__(self) -> None:
-        self.utilization: Series = {}
-        self.memory_bandwidth: Series = {}
-        self.memory_used: Series = {}
-        self.memory_total: Series = {}
-        self.busy_seconds: Series = {}
-        self.power: Series = {}
-        self.sm_clock: Series = {}
-        self.pcie_tx: Series = {}
-        self.pcie_rx: Series = {}
-        self.nvlink_tx: Series = {}
-        self.nvlink_rx: Series = {}
+        self.rows: list[GpuRow] = []
 
     def add_to(self, points: dict[mn.MetricSpec, Series]) -> None:
-        """Puts the series into a snapshot's points (optional metrics only when read)."""
-        if not self.utilization:
+        """Puts the rows into a snapshot's points as series (a metric only when some GPU
+        has a value for it)."""
+        if not self.rows:
             return
-        points[mn.GPU_UTILIZATION] = self.utilization
-        points[mn.GPU_MEMORY_BW_UTIL] = self.memory_bandwidth
-        points[mn.GPU_MEMORY_USED] = self.memory_used
-        points[mn.GPU_MEMORY_TOTAL] = self.memory_total
-        points[mn.GPU_BUSY_SECONDS] = self.busy_seconds
-        if self.power:
-            points[mn.GPU_POWER] = self.power
-        if self.sm_clock:
-            points[mn.GPU_SM_CLOCK] = self.sm_clock
-        if self.pcie_tx:
-            points[mn.GPU_PCIE_TX] = self.pcie_tx
-            points[mn.GPU_PCIE_RX] = self.pcie_rx
-        if self.nvlink_tx:
-            points[mn.GPU_NVLINK_TX] = self.nvlink_tx
-            points[mn.GPU_NVLINK_RX] = self.nvlink_rx
+        columns = list(zip(*self.rows, strict=True))
+        labels = columns[0]
+        for spec, values in zip(GPU_ROW_METRICS, columns[1:], strict=True):
+            if None not in values:
+                points[spec] = dict(zip(labels, values, strict=True))
+            elif any(value is not None for value in values):
+                points[spec] = {label: value for label, value in zip(labels, values, strict=True)
+                                if value is not None}
+
+
+class _FieldRequest:
+    """One ``nvmlDeviceGetFieldValues`` request: NVLink TX/RX data counters and/or PCIe
+    TX/RX byte counters, and the unpacker that turns the returned array into
+    ``(return code, value, return code, value, ...)`` in request order."""
+
+    __slots__ = ("ids", "nvlink", "pcie", "unpack")
+
+    def __init__(self, nvml: Any, *, nvlink: bool, pcie: bool) -> None:
+        self.nvlink = nvlink
+        self.pcie = pcie
+        self.ids: list[tuple[int, int]] = []
+        if nvlink:
+            self.ids += [(int(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX), NVLINK_ALL_LINKS_SCOPE),
+                         (int(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX), NVLINK_ALL_LINKS_SCOPE)]
+        if pcie:
+            self.ids += [(int(nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES), 0),
+                         (int(nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES), 0)]
+        self.unpack = ctypes_unpacker(nvml.c_nvmlFieldValue_t, FIELD_VALUE_FIELDS,
+                                      len(self.ids))
+
+
+def ctypes_unpacker(ctype: Any, fields: tuple[tuple[str, str], ...],
+                    count: int = 1) -> Callable[[Any], tuple[int, ...]]:
+    """A ``struct`` unpacker that reads ``fields`` (name, struct code; in offset order)
+    from a ``ctype`` instance, or from each entry of a ``ctype * count`` array, with
+    offsets and size taken from the ctypes type itself.
+
+    pynvml's structures override ``__getattribute__`` in Python, so each attribute read
+    costs a Python call; one unpack reads them all in C."""
+    size = ctypes.sizeof(ctype)
+    parts: list[str] = []
+    position = 0
+    for name, code in fields:
+        offset = getattr(ctype, name).offset
+        if offset < position:
+            raise ValueError(f"{ctype.__name__}.{name}: fields not in offset order")
+        if offset > position:
+            parts.append(f"{offset - position}x")
+        parts.append(code)
+        position = offset + struct.calcsize("=" + code)
+    if size > position:
+        parts.append(f"{size - position}x")
+    return struct.Struct("=" + "".join(parts) * count).unpack_from
+
+
+# What the sampler reads from pynvml's structures; a field value's union is zero-filled
+# by pynvml, so reading it as unsigned 64-bit is right for 32-bit unsigned values too.
+UTILIZATION_FIELDS = (("gpu", "I"), ("memory", "I"))
+MEMORY_FIELDS = (("total", "Q"), ("used", "Q"))
+FIELD_VALUE_FIELDS = (("nvmlReturn", "I"), ("value", "Q"))
 
 
 class _Gpu:
     """What the sampler keeps for one GPU index between polls."""
 
-    __slots__ = ("ask_nvlink", "ask_pcie", "ask_power", "ask_sm_clock", "busy_seconds",
-                 "error_source", "handle", "index", "labels", "last_seen", "nvlink_rx",
-                 "nvlink_tx")
+    __slots__ = ("ask_power", "ask_sm_clock", "busy_seconds", "error_source", "fields",
+                 "handle", "index", "labels", "last_seen", "nvlink_rx", "nvlink_tx",
+                 "pcie_last")
 
-    def __init__(self, index: int, labels: LabelValues, ask_pcie: bool) -> None:
+    def __init__(self, index: int, labels: LabelValues, fields: _FieldRequest | None) -> None:
         self.index = index
         self.labels = labels
         self.error_source = f"nvml:gpu{index}"
@@ -103,10 +156,11 @@ class _Gpu:
         # Optional readings, asked for until the device answers NOT_SUPPORTED.
         self.ask_power = True
         self.ask_sm_clock = True
-        self.ask_nvlink = True
-        self.ask_pcie = ask_pcie
+        self.fields = fields
         self.nvlink_tx = MonotonicTotal()
         self.nvlink_rx = MonotonicTotal()
+        # (PCIe TX bytes, RX bytes, clock) at the previous poll, for the throughput gauges.
+        self.pcie_last: tuple[int, int, float] | None = None
         self.busy_seconds = 0.0
         self.last_seen: float | None = None
 
@@ -129,10 +183,13 @@ class NvmlSampler:
         self._initialized = False
         self._last_init_attempt: float | None = None
         self._gpus: list[_Gpu] = []  # by NVML index
-        self._nvlink_fields: list[tuple[int, int]] = []
+        # Field requests by (nvlink, pcie): a GPU drops what it does not support.
+        self._requests: dict[tuple[bool, bool], _FieldRequest | None] = {}
         self._last_count = -1
         self._not_supported = -1
-        self._clock_sm = self._pcie_tx = self._pcie_rx = -1
+        self._clock_sm = -1
+        self._unpack_utilization: Callable[[Any], tuple[int, ...]] = tuple
+        self._unpack_memory: Callable[[Any], tuple[int, ...]] = tuple
         self.init_error: str | None = None
 
     @property
@@ -158,17 +215,22 @@ class NvmlSampler:
         self.init_error = None
         self._not_supported = int(nvml.NVML_ERROR_NOT_SUPPORTED)
         self._clock_sm = int(nvml.NVML_CLOCK_SM)
-        self._pcie_tx = int(nvml.NVML_PCIE_UTIL_TX_BYTES)
-        self._pcie_rx = int(nvml.NVML_PCIE_UTIL_RX_BYTES)
-        self._nvlink_fields = [
-            (int(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX), NVLINK_ALL_LINKS_SCOPE),
-            (int(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX), NVLINK_ALL_LINKS_SCOPE),
-        ]
+        self._unpack_utilization = ctypes_unpacker(nvml.c_nvmlUtilization_t,
+                                                   UTILIZATION_FIELDS)
+        self._unpack_memory = ctypes_unpacker(nvml.c_nvmlMemory_t, MEMORY_FIELDS)
+        self._requests = {
+            (nvlink, pcie): _FieldRequest(nvml, nvlink=nvlink, pcie=pcie)
+            for nvlink in (True, False) for pcie in (True, False) if nvlink or pcie
+        }
+        self._requests[(False, False)] = None
 
-    def read(self, errors: ErrorCounts, gpu_label: Callable[[str], str]) -> GpuSeries:
-        """Every readable GPU's series; failures are counted in ``errors``. ``gpu_label``
+    def _request(self, *, nvlink: bool, pcie: bool) -> _FieldRequest | None:
+        return self._requests[(nvlink, pcie)]
+
+    def read(self, errors: ErrorCounts, gpu_label: Callable[[str], str]) -> GpuReadings:
+        """Every readable GPU's readings; failures are counted in ``errors``. ``gpu_label``
         bounds the ``gpu`` label (called once per GPU index)."""
-        series = GpuSeries()
+        series = GpuReadings()
         if not self._initialized:
             last = self._last_init_attempt
             if last is None or self._clock() - last >= self._retry_seconds:
@@ -183,48 +245,45 @@ class NvmlSampler:
         gpus = self._gpus
         while len(gpus) < count:
             index = len(gpus)
-            gpus.append(_Gpu(index, (gpu_label(str(index)),), self._pcie_throughput))
+            gpus.append(_Gpu(index, (gpu_label(str(index)),),
+                             self._request(nvlink=True, pcie=self._pcie_throughput)))
         if count != self._last_count:  # GPUs went away: forget their handles
             self._last_count = count
             for gone in gpus[count:]:
                 gone.handle = None
         now = self._clock()
+        rows = series.rows
         for index in range(count):
             gpu = gpus[index]
-            if not self._read_gpu(gpu, series, now):
+            if not self._read_gpu(gpu, rows, now):
                 errors.count(gpu.error_source)
         return series
 
-    def _read_gpu(self, gpu: _Gpu, series: GpuSeries, now: float) -> bool:
-        """Writes one GPU's readings into ``series``; False when any of them failed."""
+    def _read_gpu(self, gpu: _Gpu, rows: list[GpuRow], now: float) -> bool:
+        """Appends one GPU's row to ``rows``; False when any reading failed."""
         nvml = self._nvml
         try:
             handle = gpu.handle
             if handle is None:
                 gpu.handle = handle = nvml.nvmlDeviceGetHandleByIndex(gpu.index)
-            rates = nvml.nvmlDeviceGetUtilizationRates(handle)
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            busy_percent, memory_busy_percent = self._unpack_utilization(
+                nvml.nvmlDeviceGetUtilizationRates(handle))
+            memory_total, memory_used = self._unpack_memory(nvml.nvmlDeviceGetMemoryInfo(handle))
         except Exception:
             gpu.handle = None  # may be stale after a reset: look it up again next poll
             return False
-        labels = gpu.labels
-        utilization = rates.gpu / PERCENT
-        series.utilization[labels] = utilization
-        series.memory_bandwidth[labels] = rates.memory / PERCENT
-        series.memory_used[labels] = float(memory.used)
-        series.memory_total[labels] = float(memory.total)
+        utilization = busy_percent / PERCENT
         last_seen = gpu.last_seen
         if last_seen is not None and 0 < now - last_seen <= MAX_BUSY_INTEGRATION_GAP_SECONDS:
             gpu.busy_seconds += utilization * (now - last_seen)
         gpu.last_seen = now
-        series.busy_seconds[labels] = gpu.busy_seconds
         # Optional readings: each skipped once NOT_SUPPORTED; any other failure fails this
         # GPU's poll (counted once) and the remaining readings are still taken.
         ok = True
+        power = sm_clock = nvlink_tx = nvlink_rx = pcie_tx = pcie_rx = None
         if gpu.ask_power:
             try:
-                series.power[labels] = (nvml.nvmlDeviceGetPowerUsage(handle)
-                                        / MILLIWATTS_PER_WATT)
+                power = nvml.nvmlDeviceGetPowerUsage(handle) / MILLIWATTS_PER_WATT
             except Exception as exc:
                 if self._is_not_supported(exc):
                     gpu.ask_power = False
@@ -232,40 +291,51 @@ class NvmlSampler:
                     ok = False
         if gpu.ask_sm_clock:
             try:
-                series.sm_clock[labels] = (nvml.nvmlDeviceGetClockInfo(handle, self._clock_sm)
-                                           * HERTZ_PER_MHZ)
+                sm_clock = nvml.nvmlDeviceGetClockInfo(handle, self._clock_sm) * HERTZ_PER_MHZ
             except Exception as exc:
                 if self._is_not_supported(exc):
                     gpu.ask_sm_clock = False
                 else:
                     ok = False
-        if gpu.ask_nvlink:
+        request = gpu.fields
+        if request is not None:
             try:
-                values = nvml.nvmlDeviceGetFieldValues(handle, self._nvlink_fields)
-                tx, rx = values[0], values[1]
-                if tx.nvmlReturn == NVML_SUCCESS and rx.nvmlReturn == NVML_SUCCESS:
-                    series.nvlink_tx[labels] = gpu.nvlink_tx.update(tx.value.ullVal * KIB)
-                    series.nvlink_rx[labels] = gpu.nvlink_rx.update(rx.value.ullVal * KIB)
-                elif self._not_supported in (tx.nvmlReturn, rx.nvmlReturn):
-                    gpu.ask_nvlink = False
-                else:
-                    ok = False
+                decoded = request.unpack(nvml.nvmlDeviceGetFieldValues(handle, request.ids))
             except Exception as exc:
                 if self._is_not_supported(exc):
-                    gpu.ask_nvlink = False
+                    gpu.fields = None
                 else:
                     ok = False
-        if gpu.ask_pcie:
-            try:
-                tx_kb = nvml.nvmlDeviceGetPcieThroughput(handle, self._pcie_tx)
-                rx_kb = nvml.nvmlDeviceGetPcieThroughput(handle, self._pcie_rx)
-                series.pcie_tx[labels] = tx_kb * KIB
-                series.pcie_rx[labels] = rx_kb * KIB
-            except Exception as exc:
-                if self._is_not_supported(exc):
-                    gpu.ask_pcie = False
-                else:
-                    ok = False
+            else:
+                nvlink, pcie = request.nvlink, request.pcie
+                if nvlink:
+                    tx_return, tx, rx_return, rx = decoded[:4]
+                    if tx_return == NVML_SUCCESS and rx_return == NVML_SUCCESS:
+                        nvlink_tx = gpu.nvlink_tx.update(tx * KIB)
+                        nvlink_rx = gpu.nvlink_rx.update(rx * KIB)
+                    elif self._not_supported in (tx_return, rx_return):
+                        nvlink = False
+                    else:
+                        ok = False
+                if pcie:
+                    tx_return, tx, rx_return, rx = decoded[-4:]
+                    if tx_return == NVML_SUCCESS and rx_return == NVML_SUCCESS:
+                        last = gpu.pcie_last
+                        gpu.pcie_last = (tx, rx, now)
+                        # A counter that went down (wrapped, reset) gives no rate this poll.
+                        if last is not None and now > last[2] and tx >= last[0] and rx >= last[1]:
+                            elapsed = now - last[2]
+                            pcie_tx = (tx - last[0]) / elapsed
+                            pcie_rx = (rx - last[1]) / elapsed
+                    elif self._not_supported in (tx_return, rx_return):
+                        pcie = False
+                    else:
+                        ok = False
+                if nvlink is not request.nvlink or pcie is not request.pcie:
+                    gpu.fields = self._request(nvlink=nvlink, pcie=pcie)
+        rows.append((gpu.labels, utilization, memory_busy_percent / PERCENT,
+                     float(memory_used), float(memory_total), gpu.busy_seconds, power,
+                     sm_clock, nvlink_tx, nvlink_rx, pcie_tx, pcie_rx))
         return ok
 
     def _is_not_supported(self, exc: Exception) -> bool:

@@ -3,11 +3,16 @@
 A :class:`Snapshot` maps each :class:`~tokenpath.metric_names.MetricSpec` to its series
 (label values in the spec's label order -> value). Counters in a snapshot are already
 cumulative and monotonic; gauges are the latest reading.
+
+A poll hands the snapshot its per-device readings as rows (one per GPU or NIC) with a
+function that turns them into series; that runs once, when the snapshot is first read.
+At 1 Hz polling, a 15 s scrape and a 5 s push, most polls are never read.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tokenpath.labels import BoundedLabel
@@ -16,23 +21,41 @@ from tokenpath.metric_names import MetricSpec
 LabelValues = tuple[str, ...]
 
 
-@dataclass(slots=True)
-class Snapshot:
-    """Series per metric from one poll; ``taken_unix_nano`` is the wall-clock poll time."""
+Points = dict[MetricSpec, dict[LabelValues, float]]
+Deferred = Callable[[Points], None]
 
-    taken_unix_nano: int
-    points: dict[MetricSpec, dict[LabelValues, float]] = field(default_factory=dict)
+
+class Snapshot:
+    """Series per metric from one poll; ``taken_unix_nano`` is the wall-clock poll time.
+
+    ``deferred`` functions add their series to :attr:`points` on its first read (under a
+    lock, so concurrent readers see them exactly once)."""
+
+    __slots__ = ("_deferred", "_lock", "_points", "taken_unix_nano")
+
+    def __init__(self, taken_unix_nano: int, points: Points | None = None,
+                 deferred: Iterable[Deferred] = ()) -> None:
+        self.taken_unix_nano = taken_unix_nano
+        self._points: Points = {} if points is None else points
+        self._deferred = list(deferred)
+        self._lock = threading.Lock() if self._deferred else None
+
+    @property
+    def points(self) -> Points:
+        lock = self._lock
+        if lock is not None:
+            with lock:
+                if self._deferred:
+                    for fill in self._deferred:
+                        fill(self._points)
+                    self._deferred = []
+            self._lock = None
+        return self._points
 
     def add(self, spec: MetricSpec, labels: LabelValues, value: float) -> None:
         """Set one series; a second value for the same series is added (bounded labels
         may fold several sources into ``other``)."""
-        series = self.points.get(spec)
-        if series is None:
-            self.points[spec] = {labels: value}
-        elif labels in series:
-            series[labels] += value
-        else:
-            series[labels] = value
+        add_point(self.points, spec, labels, value)
 
     def get(self, spec: MetricSpec, labels: LabelValues = ()) -> float | None:
         series = self.points.get(spec)
@@ -50,6 +73,17 @@ class Snapshot:
                 for labels, value in series.items()
             ]
         return {"taken_unix_nano": self.taken_unix_nano, "metrics": metrics}
+
+
+def add_point(points: Points, spec: MetricSpec, labels: LabelValues, value: float) -> None:
+    """Sets one series in ``points``; a second value for it is added to the first."""
+    series = points.get(spec)
+    if series is None:
+        points[spec] = {labels: value}
+    elif labels in series:
+        series[labels] += value
+    else:
+        series[labels] = value
 
 
 class ErrorCounts:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the tests need, installed only when missing: a real Prometheus and
-# promtool for rules and scraping, Alertmanager for alert delivery, Chromium for the UI.
+# promtool for rules and scraping, Alertmanager for alert delivery, Chromium for the UI,
+# and a C compiler for the fake NVIDIA driver library the agent's NVML tests load.
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
@@ -8,6 +9,7 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 \
   || need+=(prometheus-alertmanager)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -56,8 +56,8 @@ def test_several_gpus_with_one_failing_counts_the_failure_and_reports_the_rest()
     assert snap.get(mn.GPU_MEMORY_TOTAL, ("0",)) == 80 * 2**30
     assert snap.get(mn.GPU_POWER, ("0",)) == pytest.approx(350.0)
     assert snap.get(mn.GPU_SM_CLOCK, ("0",)) == pytest.approx(1980e6)
-    assert snap.get(mn.GPU_PCIE_TX, ("0",)) == 1000 * 1024
-    assert snap.get(mn.GPU_PCIE_RX, ("0",)) == 2000 * 1024
+    # PCIe throughput is a rate between two polls: none on the first.
+    assert snap.get(mn.GPU_PCIE_TX, ("0",)) is None
     assert snap.get(mn.GPU_NVLINK_TX, ("0",)) == 1000 * 1024
     assert snap.get(mn.GPU_NVLINK_RX, ("1",)) == 700 * 1024
     # The failing GPU is counted once per poll under its own source.
@@ -71,13 +71,52 @@ def test_several_gpus_with_one_failing_counts_the_failure_and_reports_the_rest()
 
 
 def test_unsupported_calls_are_not_repeated() -> None:
-    nvml = FakeNvml([FakeGpu(has_nvlink=False, has_power=False)])
+    nvml = FakeNvml([FakeGpu(has_nvlink=False, has_power=False, has_pcie_counters=False)])
     poller = make_poller(nvml, FakeClock())
     for _ in range(3):
         poller.poll()
     assert nvml.calls["nvmlDeviceGetPowerUsage"] == 1
     assert nvml.calls["nvmlDeviceGetFieldValues"] == 1
     assert nvml.calls["nvmlDeviceGetUtilizationRates"] == 3
+
+
+def test_pcie_throughput_is_the_byte_counters_increase_over_the_poll_interval() -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu(pcie_tx_bytes=1_000, pcie_rx_bytes=5_000, has_nvlink=False)]
+    nvml = FakeNvml(gpus)
+    poller = make_poller(nvml, clock)
+    assert poller.poll().get(mn.GPU_PCIE_TX, ("0",)) is None
+    clock.now += 2.0
+    gpus[0].pcie_tx_bytes += 4_000_000
+    gpus[0].pcie_rx_bytes += 1_000_000
+    snap = poller.poll()
+    assert snap.get(mn.GPU_PCIE_TX, ("0",)) == pytest.approx(2_000_000)
+    assert snap.get(mn.GPU_PCIE_RX, ("0",)) == pytest.approx(500_000)
+    # The NVLink pair is unsupported on this GPU and was dropped; PCIe is still asked for.
+    assert snap.get(mn.GPU_NVLINK_TX, ("0",)) is None
+    # A counter that went down (wrap or reset) gives no rate for that poll, then resumes.
+    clock.now += 1.0
+    gpus[0].pcie_tx_bytes = 10
+    assert poller.poll().get(mn.GPU_PCIE_TX, ("0",)) is None
+    clock.now += 1.0
+    gpus[0].pcie_tx_bytes = 1_010
+    assert poller.poll().get(mn.GPU_PCIE_TX, ("0",)) == pytest.approx(1_000)
+    # Never the PCIe throughput call: NVML samples it over a 20 ms window per call.
+    assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 0
+
+
+def test_without_pcie_throughput_the_fields_request_has_only_nvlink() -> None:
+    nvml = FakeNvml([FakeGpu(nvlink_tx_kib=1)])
+    sampler = NvmlSampler(nvml, FakeClock(), pcie_throughput=False)
+    sampler.start()
+    poller = NodePoller(nvml_sampler=sampler, nic_sampler=NicSampler(
+        source="sysfs", sysfs_root="/nonexistent-sysfs"),  # type: ignore[arg-type]
+        engine_scraper=None, clock=FakeClock(), wall_clock_ns=lambda: 1,
+        max_devices=4, max_sources=4)
+    poller.poll()
+    snap = poller.poll()
+    assert snap.get(mn.GPU_NVLINK_TX, ("0",)) == 1024
+    assert mn.GPU_PCIE_TX not in snap.points
 
 
 def test_nvlink_counters_never_go_backwards_across_a_device_reset() -> None:
@@ -141,8 +180,8 @@ def test_no_nvml_module_at_all() -> None:
     sampler = NvmlSampler(None, FakeClock())
     sampler.start()
     assert not sampler.up
-    series = sampler.read(ErrorCounts(8), BoundedLabel(8))
-    assert not series.utilization and not series.busy_seconds
+    readings = sampler.read(ErrorCounts(8), BoundedLabel(8))
+    assert not readings.rows
     assert sampler.init_error is not None
 
 
@@ -171,5 +210,8 @@ def test_fake_constants_match_pynvml() -> None:
     fake = FakeNvml()
     for constant in ("NVML_ERROR_NOT_SUPPORTED", "NVML_CLOCK_SM", "NVML_PCIE_UTIL_TX_BYTES",
                      "NVML_PCIE_UTIL_RX_BYTES", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
-                     "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", "NVML_ERROR_GPU_IS_LOST"):
+                     "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", "NVML_ERROR_GPU_IS_LOST",
+                     "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES"):
         assert getattr(fake, constant) == getattr(pynvml, constant), constant
+    for structure in ("c_nvmlFieldValue_t", "c_nvmlUtilization_t", "c_nvmlMemory_t"):
+        assert getattr(fake, structure) is getattr(pynvml, structure), structure

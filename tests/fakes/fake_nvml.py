@@ -2,8 +2,10 @@
 
 :class:`FakeNvml` is module-like: the agent calls ``nvml.nvmlInit()``,
 ``nvml.nvmlDeviceGetUtilizationRates(handle)`` and reads ``nvml.NVML_CLOCK_SM`` on it
-exactly as on the real module, with the same argument lists and return shapes (values in
-NVML's units: percent, bytes, milliwatts, MHz, KiB, KB/s). Errors are ``NVMLError``
+exactly as on the real module, with the same argument lists and return types: pynvml's own
+ctypes structures (``c_nvmlUtilization_t``, ``c_nvmlMemory_t``, arrays of
+``c_nvmlFieldValue_t``) holding values in NVML's units (percent, bytes, milliwatts, MHz,
+KiB for NVLink, bytes for the PCIe counters). Errors are ``NVMLError``
 subclasses carrying ``.value`` like pynvml's. Each :class:`FakeGpu` can fail, lack NVLink,
 lack power readings, or be reset (NVLink counters back to zero). ``calls`` counts every
 function called so tests can assert the agent never asks for expensive data.
@@ -13,8 +15,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
+
+import pynvml
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -30,6 +33,8 @@ NVML_PCIE_UTIL_TX_BYTES = 0
 NVML_PCIE_UTIL_RX_BYTES = 1
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
+NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
 NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 
 
@@ -70,9 +75,10 @@ class FakeGpu:
     sm_clock_mhz: int = 1980
     nvlink_tx_kib: int = 0
     nvlink_rx_kib: int = 0
-    pcie_tx_kb_per_second: int = 1000
-    pcie_rx_kb_per_second: int = 2000
+    pcie_tx_bytes: int = 0
+    pcie_rx_bytes: int = 0
     has_nvlink: bool = True
+    has_pcie_counters: bool = True
     has_power: bool = True
     failing: bool = False
 
@@ -104,6 +110,11 @@ class FakeNvml:
     NVML_PCIE_UTIL_RX_BYTES = NVML_PCIE_UTIL_RX_BYTES
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+    NVML_FI_DEV_PCIE_COUNT_TX_BYTES = NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+    NVML_FI_DEV_PCIE_COUNT_RX_BYTES = NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+    c_nvmlFieldValue_t = pynvml.c_nvmlFieldValue_t
+    c_nvmlUtilization_t = pynvml.c_nvmlUtilization_t
+    c_nvmlMemory_t = pynvml.c_nvmlMemory_t
 
     def __init__(self, gpus: list[FakeGpu] | None = None, *, library_missing: bool = False):
         self.gpus = list(gpus) if gpus is not None else [FakeGpu()]
@@ -140,17 +151,18 @@ class FakeNvml:
         self.calls["nvmlDeviceGetName"] += 1
         return self._gpu(handle).name
 
-    def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> SimpleNamespace:
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> Any:
         self.calls["nvmlDeviceGetUtilizationRates"] += 1
         gpu = self._gpu(handle)
-        return SimpleNamespace(gpu=gpu.utilization_percent,
-                               memory=gpu.memory_utilization_percent)
+        return pynvml.c_nvmlUtilization_t(gpu=gpu.utilization_percent,
+                                          memory=gpu.memory_utilization_percent)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: Any = None) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: Any = None) -> Any:
         self.calls["nvmlDeviceGetMemoryInfo"] += 1
         gpu = self._gpu(handle)
-        return SimpleNamespace(total=gpu.memory_total_bytes, used=gpu.memory_used_bytes,
-                               free=gpu.memory_total_bytes - gpu.memory_used_bytes)
+        return pynvml.c_nvmlMemory_t(total=gpu.memory_total_bytes,
+                                     free=gpu.memory_total_bytes - gpu.memory_used_bytes,
+                                     used=gpu.memory_used_bytes)
 
     def nvmlDeviceGetPowerUsage(self, handle: FakeHandle) -> int:
         self.calls["nvmlDeviceGetPowerUsage"] += 1
@@ -167,31 +179,34 @@ class FakeNvml:
         return gpu.sm_clock_mhz
 
     def nvmlDeviceGetPcieThroughput(self, device: FakeHandle, counter: int) -> int:
+        """Blocks ~20 ms per call in real NVML; the agent must not call it."""
         self.calls["nvmlDeviceGetPcieThroughput"] += 1
-        gpu = self._gpu(device)
-        if counter == NVML_PCIE_UTIL_TX_BYTES:
-            return gpu.pcie_tx_kb_per_second
-        return gpu.pcie_rx_kb_per_second
+        self._gpu(device)
+        return 0
 
-    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list[Any]) -> list[Any]:
+    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list[Any]) -> Any:
         self.calls["nvmlDeviceGetFieldValues"] += 1
         gpu = self._gpu(handle)
-        values = []
-        for entry in fieldIds:
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for value, entry in zip(values, fieldIds, strict=True):
             field_id, scope_id = entry if isinstance(entry, tuple) else (entry, 0)
-            if not gpu.has_nvlink:
-                ret, raw = NVML_ERROR_NOT_SUPPORTED, 0
-            elif field_id == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
-                ret, raw = NVML_SUCCESS, gpu.nvlink_tx_kib
+            value.fieldId, value.scopeId = field_id, scope_id
+            value.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            if field_id == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
+                supported, raw = gpu.has_nvlink, gpu.nvlink_tx_kib
             elif field_id == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
-                ret, raw = NVML_SUCCESS, gpu.nvlink_rx_kib
+                supported, raw = gpu.has_nvlink, gpu.nvlink_rx_kib
+            elif field_id == NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
+                supported, raw = gpu.has_pcie_counters, gpu.pcie_tx_bytes
+            elif field_id == NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
+                supported, raw = gpu.has_pcie_counters, gpu.pcie_rx_bytes
             else:
-                ret, raw = NVML_ERROR_NOT_SUPPORTED, 0
-            values.append(SimpleNamespace(
-                fieldId=field_id, scopeId=scope_id, timestamp=0, latencyUsec=0,
-                valueType=NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, nvmlReturn=ret,
-                value=SimpleNamespace(ullVal=raw),
-            ))
+                supported, raw = False, 0
+            if supported:
+                value.nvmlReturn = NVML_SUCCESS
+                value.value.ullVal = raw
+            else:
+                value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
         return values
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[Any]:
@@ -216,6 +231,5 @@ class FakeNvml:
 AGENT_NVML_FUNCTIONS = (
     "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
     "nvmlDeviceGetName", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo", "nvmlDeviceGetPcieThroughput",
-    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo", "nvmlDeviceGetFieldValues",
 )
