@@ -60,13 +60,16 @@ class MonotonicTotal:
         self.last: float | None = None
         self.total = 0.0
 
-    def update(self, raw: float) -> float:
-        """Feed the latest raw reading; returns the total."""
+    def update(self, raw: float, wrap: int = 0) -> float:
+        """Feed the latest raw reading; returns the total. With ``wrap`` (the counter's
+        modulus, such as 2**32), a decrease is a wrap rather than a reset."""
         last = self.last
         if last is None:
             self.total = raw
         elif raw >= last:
             self.total += raw - last
+        elif wrap:  # wrapped past its width once
+            self.total += raw - last + wrap
         else:  # a reset: counting restarted from zero
             self.total += raw
         self.last = raw

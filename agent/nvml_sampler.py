@@ -5,7 +5,9 @@ power, SM clock, and one ``nvmlDeviceGetFieldValues`` call for the cumulative NV
 counters (summed over links) and PCIe byte counters. No process lists, no nvidia-smi, and
 not ``nvmlDeviceGetPcieThroughput``: NVML documents it as sampling a byte counter over a
 20 ms window, so two calls per GPU would block a poll of 8 GPUs for about 320 ms. The
-PCIe throughput gauges are the PCIe byte counters' increase over the poll interval.
+PCIe throughput gauges are the PCIe byte counters' increase over the poll interval. Both
+counters are kept monotonic: a decrease of a 32-bit (or 16-bit) field value is a wrap, of
+a 64-bit one a device reset.
 
 The field values come back as a ctypes array of pynvml's ``c_nvmlFieldValue_t``; they are
 decoded with one ``struct`` unpack whose layout is taken from that ctypes type (field
@@ -91,7 +93,7 @@ class GpuReadings:
 class _FieldRequest:
     """One ``nvmlDeviceGetFieldValues`` request: NVLink TX/RX data counters and/or PCIe
     TX/RX byte counters, and the unpacker that turns the returned array into
-    ``(return code, value, return code, value, ...)`` in request order."""
+    ``(value type, return code, value, ...)`` per field in request order."""
 
     __slots__ = ("ids", "nvlink", "pcie", "unpack")
 
@@ -137,7 +139,13 @@ def ctypes_unpacker(ctype: Any, fields: tuple[tuple[str, str], ...],
 # by pynvml, so reading it as unsigned 64-bit is right for 32-bit unsigned values too.
 UTILIZATION_FIELDS = (("gpu", "I"), ("memory", "I"))
 MEMORY_FIELDS = (("total", "Q"), ("used", "Q"))
-FIELD_VALUE_FIELDS = (("nvmlReturn", "I"), ("value", "Q"))
+FIELD_VALUE_FIELDS = (("valueType", "I"), ("nvmlReturn", "I"), ("value", "Q"))
+# Counters NVML returns as 32- or 16-bit values wrap ("Value can be wrapped", nvml.h): a
+# decrease is a wrap, counted modulo the width. 64-bit values never wrap in practice, so
+# there a decrease is a device reset (counting restarted from zero).
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_VALUE_TYPE_UNSIGNED_SHORT = 6
+COUNTER_WRAP = {NVML_VALUE_TYPE_UNSIGNED_INT: 2**32, NVML_VALUE_TYPE_UNSIGNED_SHORT: 2**16}
 
 
 class _Gpu:
@@ -145,7 +153,7 @@ class _Gpu:
 
     __slots__ = ("ask_power", "ask_sm_clock", "busy_seconds", "error_source", "fields",
                  "handle", "index", "labels", "last_seen", "nvlink_rx", "nvlink_tx",
-                 "pcie_last")
+                 "pcie_last", "pcie_rx", "pcie_tx")
 
     def __init__(self, index: int, labels: LabelValues, fields: _FieldRequest | None) -> None:
         self.index = index
@@ -159,8 +167,10 @@ class _Gpu:
         self.fields = fields
         self.nvlink_tx = MonotonicTotal()
         self.nvlink_rx = MonotonicTotal()
-        # (PCIe TX bytes, RX bytes, clock) at the previous poll, for the throughput gauges.
-        self.pcie_last: tuple[int, int, float] | None = None
+        self.pcie_tx = MonotonicTotal()
+        self.pcie_rx = MonotonicTotal()
+        # (PCIe TX total, RX total, clock) at the previous poll, for the throughput gauges.
+        self.pcie_last: tuple[float, float, float] | None = None
         self.busy_seconds = 0.0
         self.last_seen: float | None = None
 
@@ -309,24 +319,25 @@ class NvmlSampler:
             else:
                 nvlink, pcie = request.nvlink, request.pcie
                 if nvlink:
-                    tx_return, tx, rx_return, rx = decoded[:4]
+                    tx_type, tx_return, tx, rx_type, rx_return, rx = decoded[:6]
                     if tx_return == NVML_SUCCESS and rx_return == NVML_SUCCESS:
-                        nvlink_tx = gpu.nvlink_tx.update(tx * KIB)
-                        nvlink_rx = gpu.nvlink_rx.update(rx * KIB)
+                        nvlink_tx = gpu.nvlink_tx.update(tx, COUNTER_WRAP.get(tx_type, 0)) * KIB
+                        nvlink_rx = gpu.nvlink_rx.update(rx, COUNTER_WRAP.get(rx_type, 0)) * KIB
                     elif self._not_supported in (tx_return, rx_return):
                         nvlink = False
                     else:
                         ok = False
                 if pcie:
-                    tx_return, tx, rx_return, rx = decoded[-4:]
+                    tx_type, tx_return, tx, rx_type, rx_return, rx = decoded[-6:]
                     if tx_return == NVML_SUCCESS and rx_return == NVML_SUCCESS:
+                        tx_total = gpu.pcie_tx.update(tx, COUNTER_WRAP.get(tx_type, 0))
+                        rx_total = gpu.pcie_rx.update(rx, COUNTER_WRAP.get(rx_type, 0))
                         last = gpu.pcie_last
-                        gpu.pcie_last = (tx, rx, now)
-                        # A counter that went down (wrapped, reset) gives no rate this poll.
-                        if last is not None and now > last[2] and tx >= last[0] and rx >= last[1]:
+                        gpu.pcie_last = (tx_total, rx_total, now)
+                        if last is not None and now > last[2]:
                             elapsed = now - last[2]
-                            pcie_tx = (tx - last[0]) / elapsed
-                            pcie_rx = (rx - last[1]) / elapsed
+                            pcie_tx = (tx_total - last[0]) / elapsed
+                            pcie_rx = (rx_total - last[1]) / elapsed
                     elif self._not_supported in (tx_return, rx_return):
                         pcie = False
                     else:

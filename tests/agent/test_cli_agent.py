@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.agent.conftest import PageServer, free_port, render_vllm
+from tests.support.processes import stop_process
 from tokenpath import metric_names as mn
 from tokenpath.cli.common import AUTH_TOKEN_ENV
 
@@ -91,12 +91,7 @@ def test_agent_subprocess_serves_metrics_without_a_gpu(page_server: PageServer,
                        and dict(labels)["source"].startswith("engine:")]
         assert dead_errors and dead_errors[0] >= 1
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
     assert process.returncode == 0, process.stderr.read().decode() if process.stderr else ""
 
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from tokenpath.agent.monotonic import MonotonicCounters
+from tokenpath.agent.monotonic import MonotonicCounters, MonotonicTotal
 
 
 def test_increases_accumulate_and_first_sighting_starts_at_raw() -> None:
@@ -34,3 +34,13 @@ def test_key_cap_refuses_new_keys() -> None:
     assert counters.update("c", 1.0) is None
     assert counters.refused == 1
     assert counters.update("a", 2.0) == 2.0
+
+
+def test_single_total_reads_a_decrease_as_a_wrap_only_when_given_the_width() -> None:
+    reset = MonotonicTotal()
+    wrapped = MonotonicTotal()
+    for raw in (2**32 - 10, 5):
+        reset.update(raw)
+        wrapped.update(raw, 2**32)
+    assert reset.total == 2**32 - 10 + 5
+    assert wrapped.total == 2**32 + 5

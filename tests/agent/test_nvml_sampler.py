@@ -7,7 +7,12 @@ import inspect
 import pynvml
 import pytest
 
-from tests.fakes.fake_nvml import AGENT_NVML_FUNCTIONS, FakeGpu, FakeNvml
+from tests.fakes.fake_nvml import (
+    AGENT_NVML_FUNCTIONS,
+    NVML_VALUE_TYPE_UNSIGNED_INT,
+    FakeGpu,
+    FakeNvml,
+)
 from tokenpath import metric_names as mn
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.node_poller import NodePoller
@@ -94,15 +99,30 @@ def test_pcie_throughput_is_the_byte_counters_increase_over_the_poll_interval() 
     assert snap.get(mn.GPU_PCIE_RX, ("0",)) == pytest.approx(500_000)
     # The NVLink pair is unsupported on this GPU and was dropped; PCIe is still asked for.
     assert snap.get(mn.GPU_NVLINK_TX, ("0",)) is None
-    # A counter that went down (wrap or reset) gives no rate for that poll, then resumes.
+    # A 64-bit counter that went down was reset: it counted from zero since.
     clock.now += 1.0
     gpus[0].pcie_tx_bytes = 10
-    assert poller.poll().get(mn.GPU_PCIE_TX, ("0",)) is None
+    assert poller.poll().get(mn.GPU_PCIE_TX, ("0",)) == pytest.approx(10)
     clock.now += 1.0
     gpus[0].pcie_tx_bytes = 1_010
     assert poller.poll().get(mn.GPU_PCIE_TX, ("0",)) == pytest.approx(1_000)
     # Never the PCIe throughput call: NVML samples it over a 20 ms window per call.
     assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 0
+
+
+def test_32_bit_counters_wrap_instead_of_resetting() -> None:
+    clock = FakeClock()
+    top = 2**32
+    gpus = [FakeGpu(counter_value_type=NVML_VALUE_TYPE_UNSIGNED_INT, nvlink_tx_kib=top - 100,
+                    pcie_tx_bytes=top - 1_000, pcie_rx_bytes=0)]
+    poller = make_poller(FakeNvml(gpus), clock)
+    poller.poll()
+    clock.now += 1.0
+    gpus[0].nvlink_tx_kib = 50  # past 2**32 KiB: 150 KiB more
+    gpus[0].pcie_tx_bytes = 3_000  # past 2**32 bytes: 4,000 bytes more
+    snap = poller.poll()
+    assert snap.get(mn.GPU_NVLINK_TX, ("0",)) == (top - 100 + 150) * 1024
+    assert snap.get(mn.GPU_PCIE_TX, ("0",)) == pytest.approx(4_000)
 
 
 def test_without_pcie_throughput_the_fields_request_has_only_nvlink() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.agent.conftest import free_port
 from tests.agent.test_cli_agent import agent_env, wait_healthy
 from tests.fakes import fake_libnvml as driver
+from tests.support.processes import stop_process
 from tokenpath import metric_names as mn
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.node_poller import NodePoller
@@ -140,12 +140,7 @@ def test_agent_subprocess_loads_the_driver_library_like_a_gpu_node(library_dir: 
         time.sleep(0.6)  # a few polls, so the PCIe rates exist
         text = httpx.get(base + "/metrics").text
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
     values = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text) for s in family.samples

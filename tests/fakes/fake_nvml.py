@@ -35,6 +35,7 @@ NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
 NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
 NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 
 
@@ -79,6 +80,8 @@ class FakeGpu:
     pcie_rx_bytes: int = 0
     has_nvlink: bool = True
     has_pcie_counters: bool = True
+    # NVML's value type for the NVLink and PCIe counters (a 32-bit one wraps at 2**32).
+    counter_value_type: int = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
     has_power: bool = True
     failing: bool = False
 
@@ -191,7 +194,7 @@ class FakeNvml:
         for value, entry in zip(values, fieldIds, strict=True):
             field_id, scope_id = entry if isinstance(entry, tuple) else (entry, 0)
             value.fieldId, value.scopeId = field_id, scope_id
-            value.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            value.valueType = gpu.counter_value_type
             if field_id == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
                 supported, raw = gpu.has_nvlink, gpu.nvlink_tx_kib
             elif field_id == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:

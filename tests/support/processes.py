@@ -39,6 +39,16 @@ def run_cli_json(*args: str, env: dict[str, str] | None = None) -> Any:
     return json.loads(done.stdout)
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout``."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def wait_http(url: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
