@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
+from operator import add, ge
 
 
 class MonotonicCounters:
@@ -50,27 +51,35 @@ class MonotonicCounters:
         return len(self._last)
 
 
-class MonotonicTotal:
-    """One raw counter as a total that never goes backwards (same rule as
-    :class:`MonotonicCounters`, without the keyed lookups; raw values must be valid)."""
+class CounterGroup:
+    """Counters read together (one NIC's statistics, one GPU's NVLink or PCIe pair) as
+    totals that never go backwards.
 
-    __slots__ = ("last", "total")
+    A total is the raw value plus an offset. When a raw value decreases, its offset grows
+    by the counter's width if it has one in ``widths`` (it wrapped: 2**32 for a 32-bit
+    counter), else by the previous raw value (a reset to zero, the rule above). A group
+    that never decreased returns its raw values as totals, with no arithmetic; ``widths``
+    may be set after construction, once the caller knows them.
+    """
 
-    def __init__(self) -> None:
-        self.last: float | None = None
-        self.total = 0.0
+    __slots__ = ("last", "offsets", "widths")
 
-    def update(self, raw: float, wrap: int = 0) -> float:
-        """Feed the latest raw reading; returns the total. With ``wrap`` (the counter's
-        modulus, such as 2**32), a decrease is a wrap rather than a reset."""
+    def __init__(self, widths: tuple[int, ...] | None = None) -> None:
+        self.last: tuple[float, ...] | None = None
+        self.offsets: tuple[float, ...] | None = None
+        self.widths = widths
+
+    def update(self, raws: tuple[float, ...]) -> tuple[float, ...]:
+        """Feed one reading of every counter (the first sighting starts at the raw
+        values); returns the totals."""
         last = self.last
-        if last is None:
-            self.total = raw
-        elif raw >= last:
-            self.total += raw - last
-        elif wrap:  # wrapped past its width once
-            self.total += raw - last + wrap
-        else:  # a reset: counting restarted from zero
-            self.total += raw
-        self.last = raw
-        return self.total
+        if last is not None and not all(map(ge, raws, last)):
+            count = len(raws)
+            widths = self.widths or (0,) * count
+            self.offsets = tuple(
+                offset + (width or previous) if raw < previous else offset
+                for offset, raw, previous, width in zip(
+                    self.offsets or (0.0,) * count, raws, last, widths, strict=True))
+        self.last = raws
+        offsets = self.offsets
+        return raws if offsets is None else tuple(map(add, raws, offsets))

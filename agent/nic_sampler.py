@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,11 +31,14 @@ ERROR_SOURCE_SYSFS = "sysfs"
 
 
 # One NIC: its name and raw counters in NIC_FIELDS order.
-NicReading = tuple[str, list[float]]
+NicReading = tuple[str, tuple[float, ...]]
 NIC_FIELDS = ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_drops", "tx_drops")
 
 
 NetIoCounters = Callable[..., Any]
+# psutil's snetio fields in NIC_FIELDS order, read in C.
+_PSUTIL_FIELDS = attrgetter("bytes_recv", "bytes_sent", "packets_recv", "packets_sent",
+                            "dropin", "dropout")
 
 
 class NicSampler:
@@ -75,12 +79,7 @@ class NicSampler:
     def _read_psutil(self) -> list[NicReading]:
         counters = self._net_io_counters(pernic=True)
         wanted = self._wanted
-        return [
-            (device, [c.bytes_recv, c.bytes_sent, c.packets_recv, c.packets_sent,
-                      c.dropin, c.dropout])
-            for device, c in counters.items()
-            if wanted(device)
-        ]
+        return [(device, _PSUTIL_FIELDS(c)) for device, c in counters.items() if wanted(device)]
 
     def _read_sysfs(self, errors: ErrorCounts) -> list[NicReading]:
         try:
@@ -94,7 +93,7 @@ class NicSampler:
                 continue
             statistics = self._net_dir / device / "statistics"
             try:
-                values = [float((statistics / name).read_bytes()) for name in SYSFS_FILES]
+                values = tuple(float((statistics / name).read_bytes()) for name in SYSFS_FILES)
             except (OSError, ValueError):
                 errors.count(f"{ERROR_SOURCE_SYSFS}:{device}")
                 continue

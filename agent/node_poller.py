@@ -11,10 +11,10 @@ row per GPU and per NIC; the snapshot turns rows into series when it is first re
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import ge
 
 from tokenpath import metric_names as mn
 from tokenpath.agent.engine_scraper import EngineScraper
+from tokenpath.agent.monotonic import CounterGroup
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.nvml_sampler import NvmlSampler
 from tokenpath.agent.snapshot import ErrorCounts, LabelValues, Points, Snapshot, add_point
@@ -30,36 +30,18 @@ NIC_COUNTER_METRICS: tuple[mn.MetricSpec, ...] = (
 )
 # A NIC row: label values, monotonic totals in NIC_FIELDS order, then the mean received
 # and sent packet size over the last interval (None on a NIC's first poll).
-NicRow = tuple[LabelValues, list[float], float | None, float | None]
+NicRow = tuple[LabelValues, tuple[float, ...], float | None, float | None]
 
 
 class _NicState:
-    """Last raw counters and monotonic totals of one NIC, in NIC_FIELDS order.
+    """One NIC's bounded label values and monotonic totals (NIC_FIELDS order)."""
 
-    A total is the raw counter plus an offset that grows by the previous raw value each
-    time the counter drops (a reset to zero: the device was re-created), so a NIC that
-    never reset has its raw counters as totals with no arithmetic."""
+    __slots__ = ("counters", "labels", "totals")
 
-    __slots__ = ("labels", "last", "offsets", "totals")
-
-    def __init__(self, labels: LabelValues, raws: list[float]) -> None:
+    def __init__(self, labels: LabelValues) -> None:
         self.labels = labels
-        self.last = raws
-        self.offsets: list[float] | None = None
-        self.totals: list[float] = raws
-
-    def update(self, raws: list[float]) -> list[float]:
-        """Feed one poll's raw counters (a list the caller no longer changes)."""
-        last = self.last
-        if not all(map(ge, raws, last)):
-            before = self.offsets or [0.0] * len(raws)
-            self.offsets = [offset + previous if raw < previous else offset
-                            for offset, raw, previous in zip(before, raws, last, strict=True)]
-        self.last = raws
-        offsets = self.offsets
-        self.totals = raws if offsets is None else [
-            raw + offset for raw, offset in zip(raws, offsets, strict=True)]
-        return self.totals
+        self.counters = CounterGroup()
+        self.totals: tuple[float, ...] | None = None
 
 
 def _add_nic_rows(rows: list[NicRow], points: Points) -> None:
@@ -139,14 +121,12 @@ class NodePoller:
             if state is None:
                 if len(states) >= MAX_TRACKED_NICS:
                     continue
-                states[device] = state = _NicState((self._device_label(device),), raws)
-                rows.append((state.labels, state.totals, None, None))
-                continue
+                states[device] = state = _NicState((self._device_label(device),))
             before = state.totals
-            totals = state.update(raws)
+            state.totals = totals = state.counters.update(raws)
             labels = state.labels
             # A mean packet size of several devices folded into "other" means nothing.
-            if labels[0] == other:
+            if before is None or labels[0] == other:
                 rows.append((labels, totals, None, None))
                 continue
             packets = totals[2] - before[2]

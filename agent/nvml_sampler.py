@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenpath import metric_names as mn
-from tokenpath.agent.monotonic import MonotonicTotal
+from tokenpath.agent.monotonic import CounterGroup
 from tokenpath.agent.snapshot import ErrorCounts, LabelValues
 
 logger = logging.getLogger(__name__)
@@ -152,8 +152,7 @@ class _Gpu:
     """What the sampler keeps for one GPU index between polls."""
 
     __slots__ = ("ask_power", "ask_sm_clock", "busy_seconds", "error_source", "fields",
-                 "handle", "index", "labels", "last_seen", "nvlink_rx", "nvlink_tx",
-                 "pcie_last", "pcie_rx", "pcie_tx")
+                 "handle", "index", "labels", "last_seen", "nvlink", "pcie", "pcie_last")
 
     def __init__(self, index: int, labels: LabelValues, fields: _FieldRequest | None) -> None:
         self.index = index
@@ -165,10 +164,9 @@ class _Gpu:
         self.ask_power = True
         self.ask_sm_clock = True
         self.fields = fields
-        self.nvlink_tx = MonotonicTotal()
-        self.nvlink_rx = MonotonicTotal()
-        self.pcie_tx = MonotonicTotal()
-        self.pcie_rx = MonotonicTotal()
+        # NVLink (KiB) and PCIe (bytes) TX/RX counters; widths set from the first reading.
+        self.nvlink = CounterGroup()
+        self.pcie = CounterGroup()
         # (PCIe TX total, RX total, clock) at the previous poll, for the throughput gauges.
         self.pcie_last: tuple[float, float, float] | None = None
         self.busy_seconds = 0.0
@@ -321,8 +319,13 @@ class NvmlSampler:
                 if nvlink:
                     tx_type, tx_return, tx, rx_type, rx_return, rx = decoded[:6]
                     if tx_return == NVML_SUCCESS and rx_return == NVML_SUCCESS:
-                        nvlink_tx = gpu.nvlink_tx.update(tx, COUNTER_WRAP.get(tx_type, 0)) * KIB
-                        nvlink_rx = gpu.nvlink_rx.update(rx, COUNTER_WRAP.get(rx_type, 0)) * KIB
+                        counters = gpu.nvlink
+                        if counters.widths is None:
+                            counters.widths = (COUNTER_WRAP.get(tx_type, 0),
+                                               COUNTER_WRAP.get(rx_type, 0))
+                        tx_kib, rx_kib = counters.update((tx, rx))
+                        nvlink_tx = tx_kib * KIB
+                        nvlink_rx = rx_kib * KIB
                     elif self._not_supported in (tx_return, rx_return):
                         nvlink = False
                     else:
@@ -330,8 +333,11 @@ class NvmlSampler:
                 if pcie:
                     tx_type, tx_return, tx, rx_type, rx_return, rx = decoded[-6:]
                     if tx_return == NVML_SUCCESS and rx_return == NVML_SUCCESS:
-                        tx_total = gpu.pcie_tx.update(tx, COUNTER_WRAP.get(tx_type, 0))
-                        rx_total = gpu.pcie_rx.update(rx, COUNTER_WRAP.get(rx_type, 0))
+                        counters = gpu.pcie
+                        if counters.widths is None:
+                            counters.widths = (COUNTER_WRAP.get(tx_type, 0),
+                                               COUNTER_WRAP.get(rx_type, 0))
+                        tx_total, rx_total = counters.update((tx, rx))
                         last = gpu.pcie_last
                         gpu.pcie_last = (tx_total, rx_total, now)
                         if last is not None and now > last[2]:

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from tokenpath.agent.monotonic import MonotonicCounters, MonotonicTotal
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tokenpath.agent.monotonic import CounterGroup, MonotonicCounters
 
 
 def test_increases_accumulate_and_first_sighting_starts_at_raw() -> None:
@@ -36,11 +39,27 @@ def test_key_cap_refuses_new_keys() -> None:
     assert counters.update("a", 2.0) == 2.0
 
 
-def test_single_total_reads_a_decrease_as_a_wrap_only_when_given_the_width() -> None:
-    reset = MonotonicTotal()
-    wrapped = MonotonicTotal()
-    for raw in (2**32 - 10, 5):
-        reset.update(raw)
-        wrapped.update(raw, 2**32)
-    assert reset.total == 2**32 - 10 + 5
-    assert wrapped.total == 2**32 + 5
+def test_group_reads_a_decrease_as_a_wrap_only_for_counters_with_a_width() -> None:
+    group = CounterGroup(widths=(2**32, 0))
+    assert group.update((2**32 - 10, 100)) == (2**32 - 10, 100)
+    # Counter 0 wrapped (15 more), counter 1 was reset and counted 5 since.
+    assert group.update((5, 5)) == (2**32 + 5, 105)
+    assert group.update((25, 6)) == (2**32 + 25, 106)
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 2**40)), min_size=1,
+                max_size=30))
+def test_group_totals_never_go_backwards_and_equal_raws_until_a_decrease(
+        readings: list[tuple[int, int]]) -> None:
+    group = CounterGroup()
+    previous: tuple[float, ...] | None = None
+    decreased = False
+    for index, raws in enumerate(readings):
+        totals = group.update(raws)
+        if index and any(raw < last for raw, last in zip(raws, readings[index - 1], strict=True)):
+            decreased = True
+        if not decreased:
+            assert totals == raws
+        if previous is not None:
+            assert all(now >= before for now, before in zip(totals, previous, strict=True))
+        previous = totals
