@@ -148,6 +148,20 @@ NVML_VALUE_TYPE_UNSIGNED_SHORT = 6
 COUNTER_WRAP = {NVML_VALUE_TYPE_UNSIGNED_INT: 2**32, NVML_VALUE_TYPE_UNSIGNED_SHORT: 2**16}
 
 
+def _pair_totals(counters: CounterGroup, fields: tuple[int, ...]) -> tuple[float, ...] | int:
+    """Monotonic TX and RX totals from a decoded field pair ``(value type, return code,
+    value) * 2``, or the first failing return code. The counters' widths are set from
+    the value types on the first reading."""
+    tx_type, tx_return, tx, rx_type, rx_return, rx = fields
+    if tx_return != NVML_SUCCESS:
+        return tx_return
+    if rx_return != NVML_SUCCESS:
+        return rx_return
+    if counters.widths is None:
+        counters.widths = (COUNTER_WRAP.get(tx_type, 0), COUNTER_WRAP.get(rx_type, 0))
+    return counters.update((tx, rx))
+
+
 class _Gpu:
     """What the sampler keeps for one GPU index between polls."""
 
@@ -317,34 +331,24 @@ class NvmlSampler:
             else:
                 nvlink, pcie = request.nvlink, request.pcie
                 if nvlink:
-                    tx_type, tx_return, tx, rx_type, rx_return, rx = decoded[:6]
-                    if tx_return == NVML_SUCCESS and rx_return == NVML_SUCCESS:
-                        counters = gpu.nvlink
-                        if counters.widths is None:
-                            counters.widths = (COUNTER_WRAP.get(tx_type, 0),
-                                               COUNTER_WRAP.get(rx_type, 0))
-                        tx_kib, rx_kib = counters.update((tx, rx))
-                        nvlink_tx = tx_kib * KIB
-                        nvlink_rx = rx_kib * KIB
-                    elif self._not_supported in (tx_return, rx_return):
+                    pair = _pair_totals(gpu.nvlink, decoded[:6])
+                    if type(pair) is tuple:
+                        nvlink_tx = pair[0] * KIB
+                        nvlink_rx = pair[1] * KIB
+                    elif pair == self._not_supported:
                         nvlink = False
                     else:
                         ok = False
                 if pcie:
-                    tx_type, tx_return, tx, rx_type, rx_return, rx = decoded[-6:]
-                    if tx_return == NVML_SUCCESS and rx_return == NVML_SUCCESS:
-                        counters = gpu.pcie
-                        if counters.widths is None:
-                            counters.widths = (COUNTER_WRAP.get(tx_type, 0),
-                                               COUNTER_WRAP.get(rx_type, 0))
-                        tx_total, rx_total = counters.update((tx, rx))
+                    pair = _pair_totals(gpu.pcie, decoded[-6:])
+                    if type(pair) is tuple:
                         last = gpu.pcie_last
-                        gpu.pcie_last = (tx_total, rx_total, now)
+                        gpu.pcie_last = (pair[0], pair[1], now)
                         if last is not None and now > last[2]:
                             elapsed = now - last[2]
-                            pcie_tx = (tx_total - last[0]) / elapsed
-                            pcie_rx = (rx_total - last[1]) / elapsed
-                    elif self._not_supported in (tx_return, rx_return):
+                            pcie_tx = (pair[0] - last[0]) / elapsed
+                            pcie_rx = (pair[1] - last[1]) / elapsed
+                    elif pair == self._not_supported:
                         pcie = False
                     else:
                         ok = False
