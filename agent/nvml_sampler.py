@@ -16,16 +16,17 @@ offsets and size), instead of a ctypes attribute read per field.
 The sampler records each GPU's readings of a poll as one row (:class:`GpuReadings`),
 turned into per-metric series only when the poll's snapshot is first read (a scrape or
 a push), and keeps what one GPU needs between polls (:class:`_Gpu`): its handle, the
-optional readings it still asks for, its NVLink totals (monotonic across device resets),
-its last PCIe counters and its integrated busy seconds. This runs every second forever,
+optional readings it still asks for, its NVLink and PCIe counter groups, its previous
+PCIe totals and its integrated busy seconds. This runs every second forever,
 so the per-GPU work is a few local reads around each NVML call (measured against the raw
 calls in ``bench/agent_bench.py``).
 
-The NVML module is injected (``nvml=``), so tests pass a fake shaped like ``pynvml``. With
-no module, no driver or no GPU, :attr:`NvmlSampler.up` is ``False`` and :meth:`read`
-adds nothing; initialisation is retried every ``retry_seconds``. A call a device does
-not support is skipped from then on without counting an error; any other failure is
-counted against that GPU (``nvml:gpu<N>``) and never stops the other GPUs.
+The NVML module is injected (``nvml=``), so tests pass a fake shaped like ``pynvml`` or
+the real one over a fake driver library. With no module, no driver or no GPU,
+:attr:`NvmlSampler.up` is ``False`` and :meth:`read` records nothing; initialisation is
+retried every ``retry_seconds``. A call a device does not support is skipped from then on
+without counting an error; any other failure is counted against that GPU
+(``nvml:gpu<N>``) and never stops the other GPUs.
 """
 
 from __future__ import annotations

@@ -52,11 +52,6 @@ class Snapshot:
             self._lock = None
         return self._points
 
-    def add(self, spec: MetricSpec, labels: LabelValues, value: float) -> None:
-        """Set one series; a second value for the same series is added (bounded labels
-        may fold several sources into ``other``)."""
-        add_point(self.points, spec, labels, value)
-
     def get(self, spec: MetricSpec, labels: LabelValues = ()) -> float | None:
         series = self.points.get(spec)
         return None if series is None else series.get(labels)

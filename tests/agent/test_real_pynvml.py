@@ -102,14 +102,16 @@ def test_every_reading_decodes_from_pynvml_structures(library_dir: str) -> None:
     assert 2 not in names
 
 
-def test_pynvml_is_left_without_a_driver_afterwards(library_dir: str) -> None:
+def test_pynvml_is_put_back_as_it_was_afterwards(library_dir: str) -> None:
     import pynvml
 
-    with driver.real_pynvml_over_fake_library(1):
-        pass
-    assert pynvml.nvmlLib is None
-    with pytest.raises(pynvml.NVMLError):
-        pynvml.nvmlDeviceGetCount()
+    before = pynvml.nvmlLib
+    with driver.real_pynvml_over_fake_library(1) as (_pynvml, library):
+        assert pynvml.nvmlLib is library
+    assert pynvml.nvmlLib is before
+    if before is None:  # no driver on this machine: pynvml is uninitialised again
+        with pytest.raises(pynvml.NVMLError):
+            pynvml.nvmlDeviceGetCount()
 
 
 @pytest.mark.integration

@@ -4,8 +4,8 @@
 directory holding ``libnvidia-ml.so.1`` (cached by source hash under ``build/``), so a
 subprocess finds it with ``LD_LIBRARY_PATH`` exactly as pynvml finds the driver's.
 :func:`real_pynvml_over_fake_library` loads it into this process's ``pynvml`` and puts
-pynvml back as it was afterwards (no library loaded), so other tests still see a machine
-without a driver.
+pynvml back as it was afterwards (its library, if it had loaded one, and its function
+cache), so other tests still see the machine's own driver, or none.
 """
 
 from __future__ import annotations
@@ -90,19 +90,22 @@ def real_pynvml_over_fake_library(gpus: int, **options: tuple[int, ...]) -> Iter
     (for ``fakeNvmlResetDevice``). Not initialised: the caller runs ``nvmlInit``."""
     import pynvml
 
-    if pynvml.nvmlLib is not None:
-        raise RuntimeError("pynvml already has a driver library loaded")
     library = ctypes.CDLL(str(build_fake_libnvml() / LIBRARY_NAME))
+    saved_library = pynvml.nvmlLib
+    saved_functions = dict(pynvml._nvmlGetFunctionPointer_cache)
+    saved_refcount = pynvml._nvmlLib_refcount
     saved = {key: os.environ.get(key) for key in (ENV_GPUS, ENV_FAILING, ENV_NO_NVLINK,
                                                   ENV_NO_POWER)}
     os.environ.update(driver_env(gpus, **options))
     pynvml.nvmlLib = library
+    pynvml._nvmlGetFunctionPointer_cache.clear()
     try:
         yield pynvml, library
     finally:
-        pynvml.nvmlLib = None
+        pynvml.nvmlLib = saved_library
         pynvml._nvmlGetFunctionPointer_cache.clear()
-        pynvml._nvmlLib_refcount = 0
+        pynvml._nvmlGetFunctionPointer_cache.update(saved_functions)
+        pynvml._nvmlLib_refcount = saved_refcount
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
