@@ -25,6 +25,9 @@ DEFAULT_LISTEN: Final = "127.0.0.1:9400"
 DEFAULT_INTERVAL_SECONDS: Final = 1.0
 MIN_INTERVAL_SECONDS: Final = 0.05
 DEFAULT_ENGINE_TIMEOUT_SECONDS: Final = 2.0
+# Engine pages are cumulative counters plus a few gauges; every 5 s keeps them as fresh as
+# the push while fetching (and making the engine render) its /metrics page 5x less often.
+DEFAULT_ENGINE_INTERVAL_SECONDS: Final = 5.0
 DEFAULT_PUSH_TIMEOUT_SECONDS: Final = 5.0
 # Counters pushed are cumulative, so a push every few polls loses no counts, only latency.
 DEFAULT_PUSH_INTERVAL_SECONDS: Final = 5.0
@@ -68,6 +71,7 @@ class AgentConfig:
     engine_metrics_urls: tuple[str, ...] = ()
     node: str = field(default_factory=lambda: default_node_name())
     engine_timeout_seconds: float = DEFAULT_ENGINE_TIMEOUT_SECONDS
+    engine_interval_seconds: float = DEFAULT_ENGINE_INTERVAL_SECONDS
     push_timeout_seconds: float = DEFAULT_PUSH_TIMEOUT_SECONDS
     push_interval_seconds: float = DEFAULT_PUSH_INTERVAL_SECONDS
     nic_source: NicSource = "auto"
@@ -92,6 +96,7 @@ class AgentConfig:
         if not self.interval_seconds >= MIN_INTERVAL_SECONDS:
             raise ConfigError("interval", f"must be at least {MIN_INTERVAL_SECONDS} s")
         for key, value in (("engine_timeout", self.engine_timeout_seconds),
+                           ("engine_interval", self.engine_interval_seconds),
                            ("push_timeout", self.push_timeout_seconds),
                            ("push_interval", self.push_interval_seconds),
                            ("nvml_retry", self.nvml_retry_seconds)):
@@ -148,6 +153,9 @@ class AgentConfig:
             engine_timeout_seconds=resolve("engine_timeout", None, None, section,
                                            DEFAULT_ENGINE_TIMEOUT_SECONDS,
                                            lambda v: parse_duration(v, "engine_timeout")),
+            engine_interval_seconds=resolve("engine_interval", None, None, section,
+                                            DEFAULT_ENGINE_INTERVAL_SECONDS,
+                                            lambda v: parse_duration(v, "engine_interval")),
             push_timeout_seconds=resolve("push_timeout", None, None, section,
                                          DEFAULT_PUSH_TIMEOUT_SECONDS,
                                          lambda v: parse_duration(v, "push_timeout")),
@@ -173,6 +181,7 @@ class AgentConfig:
 
 KNOWN_FILE_KEYS: Final = frozenset({
     "listen", "collector", "interval", "engine_metrics", "node", "engine_timeout",
+    "engine_interval",
     "push_timeout", "push_interval", "nic_source", "nic_exclude", "sysfs_root",
     "pcie_throughput", "nvml_retry",
     "max_devices", "max_models", "max_sources",

@@ -5,7 +5,9 @@ the :class:`NvmlSampler` keeps): the NIC counters made monotonic across device r
 the previous NIC totals (for the average packet size over the last interval), the error
 counts and the bounded label sets. It runs every second forever, so it only records one
 row per GPU and per NIC; the snapshot turns rows into series when it is first read
-(measured against the raw calls in ``bench/agent_bench.py``).
+(measured against the raw calls in ``bench/agent_bench.py``). Engine pages are fetched at
+most every ``engine_interval``: their counters are cumulative, and fetching a serving
+engine's /metrics every second would load the engine it observes.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tokenpath import metric_names as mn
-from tokenpath.agent.engine_scraper import EngineScraper
+from tokenpath.agent.engine_scraper import EngineReadings, EngineScraper
 from tokenpath.agent.monotonic import CounterGroup
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.nvml_sampler import NvmlSampler
@@ -21,6 +23,9 @@ from tokenpath.agent.snapshot import ErrorCounts, LabelValues, Points, Snapshot,
 from tokenpath.labels import BoundedLabel
 
 MAX_TRACKED_NICS = 4096
+# An engine fetch is due after this share of engine_interval, so that a poll arriving a
+# little early (scheduling jitter) does not push the fetch to the poll after it.
+ENGINE_DUE_SHARE = 0.9
 
 
 # NIC counter metrics in NIC_FIELDS order (rx/tx bytes, packets, drops).
@@ -76,10 +81,16 @@ class NodePoller:
         wall_clock_ns: Callable[[], int],
         max_devices: int,
         max_sources: int,
+        engine_interval: float = 0.0,
     ) -> None:
         self._nvml = nvml_sampler
         self._nics = nic_sampler
         self._engines = engine_scraper
+        # Engines are scraped at most every engine_interval seconds (0: every poll); the
+        # polls between repeat the last scrape's readings.
+        self._engine_interval = engine_interval
+        self._engine_due = 0.0
+        self._engine_readings: EngineReadings | None = None
         self._clock = clock
         self._wall_clock_ns = wall_clock_ns
         self.errors = ErrorCounts(max_sources)
@@ -103,7 +114,7 @@ class NodePoller:
         if nic_rows:
             deferred.append(lambda points: _add_nic_rows(nic_rows, points))
         if self._engines is not None:
-            self._add_engines(points)
+            self._add_engines(points, started)
         errors = self.errors.items()
         if errors:
             points[mn.AGENT_SCRAPE_ERRORS] = {(source,): count for source, count in errors}
@@ -136,9 +147,12 @@ class NodePoller:
             rows.append((labels, totals, rx_packet, tx_packet))
         return rows
 
-    def _add_engines(self, points: Points) -> None:
+    def _add_engines(self, points: Points, now: float) -> None:
         assert self._engines is not None
-        readings = self._engines.read(self.errors)
+        readings = self._engine_readings
+        if readings is None or now >= self._engine_due:
+            self._engine_readings = readings = self._engines.read(self.errors)
+            self._engine_due = now + self._engine_interval * ENGINE_DUE_SHARE
         for (spec, labels), value in readings.counters.items():
             add_point(points, spec, labels, value)
         for (spec, labels), value in readings.gauges.items():

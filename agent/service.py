@@ -84,7 +84,7 @@ class AgentService:
         self.poller = NodePoller(
             nvml_sampler=self.nvml_sampler, nic_sampler=nic_sampler, engine_scraper=engines,
             clock=clock, wall_clock_ns=wall_clock_ns, max_devices=config.max_devices,
-            max_sources=config.max_sources,
+            max_sources=config.max_sources, engine_interval=config.engine_interval_seconds,
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         self._collector = AgentCollector(lambda: self._latest)

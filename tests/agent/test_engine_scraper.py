@@ -14,6 +14,9 @@ from tokenpath.agent.engine_names import (
     SOURCE_LINE_PREFIXES,
 )
 from tokenpath.agent.engine_scraper import EngineScraper, endpoint_source
+from tokenpath.agent.nic_sampler import NicSampler
+from tokenpath.agent.node_poller import NodePoller
+from tokenpath.agent.nvml_sampler import NvmlSampler
 from tokenpath.agent.prom_text import iter_samples
 from tokenpath.agent.snapshot import ErrorCounts
 from tokenpath.labels import BoundedLabel
@@ -170,3 +173,29 @@ def test_only_rule_lines_are_read() -> None:
     names = {name for name, _, _ in iter_samples(render_vllm(), SOURCE_LINE_PREFIXES)}
     assert "vllm:prefix_cache_hits_total" in names
     assert not any("time_to_first_token" in name for name in names)
+
+
+def test_poller_fetches_engines_every_engine_interval_and_repeats_them_between(
+        page_server: PageServer, dead_url: str, client: httpx.Client) -> None:
+    now = [100.0]
+    page_server.pages["/vllm"] = render_vllm(hits=100)
+    poller = NodePoller(
+        nvml_sampler=NvmlSampler(None, lambda: now[0]),
+        nic_sampler=NicSampler(source="sysfs", sysfs_root="/nonexistent"),  # type: ignore[arg-type]
+        engine_scraper=scraper_for([page_server.url("/vllm"), dead_url], client),
+        clock=lambda: now[0], wall_clock_ns=lambda: 1, max_devices=4, max_sources=8,
+        engine_interval=5.0)
+    hits = (mn.ENGINE_PREFIX_HIT_TOKENS, V)
+    dead = endpoint_source(dead_url)
+    first = poller.poll()
+    assert first.get(*hits) == 100
+    page_server.pages["/vllm"] = render_vllm(hits=300)
+    for _ in range(4):  # within the interval: the last readings, no new fetch
+        now[0] += 1.0
+        snapshot = poller.poll()
+        assert snapshot.get(*hits) == 100
+        assert snapshot.get(mn.ENGINE_UP, (dead,)) == 0.0
+    assert poller.errors.get(dead) == 1.0
+    now[0] += 1.0
+    assert poller.poll().get(*hits) == 300
+    assert poller.errors.get(dead) == 2.0
