@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,8 +22,10 @@ logger = logging.getLogger(__name__)
 
 METRICS_PATH = "/metrics"
 HEALTHZ_PATH = "/healthz"
-# How often the idle listener thread wakes to check for shutdown.
-SERVE_POLL_SECONDS = 0.5
+# The idle listener blocks in select() without a timeout, so it wakes only for requests;
+# shutdown() wakes it with a connection of its own, repeated at this interval until the
+# listener has seen the request to stop.
+WAKE_RETRY_SECONDS = 0.05
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -108,13 +111,25 @@ class AgentHttpServer:
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._server.serve_forever,
-                                            args=(SERVE_POLL_SECONDS,),
+                                            args=(None,),
                                             name="tokenpath-agent-http", daemon=True)
             self._thread.start()
 
     def shutdown(self) -> None:
         if self._thread is not None:
-            self._server.shutdown()
+            stopper = threading.Thread(target=self._server.shutdown, daemon=True)
+            stopper.start()
+            while stopper.is_alive():
+                self._wake_listener()
+                stopper.join(WAKE_RETRY_SECONDS)
             self._thread.join()
             self._thread = None
         self._server.server_close()
+
+    def _wake_listener(self) -> None:
+        """Connects to the listener and hangs up, so its select() returns."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        try:
+            socket.create_connection((host, self.port), timeout=1.0).close()
+        except OSError:
+            logger.debug("could not wake the listener on %s:%s", host, self.port)

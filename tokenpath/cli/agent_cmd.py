@@ -84,8 +84,9 @@ def register(app: typer.Typer) -> None:
             console.print(f"pushing OTLP metrics to {agent_config.collector_url}/v1/metrics",
                           highlight=False, markup=False)
         try:
-            while not stop.wait(0.5):
-                pass
+            # No timeout: the signal handler wakes this wait, and an idle agent should
+            # wake only to poll (on a shared VM every wake-up costs cold caches).
+            stop.wait()
         finally:
             service.shutdown()
 
