@@ -24,6 +24,8 @@ from tokenpath.config import ConfigError, parse_duration, parse_host_port, resol
 DEFAULT_LISTEN: Final = "127.0.0.1:9400"
 DEFAULT_INTERVAL_SECONDS: Final = 1.0
 MIN_INTERVAL_SECONDS: Final = 0.05
+# Upper bound for every duration setting (an "inf" would silently mean "never").
+MAX_DURATION_SECONDS: Final = 86_400.0
 DEFAULT_ENGINE_TIMEOUT_SECONDS: Final = 2.0
 # Engine pages are cumulative counters plus a few gauges; every 5 s keeps them as fresh as
 # the push while fetching (and making the engine render) its /metrics page 5x less often.
@@ -93,15 +95,17 @@ class AgentConfig:
             _check_url(self.collector_url, "collector")
         for url in self.engine_metrics_urls:
             _check_url(url, "engine_metrics")
-        if not self.interval_seconds >= MIN_INTERVAL_SECONDS:
-            raise ConfigError("interval", f"must be at least {MIN_INTERVAL_SECONDS} s")
+        if not MIN_INTERVAL_SECONDS <= self.interval_seconds <= MAX_DURATION_SECONDS:
+            raise ConfigError("interval", f"must be between {MIN_INTERVAL_SECONDS} s and "
+                              f"{MAX_DURATION_SECONDS:g} s")
         for key, value in (("engine_timeout", self.engine_timeout_seconds),
                            ("engine_interval", self.engine_interval_seconds),
                            ("push_timeout", self.push_timeout_seconds),
                            ("push_interval", self.push_interval_seconds),
                            ("nvml_retry", self.nvml_retry_seconds)):
-            if not value > 0:
-                raise ConfigError(key, f"must be positive, got {value!r}")
+            if not 0 < value <= MAX_DURATION_SECONDS:
+                raise ConfigError(key, f"must be positive and at most "
+                                  f"{MAX_DURATION_SECONDS:g} s, got {value!r}")
         if not self.node or len(self.node) > 253:
             raise ConfigError("node", "must be a non-empty name of at most 253 characters")
         if not self.sysfs_root:

@@ -8,10 +8,12 @@ open for kubelet probes.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -22,10 +24,12 @@ logger = logging.getLogger(__name__)
 
 METRICS_PATH = "/metrics"
 HEALTHZ_PATH = "/healthz"
-# The idle listener blocks in select() without a timeout, so it wakes only for requests;
-# shutdown() wakes it with a connection of its own, repeated at this interval until the
-# listener has seen the request to stop.
+# The idle listener blocks in select() without a timeout, so it wakes only for requests.
+# shutdown() wakes it by shutting the listening socket down (on Linux that makes select()
+# return, with no network path needed); where that does not, by connecting to it, retried
+# at WAKE_RETRY_SECONDS for at most SHUTDOWN_TIMEOUT_SECONDS.
 WAKE_RETRY_SECONDS = 0.05
+SHUTDOWN_TIMEOUT_SECONDS = 5.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -119,17 +123,25 @@ class AgentHttpServer:
         if self._thread is not None:
             stopper = threading.Thread(target=self._server.shutdown, daemon=True)
             stopper.start()
-            while stopper.is_alive():
+            with contextlib.suppress(OSError):
+                self._server.socket.shutdown(socket.SHUT_RDWR)
+            deadline = time.monotonic() + SHUTDOWN_TIMEOUT_SECONDS
+            stopper.join(WAKE_RETRY_SECONDS)
+            while stopper.is_alive() and time.monotonic() < deadline:
                 self._wake_listener()
                 stopper.join(WAKE_RETRY_SECONDS)
-            self._thread.join()
+            if stopper.is_alive():
+                logger.warning("agent listener did not stop within %.0f s",
+                               SHUTDOWN_TIMEOUT_SECONDS)
+            else:
+                self._thread.join()
             self._thread = None
         self._server.server_close()
 
     def _wake_listener(self) -> None:
         """Connects to the listener and hangs up, so its select() returns."""
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         try:
-            socket.create_connection((host, self.port), timeout=1.0).close()
+            socket.create_connection((host, self.port), timeout=WAKE_RETRY_SECONDS).close()
         except OSError:
             logger.debug("could not wake the listener on %s:%s", host, self.port)

@@ -56,8 +56,10 @@ class CounterGroup:
     totals that never go backwards.
 
     A total is the raw value plus an offset. When a raw value decreases, its offset grows
-    by the counter's width if it has one in ``widths`` (it wrapped: 2**32 for a 32-bit
-    counter), else by the previous raw value (a reset to zero, the rule above). A group
+    by the counter's width if it has one in ``widths`` and the previous value was in the
+    upper half of that width (it wrapped: 2**32 for a 32-bit counter), else by the
+    previous raw value (a reset to zero, the rule above; a counter that was low cannot
+    have wrapped within one reading without aliasing anyway). A group
     that never decreased returns its raw values as totals, with no arithmetic; ``widths``
     may be set after construction, once the caller knows them.
     """
@@ -77,7 +79,8 @@ class CounterGroup:
             count = len(raws)
             widths = self.widths or (0,) * count
             self.offsets = tuple(
-                offset + (width or previous) if raw < previous else offset
+                offset + (width if previous * 2 > width > 0 else previous)
+                if raw < previous else offset
                 for offset, raw, previous, width in zip(
                     self.offsets or (0.0,) * count, raws, last, widths, strict=True))
         self.last = raws

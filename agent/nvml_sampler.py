@@ -51,9 +51,13 @@ HERTZ_PER_MHZ = 1_000_000.0
 # NVML's aggregate scope for NVLink throughput fields: summed over all links.
 NVLINK_ALL_LINKS_SCOPE = 0xFFFFFFFF
 NVML_SUCCESS = 0
-# Longest gap over which a utilization reading is integrated into busy seconds: after a
-# GPU was unreadable for longer, the gap is not guessed.
-MAX_BUSY_INTEGRATION_GAP_SECONDS = 10.0
+# nvml.h field ids, for nvidia-ml-py releases before 12.555 that lack the constants.
+NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
+NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
+NVML_ERROR_INVALID_ARGUMENT = 2
+# Longest gap over which a utilization reading is integrated into busy seconds, or a PCIe
+# rate averaged: after a GPU was unreadable for longer, the gap is not guessed.
+MAX_SAMPLE_GAP_SECONDS = 10.0
 
 Series = dict[LabelValues, float]
 
@@ -83,12 +87,18 @@ class GpuReadings:
             return
         columns = list(zip(*self.rows, strict=True))
         labels = columns[0]
+        distinct = len(set(labels)) == len(labels)
         for spec, values in zip(GPU_ROW_METRICS, columns[1:], strict=True):
-            if None not in values:
+            if distinct and None not in values:
                 points[spec] = dict(zip(labels, values, strict=True))
-            elif any(value is not None for value in values):
-                points[spec] = {label: value for label, value in zip(labels, values, strict=True)
-                                if value is not None}
+                continue
+            # GPUs past max_devices share the "other" label: their values add up.
+            series: Series = {}
+            for label, value in zip(labels, values, strict=True):
+                if value is not None:
+                    series[label] = series.get(label, 0.0) + value
+            if series:
+                points[spec] = series
 
 
 class _FieldRequest:
@@ -106,8 +116,12 @@ class _FieldRequest:
             self.ids += [(int(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX), NVLINK_ALL_LINKS_SCOPE),
                          (int(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX), NVLINK_ALL_LINKS_SCOPE)]
         if pcie:
-            self.ids += [(int(nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES), 0),
-                         (int(nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES), 0)]
+            self.ids += [
+                (int(getattr(nvml, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES",
+                             NVML_FI_DEV_PCIE_COUNT_TX_BYTES)), 0),
+                (int(getattr(nvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES",
+                             NVML_FI_DEV_PCIE_COUNT_RX_BYTES)), 0),
+            ]
         self.unpack = ctypes_unpacker(nvml.c_nvmlFieldValue_t, FIELD_VALUE_FIELDS,
                                       len(self.ids))
 
@@ -210,6 +224,7 @@ class NvmlSampler:
         self._requests: dict[tuple[bool, bool], _FieldRequest | None] = {}
         self._last_count = -1
         self._not_supported = -1
+        self._field_unavailable: tuple[int, ...] = ()
         self._clock_sm = -1
         self._unpack_utilization: Callable[[Any], tuple[int, ...]] = tuple
         self._unpack_memory: Callable[[Any], tuple[int, ...]] = tuple
@@ -234,18 +249,28 @@ class NvmlSampler:
             self.init_error = f"{type(exc).__name__}: {exc}"
             logger.info("NVML unavailable (%s); GPU metrics off, nvml_up 0", self.init_error)
             return
-        self._initialized = True
+        try:
+            self._not_supported = int(nvml.NVML_ERROR_NOT_SUPPORTED)
+            # Per-field answers that mean "this driver has no such field": the pair is
+            # dropped rather than counted as an error every poll.
+            self._field_unavailable = (self._not_supported, int(getattr(
+                nvml, "NVML_ERROR_INVALID_ARGUMENT", NVML_ERROR_INVALID_ARGUMENT)))
+            self._clock_sm = int(nvml.NVML_CLOCK_SM)
+            self._unpack_utilization = ctypes_unpacker(nvml.c_nvmlUtilization_t,
+                                                       UTILIZATION_FIELDS)
+            self._unpack_memory = ctypes_unpacker(nvml.c_nvmlMemory_t, MEMORY_FIELDS)
+            requests: dict[tuple[bool, bool], _FieldRequest | None] = {
+                (nvlink, pcie): _FieldRequest(nvml, nvlink=nvlink, pcie=pcie)
+                for nvlink in (True, False) for pcie in (True, False) if nvlink or pcie
+            }
+        except Exception as exc:  # a pynvml without what the sampler needs
+            self.init_error = f"unsupported nvidia-ml-py: {type(exc).__name__}: {exc}"
+            logger.warning("NVML set-up failed (%s); GPU metrics off", self.init_error)
+            return
+        requests[(False, False)] = None
+        self._requests = requests
         self.init_error = None
-        self._not_supported = int(nvml.NVML_ERROR_NOT_SUPPORTED)
-        self._clock_sm = int(nvml.NVML_CLOCK_SM)
-        self._unpack_utilization = ctypes_unpacker(nvml.c_nvmlUtilization_t,
-                                                   UTILIZATION_FIELDS)
-        self._unpack_memory = ctypes_unpacker(nvml.c_nvmlMemory_t, MEMORY_FIELDS)
-        self._requests = {
-            (nvlink, pcie): _FieldRequest(nvml, nvlink=nvlink, pcie=pcie)
-            for nvlink in (True, False) for pcie in (True, False) if nvlink or pcie
-        }
-        self._requests[(False, False)] = None
+        self._initialized = True
 
     def _request(self, *, nvlink: bool, pcie: bool) -> _FieldRequest | None:
         return self._requests[(nvlink, pcie)]
@@ -297,7 +322,7 @@ class NvmlSampler:
             return False
         utilization = busy_percent / PERCENT
         last_seen = gpu.last_seen
-        if last_seen is not None and 0 < now - last_seen <= MAX_BUSY_INTEGRATION_GAP_SECONDS:
+        if last_seen is not None and 0 < now - last_seen <= MAX_SAMPLE_GAP_SECONDS:
             gpu.busy_seconds += utilization * (now - last_seen)
         gpu.last_seen = now
         # Optional readings: each skipped once NOT_SUPPORTED; any other failure fails this
@@ -336,7 +361,7 @@ class NvmlSampler:
                     if type(pair) is tuple:
                         nvlink_tx = pair[0] * KIB
                         nvlink_rx = pair[1] * KIB
-                    elif pair == self._not_supported:
+                    elif pair in self._field_unavailable:
                         nvlink = False
                     else:
                         ok = False
@@ -345,15 +370,18 @@ class NvmlSampler:
                     if type(pair) is tuple:
                         last = gpu.pcie_last
                         gpu.pcie_last = (pair[0], pair[1], now)
-                        if last is not None and now > last[2]:
+                        if (last is not None
+                                and 0 < now - last[2] <= MAX_SAMPLE_GAP_SECONDS):
                             elapsed = now - last[2]
                             pcie_tx = (pair[0] - last[0]) / elapsed
                             pcie_rx = (pair[1] - last[1]) / elapsed
-                    elif pair == self._not_supported:
+                    elif pair in self._field_unavailable:
                         pcie = False
                     else:
                         ok = False
                 if nvlink is not request.nvlink or pcie is not request.pcie:
+                    logger.info("GPU %d: no %s counters from this driver; not asked again",
+                                gpu.index, "NVLink" if not nvlink else "PCIe")
                     gpu.fields = self._request(nvlink=nvlink, pcie=pcie)
         rows.append((gpu.labels, utilization, memory_busy_percent / PERCENT,
                      float(memory_used), float(memory_total), gpu.busy_seconds, power,

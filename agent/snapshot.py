@@ -11,6 +11,7 @@ At 1 Hz polling, a 15 s scrape and a 5 s push, most polls are never read.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -20,6 +21,8 @@ from tokenpath.metric_names import MetricSpec
 
 LabelValues = tuple[str, ...]
 
+
+logger = logging.getLogger(__name__)
 
 Points = dict[MetricSpec, dict[LabelValues, float]]
 Deferred = Callable[[Points], None]
@@ -45,10 +48,12 @@ class Snapshot:
         lock = self._lock
         if lock is not None:
             with lock:
-                if self._deferred:
-                    for fill in self._deferred:
+                deferred, self._deferred = self._deferred, []
+                for fill in deferred:
+                    try:
                         fill(self._points)
-                    self._deferred = []
+                    except Exception:  # a bad row loses its series, not the snapshot
+                        logger.exception("agent snapshot: building series failed")
             self._lock = None
         return self._points
 

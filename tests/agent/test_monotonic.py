@@ -63,3 +63,10 @@ def test_group_totals_never_go_backwards_and_equal_raws_until_a_decrease(
         if previous is not None:
             assert all(now >= before for now, before in zip(totals, previous, strict=True))
         previous = totals
+
+
+def test_a_32_bit_counter_that_drops_from_low_was_reset_not_wrapped() -> None:
+    group = CounterGroup(widths=(2**32,))
+    group.update((1_000,))
+    # A wrap from 1,000 would mean 4 GiB in one reading: a device reset is the reading.
+    assert group.update((10,)) == (1_010,)

@@ -235,3 +235,63 @@ def test_fake_constants_match_pynvml() -> None:
         assert getattr(fake, constant) == getattr(pynvml, constant), constant
     for structure in ("c_nvmlFieldValue_t", "c_nvmlUtilization_t", "c_nvmlMemory_t"):
         assert getattr(fake, structure) is getattr(pynvml, structure), structure
+
+
+def test_a_driver_without_the_pcie_fields_drops_them_without_counting_errors() -> None:
+    clock = FakeClock()
+    nvml = FakeNvml([FakeGpu(pcie_fields_unknown=True, nvlink_tx_kib=1)])
+    poller = make_poller(nvml, clock)
+    for _ in range(3):
+        clock.now += 1.0
+        snap = poller.poll()
+    assert snap.get(mn.GPU_NVLINK_TX, ("0",)) == 1024
+    assert mn.GPU_PCIE_TX not in snap.points
+    assert snap.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu0",)) is None
+
+
+class _OldPynvml(FakeNvml):
+    """nvidia-ml-py before 12.555: no PCIe counter field constants."""
+
+    def __getattribute__(self, name: str) -> object:
+        if name.startswith("NVML_FI_DEV_PCIE_COUNT_"):
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_an_older_pynvml_without_the_pcie_field_constants_still_reads_them() -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu()]
+    poller = make_poller(_OldPynvml(gpus), clock)
+    poller.poll()
+    clock.now += 1.0
+    gpus[0].pcie_tx_bytes += 1_000
+    snap = poller.poll()
+    assert snap.get(mn.AGENT_NVML_UP) == 1.0
+    assert snap.get(mn.GPU_PCIE_TX, ("0",)) == pytest.approx(1_000)
+
+
+def test_a_pcie_rate_is_not_averaged_over_a_long_gap() -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu()]
+    poller = make_poller(FakeNvml(gpus), clock)
+    poller.poll()
+    clock.now += 600.0  # the agent stalled or the GPU was unreadable
+    gpus[0].pcie_tx_bytes += 6_000_000
+    assert poller.poll().get(mn.GPU_PCIE_TX, ("0",)) is None
+    clock.now += 1.0
+    gpus[0].pcie_tx_bytes += 5_000
+    assert poller.poll().get(mn.GPU_PCIE_TX, ("0",)) == pytest.approx(5_000)
+
+
+def test_gpus_past_max_devices_add_up_under_other() -> None:
+    nvml = FakeNvml([FakeGpu(memory_used_bytes=2**30) for _ in range(4)])
+    sampler = NvmlSampler(nvml, FakeClock())
+    sampler.start()
+    poller = NodePoller(nvml_sampler=sampler, nic_sampler=NicSampler(
+        source="sysfs", sysfs_root="/nonexistent-sysfs"),  # type: ignore[arg-type]
+        engine_scraper=None, clock=FakeClock(), wall_clock_ns=lambda: 1,
+        max_devices=2, max_sources=4)
+    snap = poller.poll()
+    used = snap.points[mn.GPU_MEMORY_USED]
+    assert used[("0",)] == used[("1",)] == 2**30
+    assert used[(mn.OTHER_LABEL_VALUE,)] == 2 * 2**30  # GPUs 2 and 3

@@ -201,6 +201,8 @@ def test_precedence_argument_over_env_over_file_over_default(
     ({}, {"agent": {"nic_source": "carrier-pigeon"}}, "nic_source"),
     ({}, {"agent": {"nic_exclude": "("}}, "nic_exclude"),
     ({}, {"agent": {"bogus": 1}}, "bogus"),
+    ({}, {"agent": {"engine_interval": "inf"}}, "engine_interval"),
+    ({}, {"agent": {"push_interval": 0}}, "push_interval"),
 ])
 def test_validate_names_the_key(kwargs: dict[str, object], file_values: dict[str, object] | None,
                                 key: str) -> None:

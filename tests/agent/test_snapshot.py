@@ -39,3 +39,15 @@ def test_a_snapshot_nobody_reads_never_builds_its_series() -> None:
     builds: list[int] = []
     Snapshot(1, {}, [lambda points: builds.append(1)])
     assert builds == []
+
+
+def test_a_failing_fill_loses_its_own_series_only() -> None:
+    def broken(points: Points) -> None:
+        raise ValueError("bad row")
+
+    def fine(points: Points) -> None:
+        points[mn.GPU_UTILIZATION] = {("0",): 0.5}
+
+    snapshot = Snapshot(1, {}, [broken, fine])
+    assert snapshot.get(mn.GPU_UTILIZATION, ("0",)) == 0.5
+    assert snapshot.get(mn.GPU_UTILIZATION, ("0",)) == 0.5  # read again: no new error

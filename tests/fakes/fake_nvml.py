@@ -21,6 +21,7 @@ import pynvml
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
@@ -80,6 +81,8 @@ class FakeGpu:
     pcie_rx_bytes: int = 0
     has_nvlink: bool = True
     has_pcie_counters: bool = True
+    # A driver older than the PCIe counter fields answers INVALID_ARGUMENT for them.
+    pcie_fields_unknown: bool = False
     # NVML's value type for the NVLink and PCIe counters (a 32-bit one wraps at 2**32).
     counter_value_type: int = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
     has_power: bool = True
@@ -105,6 +108,7 @@ class FakeNvml:
     NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
     NVML_SUCCESS = NVML_SUCCESS
     NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_INVALID_ARGUMENT = NVML_ERROR_INVALID_ARGUMENT
     NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
     NVML_CLOCK_GRAPHICS = NVML_CLOCK_GRAPHICS
     NVML_CLOCK_SM = NVML_CLOCK_SM
@@ -199,6 +203,10 @@ class FakeNvml:
                 supported, raw = gpu.has_nvlink, gpu.nvlink_tx_kib
             elif field_id == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
                 supported, raw = gpu.has_nvlink, gpu.nvlink_rx_kib
+            elif field_id in (NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_FI_DEV_PCIE_COUNT_RX_BYTES) \
+                    and gpu.pcie_fields_unknown:
+                value.nvmlReturn = NVML_ERROR_INVALID_ARGUMENT
+                continue
             elif field_id == NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
                 supported, raw = gpu.has_pcie_counters, gpu.pcie_tx_bytes
             elif field_id == NVML_FI_DEV_PCIE_COUNT_RX_BYTES:

@@ -13,7 +13,7 @@
  *   FAKE_LIBNVML_FAILING     comma-separated indexes that answer NVML_ERROR_GPU_IS_LOST
  *   FAKE_LIBNVML_NO_NVLINK   indexes whose NVLink fields answer NVML_ERROR_NOT_SUPPORTED
  *   FAKE_LIBNVML_NO_POWER    indexes whose power reading answers NVML_ERROR_NOT_SUPPORTED
- * fakeNvmlResetDevice(index) zeroes one GPU's NVLink counters (a device reset).
+ * fakeNvmlResetDevice(index) zeroes one GPU's NVLink and PCIe counters (a device reset).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +155,8 @@ void fakeNvmlResetDevice(unsigned int index) {
     if (index < MAX_GPUS) {
         gpus[index].nvlink_tx_kib = 0;
         gpus[index].nvlink_rx_kib = 0;
+        gpus[index].pcie_tx_bytes = 0;
+        gpus[index].pcie_rx_bytes = 0;
     }
 }
 
