@@ -97,6 +97,7 @@ class NodePoller:
         self._device_label = BoundedLabel(max_devices)
         self._gpu_label = BoundedLabel(max_devices)
         self._nic_state: dict[str, _NicState] = {}
+        self._other_nics: set[str] = set()  # devices folded into the "other" label
         self.push_errors = 0.0
 
     @property
@@ -133,6 +134,8 @@ class NodePoller:
                 if len(states) >= MAX_TRACKED_NICS:
                     continue
                 states[device] = state = _NicState((self._device_label(device),))
+                if state.labels[0] == other:
+                    self._other_nics.add(device)
             before = state.totals
             state.totals = totals = state.counters.update(raws)
             labels = state.labels
@@ -145,6 +148,14 @@ class NodePoller:
             packets = totals[3] - before[3]
             tx_packet = (totals[1] - before[1]) / packets if packets else 0.0
             rows.append((labels, totals, rx_packet, tx_packet))
+        if self._other_nics:
+            # The "other" series sums several devices; one that vanished keeps adding
+            # what it had counted, so the sum never goes backwards.
+            gone = self._other_nics.difference(device for device, _ in readings)
+            for device in gone:
+                state = states[device]
+                if state.totals is not None:
+                    rows.append((state.labels, state.totals, None, None))
         return rows
 
     def _add_engines(self, points: Points, now: float) -> None:

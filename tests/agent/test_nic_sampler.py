@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,12 @@ def test_device_label_is_bounded(tmp_path: Path) -> None:
     devices = {labels[0] for labels in snap.points[mn.NODE_NET_RX_BYTES]}
     assert len(devices) == 9  # 8 admitted + "other"
     assert snap.get(mn.NODE_NET_RX_BYTES, (mn.OTHER_LABEL_VALUE,)) == 4
+
+
+def test_other_never_goes_backwards_when_a_folded_device_vanishes(tmp_path: Path) -> None:
+    for number in range(10):
+        write_device(tmp_path, f"eth{number:02d}", rx_bytes=5)
+    poller = poller_for(NicSampler(source="sysfs", sysfs_root=tmp_path))
+    assert poller.poll().get(mn.NODE_NET_RX_BYTES, (mn.OTHER_LABEL_VALUE,)) == 10
+    shutil.rmtree(tmp_path / "class" / "net" / "eth09")
+    assert poller.poll().get(mn.NODE_NET_RX_BYTES, (mn.OTHER_LABEL_VALUE,)) == 10
