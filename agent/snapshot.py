@@ -19,11 +19,9 @@ from typing import Any
 from tokenpath.labels import BoundedLabel
 from tokenpath.metric_names import MetricSpec
 
-LabelValues = tuple[str, ...]
-
-
 logger = logging.getLogger(__name__)
 
+LabelValues = tuple[str, ...]
 Points = dict[MetricSpec, dict[LabelValues, float]]
 Deferred = Callable[[Points], None]
 
