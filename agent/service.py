@@ -8,6 +8,7 @@ flushes a last push and releases NVML.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -126,6 +127,19 @@ class AgentService:
         self._loop = threading.Thread(target=self._run, name="tokenpath-agent-poll",
                                       daemon=True)
         self._loop.start()
+
+    @staticmethod
+    def settle_heap() -> None:
+        """Collects the start-up garbage once and freezes what survives (``gc.freeze``),
+        for the process that runs the agent, after :meth:`start`.
+
+        Importing the agent's libraries leaves ~50k tracked objects. Left alone, the
+        first full collection after start walks all of them (about 90 ms of CPU here);
+        frozen, later collections only see what the agent allocates while it runs. Not
+        called by :meth:`start` itself: freezing is a choice for the whole process, so
+        an application embedding the agent makes it."""
+        gc.collect()
+        gc.freeze()
 
     def shutdown(self) -> None:
         """Stop polling, flush the newest snapshot to the collector, release NVML."""

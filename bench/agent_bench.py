@@ -216,6 +216,7 @@ def _child(listen: str, engines: list[str], collector: str, interval: float,
     signal.signal(signal.SIGUSR1,
                   lambda *_: print(f"{CPU_LINE} {time.process_time()!r}", flush=True))
     service.start()
+    service.settle_heap()  # as `tokenpath agent` does after start
     if not service.nvml_sampler.up:
         raise SystemExit(f"bench agent: NVML did not initialise: {service.nvml_sampler.init_error}")
     print(f"{READY_LINE} {service.listen_port}", flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -265,3 +266,12 @@ def test_polling_never_spawns_a_process(monkeypatch: pytest.MonkeyPatch,
     finally:
         agent.shutdown()
     assert snapshot.get(mn.GPU_UTILIZATION, ("0",)) == 0.5
+
+
+def test_settle_heap_freezes_what_start_up_left() -> None:
+    AgentService.settle_heap()
+    try:
+        assert gc.get_freeze_count() > 0
+        assert gc.get_count()[0] < 100  # the start-up garbage was collected first
+    finally:
+        gc.unfreeze()

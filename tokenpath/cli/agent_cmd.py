@@ -72,6 +72,7 @@ def register(app: typer.Typer) -> None:
         except OSError as exc:
             service.shutdown()
             fail(f"--listen {agent_config.listen}: {exc.strerror or exc}")
+        service.settle_heap()
         nvml = service.nvml_sampler
         console.print(
             f"tokenpath agent on http://{agent_config.listen}/metrics "
