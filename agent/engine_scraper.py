@@ -1,12 +1,14 @@
 """Scrapes engine /metrics endpoints (vLLM, SGLang) and normalizes them.
 
-Each poll fetches every configured URL with the injected HTTP client, keeps only the
-lines whose name is in :mod:`tokenpath.agent.engine_names`, parses them
+A fetch requests every configured URL together with the injected HTTP client
+(:meth:`EngineScraper.begin`) and reads the pages afterwards (:meth:`EngineScraper.collect`;
+:meth:`EngineScraper.read` does both at once). It keeps only the lines whose name is in
+:mod:`tokenpath.agent.engine_names`, parses them
 (:mod:`tokenpath.agent.prom_text`) and folds them into
 tokenpath's ``engine, model`` series. Counters are made monotonic per source series, so
 an engine restart never makes a total go backwards; a dead endpoint is counted in
 ``scrape_errors{source="engine:<host:port>"}``, keeps its last counter totals, drops
-its gauges, and is tried again next poll.
+its gauges, and is tried again at the next fetch.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tokenpath.agent.engine_names import (
     UNKNOWN_MODEL,
     EngineMetricRule,
 )
-from tokenpath.agent.http_fetch import HttpClient
+from tokenpath.agent.http_fetch import HttpClient, HttpResponse, PendingResponse, begin_get
 from tokenpath.agent.monotonic import MonotonicCounters
 from tokenpath.agent.prom_text import iter_samples
 from tokenpath.agent.snapshot import ErrorCounts, LabelValues
@@ -43,6 +45,12 @@ EngineKey = tuple[MetricSpec, LabelValues]
 
 class EngineScrapeError(Exception):
     """An engine endpoint answered, but not with a page."""
+
+
+def _page_text(response: HttpResponse) -> str:
+    if response.status_code != HTTP_OK:
+        raise EngineScrapeError(f"HTTP {response.status_code}")
+    return response.text
 
 
 def endpoint_source(url: str) -> str:
@@ -89,6 +97,7 @@ class EngineScraper:
         self._client = client
         self._model_label = model_label
         self._accumulators = MonotonicCounters(MAX_ENGINE_SOURCE_SERIES)
+        self._pending: list[PendingResponse] | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -98,13 +107,40 @@ class EngineScraper:
     def restarts_seen(self) -> int:
         return self._accumulators.resets
 
+    @property
+    def pending(self) -> bool:
+        """Whether requests were sent (:meth:`begin`) and their pages not yet read."""
+        return self._pending is not None
+
+    def begin(self) -> None:
+        """Sends every endpoint's request now; :meth:`collect` reads the pages."""
+        self.cancel()
+        self._pending = [begin_get(self._client, endpoint.url) for endpoint in self._endpoints]
+
+    def cancel(self) -> None:
+        """Drops requests sent and not read (at shutdown)."""
+        pending, self._pending = self._pending, None
+        for request in pending or ():
+            request.cancel()
+
     def read(self, errors: ErrorCounts) -> EngineReadings:
+        """Requests every page and reads them now."""
+        self.begin()
+        return self.collect(errors)
+
+    def collect(self, errors: ErrorCounts) -> EngineReadings:
+        """Reads the pages requested by :meth:`begin` (requesting them now if it was not
+        called) and folds them into readings; failures are counted in ``errors``."""
+        if self._pending is None:
+            self.begin()
+        pending, self._pending = self._pending, None
+        assert pending is not None
         readings = EngineReadings()
         gauge_parts: dict[EngineKey, list[float]] = {}
         mean_keys: set[EngineKey] = set()
-        for endpoint in self._endpoints:
+        for endpoint, request in zip(self._endpoints, pending, strict=True):
             try:
-                text = self._fetch(endpoint.url)
+                text = _page_text(request.result())
                 gauges = self._parse(endpoint, text, mean_keys)
             except Exception as exc:
                 errors.count(endpoint.source)
@@ -121,12 +157,6 @@ class EngineScraper:
             combined = sum(values)
             readings.gauges[key] = combined / len(values) if key in mean_keys else combined
         return readings
-
-    def _fetch(self, url: str) -> str:
-        response = self._client.get(url)
-        if response.status_code != HTTP_OK:
-            raise EngineScrapeError(f"HTTP {response.status_code}")
-        return response.text
 
     def _parse(
         self, endpoint: _EndpointState, text: str, mean_keys: set[EngineKey]

@@ -4,6 +4,13 @@ The agent makes a few requests per second forever (engine /metrics pages, OTLP p
 so per-request CPU matters: on the bench machine an ``httpx.Client`` GET of a vLLM page
 cost ~1.9 ms of CPU against ~0.6 ms here (see docs/agent.md). Anything with the same
 ``get``/``post``/``close`` shape can be injected instead, ``httpx.Client`` included.
+
+A GET can also be split in two (:func:`begin_get`): the request is sent now and its
+response read later. The engine scraper sends every engine's request together at one
+poll and reads the answers at the next, so the poll thread never sleeps waiting for an
+engine to render its page (each such wait is a thread wake-up, and on a shared VM a
+wake-up costs milliseconds of CPU). Clients without ``begin_get`` (``httpx.Client``)
+complete the request at once.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
+
+OriginKey = tuple[str, str, int]
 
 
 class HttpResponse(Protocol):
@@ -33,6 +42,19 @@ class HttpClient(Protocol):
     def close(self) -> None: ...
 
 
+class PendingResponse(Protocol):
+    """A request sent and not yet read."""
+
+    def result(self) -> HttpResponse:
+        """Reads the response (waiting for it if it has not arrived); raises what the
+        request raised. Call once."""
+        ...
+
+    def cancel(self) -> None:
+        """Drops the request unread and closes its connection."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class FetchResponse:
     status_code: int
@@ -43,12 +65,56 @@ class FetchResponse:
         return self.body.decode("utf-8", "replace")
 
 
+class CompletedResponse:
+    """A request already answered, or already failed, when it was begun."""
+
+    __slots__ = ("_error", "_response")
+
+    def __init__(self, response: HttpResponse | None = None,
+                 error: Exception | None = None) -> None:
+        self._response = response
+        self._error = error
+
+    def result(self) -> HttpResponse:
+        if self._error is not None:
+            raise self._error
+        assert self._response is not None
+        return self._response
+
+    def cancel(self) -> None:
+        pass
+
+
+def begin_get(client: HttpClient, url: str) -> PendingResponse:
+    """Sends a GET for ``url`` now; ``result()`` reads its response. A client without
+    ``begin_get`` of its own makes the whole request here."""
+    begin = getattr(client, "begin_get", None)
+    if begin is not None:
+        pending: PendingResponse = begin(url)
+        return pending
+    try:
+        return CompletedResponse(client.get(url))
+    except Exception as exc:
+        return CompletedResponse(error=exc)
+
+
+def _origin_and_target(url: str) -> tuple[OriginKey, str]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    target = parts.path or "/"
+    if parts.query:
+        target += "?" + parts.query
+    return (parts.scheme, parts.hostname, port), target
+
+
 class KeepAliveHttpClient:
     """One persistent connection per origin; a broken connection is reopened once."""
 
     def __init__(self, timeout: float) -> None:
         self._timeout = timeout
-        self._connections: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+        self._connections: dict[OriginKey, http.client.HTTPConnection] = {}
         self._lock = threading.Lock()
 
     def get(self, url: str) -> FetchResponse:
@@ -57,16 +123,42 @@ class KeepAliveHttpClient:
     def post(self, url: str, *, content: bytes, headers: dict[str, str]) -> FetchResponse:
         return self._request("POST", url, content, headers)
 
+    def begin_get(self, url: str) -> PendingResponse:
+        """Sends a GET now on the origin's kept-alive connection (taken out of the pool
+        until its response is read) or a new one. Failures surface from ``result()``."""
+        try:
+            key, target = _origin_and_target(url)
+        except ValueError as exc:
+            return CompletedResponse(error=exc)
+        with self._lock:
+            connection = self._connections.pop(key, None)
+        fresh = connection is None
+        try:
+            if connection is None:
+                connection = self._connect(*key)
+            connection.request("GET", target)
+        except (OSError, http.client.HTTPException) as exc:
+            if connection is not None:
+                connection.close()
+            if fresh:
+                return CompletedResponse(error=exc)
+            try:  # the server had closed the kept-alive connection: retry once, now
+                return CompletedResponse(self.get(url))
+            except Exception as retry_error:
+                return CompletedResponse(error=retry_error)
+        return _PendingGet(self, url, key, connection, fresh)
+
+    def _release(self, key: OriginKey, connection: http.client.HTTPConnection) -> None:
+        """Back into the pool after a split request, unless the origin has another."""
+        with self._lock:
+            if key not in self._connections:
+                self._connections[key] = connection
+                return
+        connection.close()
+
     def _request(self, method: str, url: str, body: bytes | None,
                  headers: dict[str, str]) -> FetchResponse:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {url!r}")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        key = (parts.scheme, parts.hostname, port)
-        target = parts.path or "/"
-        if parts.query:
-            target += "?" + parts.query
+        key, target = _origin_and_target(url)
         with self._lock:
             for attempt in (0, 1):
                 connection = self._connections.get(key)
@@ -100,3 +192,42 @@ class KeepAliveHttpClient:
             for connection in self._connections.values():
                 connection.close()
             self._connections.clear()
+
+
+class _PendingGet:
+    """A GET sent on a connection the client lent out; ``result()`` reads the answer and
+    returns the connection to the pool."""
+
+    __slots__ = ("_client", "_connection", "_fresh", "_key", "_url")
+
+    def __init__(self, client: KeepAliveHttpClient, url: str, key: OriginKey,
+                 connection: http.client.HTTPConnection, fresh: bool) -> None:
+        self._client = client
+        self._url = url
+        self._key = key
+        self._connection: http.client.HTTPConnection | None = connection
+        self._fresh = fresh
+
+    def result(self) -> HttpResponse:
+        connection = self._connection
+        if connection is None:
+            raise RuntimeError("response already read or cancelled")
+        self._connection = None
+        try:
+            response = connection.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException):
+            connection.close()
+            if self._fresh:
+                raise
+            return self._client.get(self._url)  # the server had closed it: retry once
+        if response.will_close:
+            connection.close()
+        else:
+            self._client._release(self._key, connection)
+        return FetchResponse(response.status, data)
+
+    def cancel(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()

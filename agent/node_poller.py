@@ -7,7 +7,10 @@ counts and the bounded label sets. It runs every second forever, so it only reco
 row per GPU and per NIC; the snapshot turns rows into series when it is first read
 (measured against the raw calls in ``bench/agent_bench.py``). Engine pages are fetched at
 most every ``engine_interval``: their counters are cumulative, and fetching a serving
-engine's /metrics every second would load the engine it observes.
+engine's /metrics every second would load the engine it observes. A fetch is split over
+two polls: the poll it falls due at sends every engine's request, the next one reads the
+pages, so the poll thread never waits for an engine to render (the first poll, and a
+poller's ``--once`` poll, read them at once).
 """
 
 from __future__ import annotations
@@ -159,10 +162,16 @@ class NodePoller:
         return rows
 
     def _add_engines(self, points: Points, now: float) -> None:
-        assert self._engines is not None
+        engines = self._engines
+        assert engines is not None
+        if engines.pending:  # requested at the previous poll: read the pages now
+            self._engine_readings = engines.collect(self.errors)
         readings = self._engine_readings
-        if readings is None or now >= self._engine_due:
-            self._engine_readings = readings = self._engines.read(self.errors)
+        if readings is None:  # the first poll reads them at once
+            self._engine_readings = readings = engines.read(self.errors)
+            self._engine_due = now + self._engine_interval * ENGINE_DUE_SHARE
+        elif now >= self._engine_due:  # the next poll reads what is requested now
+            engines.begin()
             self._engine_due = now + self._engine_interval * ENGINE_DUE_SHARE
         for (spec, labels), value in readings.counters.items():
             add_point(points, spec, labels, value)
@@ -170,3 +179,8 @@ class NodePoller:
             add_point(points, spec, labels, value)
         for source, up in readings.up.items():
             add_point(points, mn.ENGINE_UP, (source,), up)
+
+    def shutdown(self) -> None:
+        """Drops engine requests sent and not yet read."""
+        if self._engines is not None:
+            self._engines.cancel()

@@ -159,6 +159,7 @@ class AgentService:
             self._push_client.close()
         if self._started:
             self.registry.unregister(self._collector)
+        self.poller.shutdown()
         self.nvml_sampler.shutdown()
         if self._owns_client:
             self._client.close()

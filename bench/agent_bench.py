@@ -10,9 +10,11 @@ pure-Python fake module (``tests/fakes/fake_nvml.py``) and say so in ``nvml``.
 - ``cpu_share``: ``tokenpath agent`` logic (AgentService with 8 GPUs, real psutil, one
   vLLM-format and one SGLang-format engine page on loopback fetched every
   ``engine_interval``, OTLP push to a loopback sink at the default push interval) runs
-  in a child process at 1 Hz for ~20 s while this process scrapes its /metrics (every
-  15 s; then every 1 s; then every 15 s with the engine pages fetched every poll); the
-  child's CPU clock over wall time is its share of one core. Target <= 0.005.
+  in a child process at 1 Hz while this process scrapes its /metrics every 15 s; the
+  child's CPU clock over wall time is its share of one core. Target <= 0.005. Two
+  baselines run in windows of their own, alternating with the agent's: a process making
+  only the raw psutil and NVML calls of a poll at 1 Hz, and one that only wakes at 1 Hz.
+  Then, agent only: a scrape every second, and the engine pages fetched every poll.
 - ``poll_cost_ratio``: one poll (NVML + NIC part) against the raw psutil and NVML calls
   that poll makes, timed alternately in this process. Target <= 1.5. A poll records
   rows; its snapshot builds series only when first read, so
@@ -20,15 +22,17 @@ pure-Python fake module (``tests/fakes/fake_nvml.py``) and say so in ``nvml``.
   push follows it) is reported beside it, and so is the ratio against the pure-Python
   fake module (``python_fake_module``).
 
-``python -m bench.agent_bench [--duration 20]`` prints the result as JSON.
+``python -m bench.agent_bench [--window 10]`` prints the result as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -57,12 +61,16 @@ from tokenpath.agent.service import AgentService
 CPU_SHARE_TARGET = 0.005
 POLL_COST_RATIO_TARGET = 1.5
 BENCH_GPUS = 8
-DEFAULT_DURATION_SECONDS = 20.0
+DEFAULT_WINDOW_SECONDS = 10.0
 PROMETHEUS_SCRAPE_SECONDS = 15.0
 WARMUP_SECONDS = 2.0
 PAGES = Path(__file__).resolve().parent.parent / "tests" / "agent" / "pages"
 READY_LINE = "ready"
 CPU_LINE = "cpu"
+# The processes whose CPU share is measured.
+AGENT = "agent"
+RAW_CALLS = "raw_calls"
+IDLE_WAKE = "idle_wake"
 
 
 def fake_gpus(count: int = BENCH_GPUS) -> FakeNvml:
@@ -209,12 +217,7 @@ def _child(listen: str, engines: list[str], collector: str, interval: float,
     # With real_pynvml, pynvml finds the fake libnvidia-ml.so.1 through LD_LIBRARY_PATH
     # (set by the parent), as it finds a driver's; otherwise the pure-Python fake module.
     service = AgentService(config) if real_pynvml else AgentService(config, nvml=fake_gpus())
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    # The parent reads this process's CPU clock (ns resolution) on SIGUSR1; psutil's
-    # cpu_times() only has clock-tick (10 ms) resolution.
-    signal.signal(signal.SIGUSR1,
-                  lambda *_: print(f"{CPU_LINE} {time.process_time()!r}", flush=True))
+    stop = _answer_signals()
     service.start()
     service.settle_heap()  # as `tokenpath agent` does after start
     if not service.nvml_sampler.up:
@@ -224,14 +227,21 @@ def _child(listen: str, engines: list[str], collector: str, interval: float,
     service.shutdown()
 
 
-def _baseline_child(interval: float, real_pynvml: bool) -> None:
-    """A process that makes only the raw psutil and NVML calls of a poll every
-    ``interval``: what sampling the node costs on this machine with no agent around it,
-    measured beside the agent."""
+def _answer_signals() -> threading.Event:
+    """SIGTERM sets the returned event; SIGUSR1 prints this process's CPU clock (ns
+    resolution; psutil's cpu_times() only has clock-tick, 10 ms, resolution)."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1,
                   lambda *_: print(f"{CPU_LINE} {time.process_time()!r}", flush=True))
+    return stop
+
+
+def _baseline_child(interval: float, real_pynvml: bool, calls: bool) -> None:
+    """A process that wakes every ``interval`` from the same kind of wait as the agent's
+    poll thread and makes the raw psutil and NVML calls of a poll (``calls``) or nothing
+    at all: what sampling the node, or merely waking, costs on this machine."""
+    stop = _answer_signals()
     if real_pynvml:
         import pynvml
 
@@ -239,11 +249,13 @@ def _baseline_child(interval: float, real_pynvml: bool) -> None:
     else:
         nvml = fake_gpus()
     nvml.nvmlInit()
-    raw = _raw_calls(nvml)
+    work = _raw_calls(nvml) if calls else (lambda: None)
+    gc.collect()
+    gc.freeze()  # as settle_heap() does for the agent
 
     def loop() -> None:
         while not stop.wait(interval):
-            raw()
+            work()
 
     threading.Thread(target=loop, daemon=True).start()
     print(f"{READY_LINE} 0", flush=True)
@@ -264,11 +276,11 @@ class _Child:
         self.port = int(line[1])
 
     def cpu(self) -> float:
-        """The child's CPU clock (ns resolution; psutil's cpu_times() has 10 ms ticks)."""
+        """The child's CPU clock in seconds."""
         self.process.send_signal(signal.SIGUSR1)
         reply = self._stdout.readline().split()
         if not reply or reply[0] != CPU_LINE:
-            raise RuntimeError(f"bench child answered {reply!r}")
+            raise RuntimeError(f"bench child {reply!r}")
         return float(reply[1])
 
     def stop(self) -> None:
@@ -276,96 +288,123 @@ class _Child:
         self.process.wait(timeout=30)
 
 
-def measure_cpu_share(duration: float = DEFAULT_DURATION_SECONDS, interval: float = 1.0,
-                      scrape_interval: float = 1.0, *, engines: bool = True,
-                      engine_interval: float = DEFAULT_ENGINE_INTERVAL_SECONDS,
-                      push: bool = True) -> dict[str, float]:
-    """The agent child's CPU share, with a child that makes only the raw calls of a poll
-    at the same interval, measured over the same window (``baseline_share_of_one_core``).
-    On a shared VM a thread that slept a second finds its caches cold, and the same
-    calls cost tens of times what they cost back to back."""
-    fixtures = _LoopbackFixtures()
+def _child_env_and_flags() -> tuple[dict[str, str], list[str]]:
+    """The children's environment, and ``--real-pynvml`` where the fake driver library
+    could be built (pynvml then finds it through LD_LIBRARY_PATH, as it finds a driver's)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
-    module = [sys.executable, "-m", "bench.agent_bench"]
-    command = [*module, "--child", "--listen", "127.0.0.1:0",
-               "--interval", str(interval), "--engine-interval", str(engine_interval)]
-    nvml_flags: list[str] = []
     try:
         library_dir = build_fake_libnvml()
     except CompilerMissing:
-        pass
-    else:
-        env.update(driver_env(BENCH_GPUS))
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            [str(library_dir), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])
-        nvml_flags.append("--real-pynvml")
-    command += nvml_flags
+        return env, []
+    env.update(driver_env(BENCH_GPUS))
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [str(library_dir), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])
+    return env, ["--real-pynvml"]
+
+
+def _measure_window(child: _Child, window: float, metrics_url: str | None,
+                    scrape_interval: float) -> tuple[float, float, int]:
+    """``(cpu seconds, wall seconds, scrapes)`` of ``child`` over ``window`` seconds,
+    scraping ``metrics_url`` (when given) every ``scrape_interval`` as Prometheus would."""
+    time.sleep(WARMUP_SECONDS)
+    scrapes = 0
+    with httpx.Client() as client:
+        cpu_start = child.cpu()
+        wall_start = time.monotonic()
+        wall_end = wall_start + window
+        next_scrape = wall_start
+        while (now := time.monotonic()) < wall_end:
+            if metrics_url is not None and now >= next_scrape:
+                client.get(metrics_url).raise_for_status()
+                scrapes += 1
+                next_scrape += scrape_interval
+            wake = min(next_scrape, wall_end) if metrics_url is not None else wall_end
+            time.sleep(max(0.0, wake - time.monotonic()))
+        cpu = child.cpu() - cpu_start
+        wall = time.monotonic() - wall_start
+    return cpu, wall, scrapes
+
+
+def measure_cpu_share(window: float = DEFAULT_WINDOW_SECONDS, rounds: int = 2,
+                      interval: float = 1.0,
+                      scrape_interval: float = PROMETHEUS_SCRAPE_SECONDS, *,
+                      engines: bool = True,
+                      engine_interval: float = DEFAULT_ENGINE_INTERVAL_SECONDS,
+                      push: bool = True, baselines: bool = True) -> dict[str, Any]:
+    """The agent child's CPU share of one core at ``interval``, median over ``rounds``
+    windows; with ``baselines``, also that of a process making only the raw calls of a
+    poll at the same interval (``raw_calls``) and of one that only wakes (``idle_wake``).
+
+    Each process runs alone in its window, in an order that alternates between rounds:
+    on this VM a process that wakes right after another Python process finds the
+    interpreter's shared code warm, so run side by side they lower each other's
+    figures, by a share that depends on their phase."""
+    fixtures = _LoopbackFixtures()
+    env, nvml_flags = _child_env_and_flags()
+    module = [sys.executable, "-m", "bench.agent_bench", "--interval", str(interval),
+              *nvml_flags]
+    commands = {AGENT: [*module, "--child", "--listen", "127.0.0.1:0",
+                        "--engine-interval", str(engine_interval)]}
     if push:
-        command += ["--collector", fixtures.base_url]
+        commands[AGENT] += ["--collector", fixtures.base_url]
     if engines:
-        command += ["--engine", fixtures.base_url + "/vllm",
-                    "--engine", fixtures.base_url + "/sglang"]
-    children: list[_Child] = []
+        commands[AGENT] += ["--engine", fixtures.base_url + "/vllm",
+                            "--engine", fixtures.base_url + "/sglang"]
+    if baselines:
+        commands[RAW_CALLS] = [*module, "--baseline-child"]
+        commands[IDLE_WAKE] = [*module, "--baseline-child", "--no-calls"]
+    shares: dict[str, list[float]] = {kind: [] for kind in commands}
+    scrapes = 0
     try:
-        agent = _Child(command, env)
-        children.append(agent)
-        baseline = _Child([*module, "--baseline-child", "--interval", str(interval),
-                           *nvml_flags], env)
-        children.append(baseline)
-        metrics_url = f"http://127.0.0.1:{agent.port}/metrics"
-        time.sleep(WARMUP_SECONDS)
-        process = psutil.Process(agent.process.pid)
-        with httpx.Client() as client:
-            cpu_start, baseline_start = agent.cpu(), baseline.cpu()
-            ticks_start = sum(process.cpu_times()[:2])
-            wall_start = time.monotonic()
-            wall_end = wall_start + duration
-            scrapes = 0
-            next_scrape = wall_start
-            while (now := time.monotonic()) < wall_end:
-                if now >= next_scrape:
-                    client.get(metrics_url).raise_for_status()  # as Prometheus would
-                    scrapes += 1
-                    next_scrape += scrape_interval
-                time.sleep(max(0.0, min(next_scrape, wall_end) - time.monotonic()))
-            cpu_end, baseline_end = agent.cpu(), baseline.cpu()
-            ticks_end = sum(process.cpu_times()[:2])
-            wall = time.monotonic() - wall_start
+        for round_index in range(rounds):
+            order = list(commands) if round_index % 2 == 0 else list(reversed(commands))
+            for kind in order:
+                child = _Child(commands[kind], env)
+                try:
+                    url = f"http://127.0.0.1:{child.port}/metrics" if kind == AGENT else None
+                    cpu, wall, scraped = _measure_window(child, window, url, scrape_interval)
+                finally:
+                    child.stop()
+                shares[kind].append(cpu / wall)
+                scrapes += scraped
     finally:
-        for child in children:
-            child.stop()
         fixtures.close()
-    cpu = cpu_end - cpu_start
-    return {"cpu_seconds": cpu, "wall_seconds": wall, "cpu_share_of_one_core": cpu / wall,
-            "cpu_share_psutil_ticks": (ticks_end - ticks_start) / wall,
-            "baseline_share_of_one_core": (baseline_end - baseline_start) / wall,
-            "scrape_interval_seconds": scrape_interval, "scrapes": float(scrapes),
-            "otlp_pushes": float(fixtures.pushes)}
+    result: dict[str, Any] = {
+        f"{kind}_share_of_one_core": statistics.median(values)
+        for kind, values in shares.items()
+    }
+    result.update(windows=shares, window_seconds=window,
+                  scrape_interval_seconds=scrape_interval, agent_scrapes=scrapes,
+                  otlp_pushes=fixtures.pushes)
+    return result
 
 
-def run(duration: float = DEFAULT_DURATION_SECONDS) -> dict[str, Any]:
+def run(window: float = DEFAULT_WINDOW_SECONDS) -> dict[str, Any]:
     """Both measurements with their targets (``cpu_percent_of_core`` and ``poll_ratio``
     are the figures ``python -m bench`` tabulates).
 
-    The CPU share is taken three times: at the defaults with one Prometheus scrape every
+    The CPU share is taken at the defaults with one Prometheus scrape every
     ``PROMETHEUS_SCRAPE_SECONDS`` (a common ServiceMonitor setting; the headline figure),
-    with one scrape every second, and with the engine pages fetched every poll instead of
-    every ``engine_interval`` (the last two are the pessimistic cases, reported beside).
+    alternating with the raw-calls and idle-wake processes over two rounds; then, agent
+    only, with one scrape every second and with the engine pages fetched every poll
+    instead of every ``engine_interval`` (the pessimistic cases, reported beside).
     """
-    typical = measure_cpu_share(duration, scrape_interval=PROMETHEUS_SCRAPE_SECONDS)
-    every_second = measure_cpu_share(duration, scrape_interval=1.0)
-    engines_every_poll = measure_cpu_share(duration, scrape_interval=PROMETHEUS_SCRAPE_SECONDS,
-                                           engine_interval=1.0)
+    typical = measure_cpu_share(window, rounds=2)
+    every_second = measure_cpu_share(window, rounds=1, scrape_interval=1.0, baselines=False)
+    engines_every_poll = measure_cpu_share(window, rounds=1, engine_interval=1.0,
+                                           baselines=False)
     cost = measure_poll_costs()
     return {
-        "cpu_percent_of_core": 100.0 * typical["cpu_share_of_one_core"],
+        "cpu_percent_of_core": 100.0 * typical["agent_share_of_one_core"],
         "cpu_percent_of_core_scrape_every_second":
-            100.0 * every_second["cpu_share_of_one_core"],
+            100.0 * every_second["agent_share_of_one_core"],
         "cpu_percent_of_core_engines_every_poll":
-            100.0 * engines_every_poll["cpu_share_of_one_core"],
-        # A process making only the raw calls at 1 Hz, over the same window as the headline.
-        "cpu_percent_of_core_raw_calls_1hz": 100.0 * typical["baseline_share_of_one_core"],
+            100.0 * engines_every_poll["agent_share_of_one_core"],
+        # Alone, in the windows alternating with the headline's: the raw calls of a poll
+        # at 1 Hz, and a process that only wakes at 1 Hz.
+        "cpu_percent_of_core_raw_calls_1hz": 100.0 * typical["raw_calls_share_of_one_core"],
+        "cpu_percent_of_core_idle_wake_1hz": 100.0 * typical["idle_wake_share_of_one_core"],
         "cpu_percent_target": 100.0 * CPU_SHARE_TARGET,
         "poll_ratio": cost["poll_cost_ratio"],
         "poll_ratio_target": POLL_COST_RATIO_TARGET,
@@ -378,9 +417,11 @@ def run(duration: float = DEFAULT_DURATION_SECONDS) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.agent_bench")
-    parser.add_argument("--duration", type=float, default=DEFAULT_DURATION_SECONDS)
+    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_SECONDS,
+                        help="seconds each CPU-share window lasts")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--baseline-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-calls", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--listen", default="127.0.0.1:0", help=argparse.SUPPRESS)
     parser.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
     parser.add_argument("--engine-interval", type=float,
@@ -390,13 +431,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--real-pynvml", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.baseline_child:
-        _baseline_child(args.interval, args.real_pynvml)
+        _baseline_child(args.interval, args.real_pynvml, calls=not args.no_calls)
         return
     if args.child:
         _child(args.listen, args.engine, args.collector, args.interval, args.engine_interval,
                args.real_pynvml)
         return
-    print(json.dumps(run(args.duration), indent=2))
+    print(json.dumps(run(args.window), indent=2))
 
 
 if __name__ == "__main__":

@@ -38,16 +38,33 @@ def render_sglang(**values: Any) -> str:
 
 
 class PageServer:
-    """Serves ``pages[path]`` as Prometheus text; records POST bodies per path."""
+    """Serves ``pages[path]`` as Prometheus text; records POST bodies per path.
 
-    def __init__(self) -> None:
+    With ``keep_alive`` it speaks HTTP/1.1 and keeps connections open (``connections``
+    counts those accepted); ``drop_idle`` then closes each connection after its first
+    response without saying so, as a server whose idle timeout passed."""
+
+    def __init__(self, *, keep_alive: bool = False) -> None:
         self.pages: dict[str, str] = {}
         self.posts: list[tuple[str, dict[str, str], bytes]] = []
         self.post_status = 200
+        self.connections = 0
+        self.drop_idle = False
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             disable_nagle_algorithm = True
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+            def setup(self) -> None:
+                super().setup()
+                owner.connections += 1
+
+            def end_headers(self) -> None:
+                super().end_headers()
+                if owner.drop_idle:
+                    self.close_connection = True
+
             def do_GET(self) -> None:
                 body = owner.pages.get(self.path)
                 if body is None:

@@ -196,6 +196,33 @@ def test_poller_fetches_engines_every_engine_interval_and_repeats_them_between(
         assert snapshot.get(*hits) == 100
         assert snapshot.get(mn.ENGINE_UP, (dead,)) == 0.0
     assert poller.errors.get(dead) == 1.0
+    now[0] += 1.0  # due: this poll sends the requests, the next one reads the pages
+    assert poller.poll().get(*hits) == 100
+    assert poller.errors.get(dead) == 1.0
+    page_server.pages["/vllm"] = render_vllm(hits=500)  # rendered after the request
     now[0] += 1.0
     assert poller.poll().get(*hits) == 300
     assert poller.errors.get(dead) == 2.0
+    now[0] += 1.0
+    assert poller.poll().get(*hits) == 300  # not due again until 5 s after the request
+
+
+def test_poller_with_engines_every_poll_reads_each_request_at_the_next_poll(
+        page_server: PageServer, client: httpx.Client) -> None:
+    now = [100.0]
+    page_server.pages["/vllm"] = render_vllm(hits=100)
+    poller = NodePoller(
+        nvml_sampler=NvmlSampler(None, lambda: now[0]),
+        nic_sampler=NicSampler(source="sysfs", sysfs_root="/nonexistent"),  # type: ignore[arg-type]
+        engine_scraper=scraper_for([page_server.url("/vllm")], client),
+        clock=lambda: now[0], wall_clock_ns=lambda: 1, max_devices=4, max_sources=8,
+        engine_interval=1.0)
+    hits = (mn.ENGINE_PREFIX_HIT_TOKENS, V)
+    assert poller.poll().get(*hits) == 100
+    for value in (200, 300, 400):
+        page_server.pages["/vllm"] = render_vllm(hits=value)
+        now[0] += 1.0
+        poller.poll()  # sends the request for this value (and reads the one before)
+        now[0] += 1.0
+        assert poller.poll().get(*hits) == value
+    poller.shutdown()  # drops the request the last poll sent

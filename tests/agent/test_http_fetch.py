@@ -1,0 +1,105 @@
+"""The agent's keep-alive HTTP client against real loopback servers, split GETs included."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.agent.conftest import PageServer
+from tokenpath.agent.http_fetch import CompletedResponse, KeepAliveHttpClient, begin_get
+
+TIMEOUT = 2.0
+
+
+@pytest.fixture
+def http11_server() -> Iterator[PageServer]:
+    server = PageServer(keep_alive=True)
+    server.pages["/a"] = "page a\n"
+    server.pages["/b"] = "page b\n"
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def client() -> Iterator[KeepAliveHttpClient]:
+    client = KeepAliveHttpClient(TIMEOUT)
+    yield client
+    client.close()
+
+
+def test_gets_reuse_one_kept_alive_connection(http11_server: PageServer,
+                                              client: KeepAliveHttpClient) -> None:
+    for _ in range(3):
+        assert client.get(http11_server.url("/a")).text == "page a\n"
+    assert http11_server.connections == 1
+
+
+def test_split_gets_sent_together_and_read_later(http11_server: PageServer,
+                                                 client: KeepAliveHttpClient) -> None:
+    first = begin_get(client, http11_server.url("/a"))
+    second = begin_get(client, http11_server.url("/b"))  # same origin: its own connection
+    missing = begin_get(client, http11_server.url("/nothing"))
+    assert second.result().text == "page b\n"
+    assert first.result().text == "page a\n"
+    assert missing.result().status_code == 404
+    assert http11_server.connections == 3
+    # Read connections go back to the pool, one per origin; the others are closed.
+    assert client.get(http11_server.url("/a")).text == "page a\n"
+    assert http11_server.connections == 3
+
+
+def test_split_get_reuses_the_pooled_connection(http11_server: PageServer,
+                                                client: KeepAliveHttpClient) -> None:
+    client.get(http11_server.url("/a"))
+    for _ in range(3):
+        assert begin_get(client, http11_server.url("/b")).result().text == "page b\n"
+    assert http11_server.connections == 1
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_connection_the_server_dropped_is_retried_once(
+        http11_server: PageServer, client: KeepAliveHttpClient, split: bool) -> None:
+    http11_server.drop_idle = True
+    assert client.get(http11_server.url("/a")).text == "page a\n"
+    # The client still holds the connection the server has closed.
+    response = (begin_get(client, http11_server.url("/b")).result() if split
+                else client.get(http11_server.url("/b")))
+    assert response.text == "page b\n"
+    assert http11_server.connections == 2
+
+
+def test_a_dead_endpoint_fails_from_result(dead_url: str,
+                                           client: KeepAliveHttpClient) -> None:
+    pending = begin_get(client, dead_url)
+    with pytest.raises(ConnectionRefusedError):
+        pending.result()
+
+
+def test_a_bad_url_fails_from_result(client: KeepAliveHttpClient) -> None:
+    with pytest.raises(ValueError, match="not an http"):
+        begin_get(client, "ftp://example/metrics").result()
+
+
+def test_result_is_read_once_and_cancel_closes(http11_server: PageServer,
+                                               client: KeepAliveHttpClient) -> None:
+    pending = begin_get(client, http11_server.url("/a"))
+    assert pending.result().status_code == 200
+    with pytest.raises(RuntimeError, match="already read"):
+        pending.result()
+    cancelled = begin_get(client, http11_server.url("/b"))
+    cancelled.cancel()
+    with pytest.raises(RuntimeError):
+        cancelled.result()
+
+
+def test_a_client_without_split_requests_completes_at_once(
+        http11_server: PageServer, dead_url: str) -> None:
+    with httpx.Client(timeout=TIMEOUT) as plain:
+        pending = begin_get(plain, http11_server.url("/a"))
+        assert isinstance(pending, CompletedResponse)
+        assert pending.result().text == "page a\n"
+        failed = begin_get(plain, dead_url)
+        with pytest.raises(httpx.ConnectError):
+            failed.result()
