@@ -22,6 +22,9 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 OriginKey = tuple[str, str, int]
+# Idle kept-alive connections kept per origin (several engines may share a host:port
+# behind one path each, and their requests are in flight together).
+MAX_IDLE_PER_ORIGIN = 8
 
 
 class HttpResponse(Protocol):
@@ -110,11 +113,12 @@ def _origin_and_target(url: str) -> tuple[OriginKey, str]:
 
 
 class KeepAliveHttpClient:
-    """One persistent connection per origin; a broken connection is reopened once."""
+    """Kept-alive connections per origin, each used by one request at a time; a kept-alive
+    connection the server has closed is retried once on a new one."""
 
     def __init__(self, timeout: float) -> None:
         self._timeout = timeout
-        self._connections: dict[OriginKey, http.client.HTTPConnection] = {}
+        self._idle: dict[OriginKey, list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
 
     def get(self, url: str) -> FetchResponse:
@@ -124,22 +128,18 @@ class KeepAliveHttpClient:
         return self._request("POST", url, content, headers)
 
     def begin_get(self, url: str) -> PendingResponse:
-        """Sends a GET now on the origin's kept-alive connection (taken out of the pool
-        until its response is read) or a new one. Failures surface from ``result()``."""
+        """Sends a GET now on an idle kept-alive connection to the origin, or a new one,
+        which stays out of the pool until its response is read. Failures surface from
+        ``result()``."""
         try:
             key, target = _origin_and_target(url)
         except ValueError as exc:
             return CompletedResponse(error=exc)
-        with self._lock:
-            connection = self._connections.pop(key, None)
-        fresh = connection is None
+        connection, fresh = self._take(key)
         try:
-            if connection is None:
-                connection = self._connect(*key)
             connection.request("GET", target)
         except (OSError, http.client.HTTPException) as exc:
-            if connection is not None:
-                connection.close()
+            connection.close()
             if fresh:
                 return CompletedResponse(error=exc)
             try:  # the server had closed the kept-alive connection: retry once, now
@@ -148,38 +148,42 @@ class KeepAliveHttpClient:
                 return CompletedResponse(error=retry_error)
         return _PendingGet(self, url, key, connection, fresh)
 
-    def _release(self, key: OriginKey, connection: http.client.HTTPConnection) -> None:
-        """Back into the pool after a split request, unless the origin has another."""
+    def _take(self, key: OriginKey) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle connection to the origin, or a new one (``fresh``)."""
         with self._lock:
-            if key not in self._connections:
-                self._connections[key] = connection
+            idle = self._idle.get(key)
+            if idle:
+                return idle.pop(), False
+        return self._connect(*key), True
+
+    def _release(self, key: OriginKey, connection: http.client.HTTPConnection) -> None:
+        """Back into the pool once its response is read, unless the pool is full."""
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            if len(idle) < MAX_IDLE_PER_ORIGIN:
+                idle.append(connection)
                 return
         connection.close()
 
     def _request(self, method: str, url: str, body: bytes | None,
                  headers: dict[str, str]) -> FetchResponse:
         key, target = _origin_and_target(url)
-        with self._lock:
-            for attempt in (0, 1):
-                connection = self._connections.get(key)
-                fresh = connection is None
-                if connection is None:
-                    connection = self._connect(*key)
-                    self._connections[key] = connection
-                try:
-                    connection.request(method, target, body=body, headers=headers)
-                    response = connection.getresponse()
-                    data = response.read()
-                except (OSError, http.client.HTTPException):
-                    connection.close()
-                    del self._connections[key]
-                    if fresh or attempt == 1:
-                        raise
-                    continue  # a kept-alive connection the server had closed: retry once
-                if response.will_close:
-                    connection.close()
-                    del self._connections[key]
-                return FetchResponse(response.status, data)
+        for attempt in (0, 1):
+            connection, fresh = self._take(key)
+            try:
+                connection.request(method, target, body=body, headers=headers)
+                response = connection.getresponse()
+                data = response.read()
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                if fresh or attempt == 1:
+                    raise
+                continue  # a kept-alive connection the server had closed: retry once
+            if response.will_close:
+                connection.close()
+            else:
+                self._release(key, connection)
+            return FetchResponse(response.status, data)
         raise AssertionError("unreachable")
 
     def _connect(self, scheme: str, host: str, port: int) -> http.client.HTTPConnection:
@@ -189,9 +193,10 @@ class KeepAliveHttpClient:
 
     def close(self) -> None:
         with self._lock:
-            for connection in self._connections.values():
-                connection.close()
-            self._connections.clear()
+            idle = [connection for pool in self._idle.values() for connection in pool]
+            self._idle.clear()
+        for connection in idle:
+            connection.close()
 
 
 class _PendingGet:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from string import Template
@@ -50,6 +50,7 @@ class PageServer:
         self.post_status = 200
         self.connections = 0
         self.drop_idle = False
+        self.before_get: Callable[[], object] | None = None  # runs before each GET answer
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -66,6 +67,8 @@ class PageServer:
                     self.close_connection = True
 
             def do_GET(self) -> None:
+                if owner.before_get is not None:
+                    owner.before_get()
                 body = owner.pages.get(self.path)
                 if body is None:
                     self.send_response(404)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import pytest
 
@@ -14,6 +16,7 @@ from tokenpath.agent.engine_names import (
     SOURCE_LINE_PREFIXES,
 )
 from tokenpath.agent.engine_scraper import EngineScraper, endpoint_source
+from tokenpath.agent.http_fetch import HttpClient, KeepAliveHttpClient
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.node_poller import NodePoller
 from tokenpath.agent.nvml_sampler import NvmlSampler
@@ -33,7 +36,7 @@ def client() -> httpx.Client:
         yield client  # type: ignore[misc]
 
 
-def scraper_for(urls: list[str], client: httpx.Client, max_models: int = 8) -> EngineScraper:
+def scraper_for(urls: list[str], client: HttpClient, max_models: int = 8) -> EngineScraper:
     return EngineScraper(urls, client, model_label=BoundedLabel(max_models))
 
 
@@ -226,3 +229,24 @@ def test_poller_with_engines_every_poll_reads_each_request_at_the_next_poll(
         now[0] += 1.0
         assert poller.poll().get(*hits) == value
     poller.shutdown()  # drops the request the last poll sent
+
+
+def test_engine_requests_are_in_flight_together(page_server: PageServer) -> None:
+    """Each engine answers only once all of them have been asked: fetched one after
+    another, the first would wait out its timeout; sent together, all answer."""
+    engines = 4
+    arrived = threading.Barrier(engines, timeout=10.0)
+    page_server.before_get = arrived.wait
+    for index in range(engines):
+        page_server.pages[f"/e{index}"] = render_vllm(model=f"m{index}", hits=index)
+    urls = [page_server.url(f"/e{index}") for index in range(engines)]
+    client = KeepAliveHttpClient(timeout=5.0)
+    try:
+        errors = ErrorCounts(16)
+        readings = scraper_for(urls, client).read(errors)
+    finally:
+        client.close()
+    assert errors.items() == []
+    assert set(readings.up.values()) == {1.0}
+    assert sum(value for (spec, _), value in readings.counters.items()
+               if spec is mn.ENGINE_PREFIX_HIT_TOKENS) == sum(range(engines))

@@ -8,7 +8,12 @@ import httpx
 import pytest
 
 from tests.agent.conftest import PageServer
-from tokenpath.agent.http_fetch import CompletedResponse, KeepAliveHttpClient, begin_get
+from tokenpath.agent.http_fetch import (
+    MAX_IDLE_PER_ORIGIN,
+    CompletedResponse,
+    KeepAliveHttpClient,
+    begin_get,
+)
 
 TIMEOUT = 2.0
 
@@ -45,9 +50,26 @@ def test_split_gets_sent_together_and_read_later(http11_server: PageServer,
     assert first.result().text == "page a\n"
     assert missing.result().status_code == 404
     assert http11_server.connections == 3
-    # Read connections go back to the pool, one per origin; the others are closed.
-    assert client.get(http11_server.url("/a")).text == "page a\n"
+    # Read connections go back to the pool and serve the next round of requests.
+    again = [begin_get(client, http11_server.url(path)) for path in ("/a", "/b", "/a")]
+    assert [pending.result().text for pending in again] == ["page a\n", "page b\n",
+                                                            "page a\n"]
     assert http11_server.connections == 3
+
+
+def test_the_pool_keeps_a_bounded_number_of_idle_connections(
+        http11_server: PageServer, client: KeepAliveHttpClient) -> None:
+    pending = [begin_get(client, http11_server.url("/a"))
+               for _ in range(MAX_IDLE_PER_ORIGIN + 2)]
+    for request in pending:
+        assert request.result().status_code == 200
+    assert http11_server.connections == MAX_IDLE_PER_ORIGIN + 2
+    again = [begin_get(client, http11_server.url("/a"))
+             for _ in range(MAX_IDLE_PER_ORIGIN + 2)]
+    for request in again:
+        request.result()
+    # Only MAX_IDLE_PER_ORIGIN were kept, so two new connections were opened.
+    assert http11_server.connections == MAX_IDLE_PER_ORIGIN + 4
 
 
 def test_split_get_reuses_the_pooled_connection(http11_server: PageServer,
