@@ -120,6 +120,7 @@ class KeepAliveHttpClient:
         self._timeout = timeout
         self._idle: dict[OriginKey, list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
+        self._closed = False
 
     def get(self, url: str) -> FetchResponse:
         return self._request("GET", url, None, {})
@@ -159,10 +160,11 @@ class KeepAliveHttpClient:
     def _release(self, key: OriginKey, connection: http.client.HTTPConnection) -> None:
         """Back into the pool once its response is read, unless the pool is full."""
         with self._lock:
-            idle = self._idle.setdefault(key, [])
-            if len(idle) < MAX_IDLE_PER_ORIGIN:
-                idle.append(connection)
-                return
+            if not self._closed:
+                idle = self._idle.setdefault(key, [])
+                if len(idle) < MAX_IDLE_PER_ORIGIN:
+                    idle.append(connection)
+                    return
         connection.close()
 
     def _request(self, method: str, url: str, body: bytes | None,
@@ -192,7 +194,9 @@ class KeepAliveHttpClient:
         return http.client.HTTPConnection(host, port, timeout=self._timeout)
 
     def close(self) -> None:
+        """Closes the idle connections; one in use is closed when its request ends."""
         with self._lock:
+            self._closed = True
             idle = [connection for pool in self._idle.values() for connection in pool]
             self._idle.clear()
         for connection in idle:

@@ -125,3 +125,12 @@ def test_a_client_without_split_requests_completes_at_once(
         failed = begin_get(plain, dead_url)
         with pytest.raises(httpx.ConnectError):
             failed.result()
+
+
+def test_a_request_ending_after_close_does_not_keep_its_connection(
+        http11_server: PageServer) -> None:
+    client = KeepAliveHttpClient(TIMEOUT)
+    pending = begin_get(client, http11_server.url("/a"))
+    client.close()
+    assert pending.result().text == "page a\n"
+    assert client._idle == {}  # nothing kept open in a closed client
