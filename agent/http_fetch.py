@@ -7,8 +7,8 @@ cost ~1.9 ms of CPU against ~0.6 ms here (see docs/agent.md). Anything with the 
 
 A GET can also be split in two (:func:`begin_get`): the request is sent now and its
 response read later. The engine scraper sends every engine's request together at one
-poll and reads the answers at the next, so the poll thread never sleeps waiting for an
-engine to render its page (each such wait is a thread wake-up, and on a shared VM a
+poll and reads the answers at the next, so the poll thread does not sleep while an
+engine renders its page (each such wait is a thread wake-up, and on a shared VM a
 wake-up costs milliseconds of CPU). Clients without ``begin_get`` (``httpx.Client``)
 complete the request at once.
 """
@@ -25,6 +25,12 @@ OriginKey = tuple[str, str, int]
 # Idle kept-alive connections kept per origin (several engines may share a host:port
 # behind one path each, and their requests are in flight together).
 MAX_IDLE_PER_ORIGIN = 8
+# What a kept-alive connection the server has closed (idle timeout) fails with: the
+# request is sent once more on a new connection. A timeout is not among them.
+CLOSED_CONNECTION_ERRORS: tuple[type[Exception], ...] = (
+    http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+    ConnectionAbortedError,
+)
 
 
 class HttpResponse(Protocol):
@@ -90,12 +96,13 @@ class CompletedResponse:
 
 def begin_get(client: HttpClient, url: str) -> PendingResponse:
     """Sends a GET for ``url`` now; ``result()`` reads its response. A client without
-    ``begin_get`` of its own makes the whole request here."""
+    ``begin_get`` of its own makes the whole request here. Never raises: a failure is
+    raised by ``result()``."""
     begin = getattr(client, "begin_get", None)
-    if begin is not None:
-        pending: PendingResponse = begin(url)
-        return pending
     try:
+        if begin is not None:
+            pending: PendingResponse = begin(url)
+            return pending
         return CompletedResponse(client.get(url))
     except Exception as exc:
         return CompletedResponse(error=exc)
@@ -113,8 +120,9 @@ def _origin_and_target(url: str) -> tuple[OriginKey, str]:
 
 
 class KeepAliveHttpClient:
-    """Kept-alive connections per origin, each used by one request at a time; a kept-alive
-    connection the server has closed is retried once on a new one."""
+    """Kept-alive connections per origin, each used by one request at a time. A request
+    that finds its kept-alive connection closed by the server is sent once more, on a new
+    connection; a timeout, or a failure on a new connection, is not retried."""
 
     def __init__(self, timeout: float) -> None:
         self._timeout = timeout
@@ -130,32 +138,32 @@ class KeepAliveHttpClient:
 
     def begin_get(self, url: str) -> PendingResponse:
         """Sends a GET now on an idle kept-alive connection to the origin, or a new one,
-        which stays out of the pool until its response is read. Failures surface from
-        ``result()``."""
+        which stays out of the pool until its response is read. Never raises: failures
+        are raised by ``result()``."""
         try:
             key, target = _origin_and_target(url)
-        except ValueError as exc:
+            connection, reused = self._take(key)
+        except Exception as exc:  # a URL http.client cannot use
             return CompletedResponse(error=exc)
-        connection, fresh = self._take(key)
         try:
             connection.request("GET", target)
-        except (OSError, http.client.HTTPException) as exc:
+        except Exception as exc:
             connection.close()
-            if fresh:
+            if not (reused and isinstance(exc, CLOSED_CONNECTION_ERRORS)):
                 return CompletedResponse(error=exc)
-            try:  # the server had closed the kept-alive connection: retry once, now
-                return CompletedResponse(self.get(url))
+            try:
+                return CompletedResponse(self._retry(key, "GET", target, None, {}))
             except Exception as retry_error:
                 return CompletedResponse(error=retry_error)
-        return _PendingGet(self, url, key, connection, fresh)
+        return _PendingGet(self, key, target, connection, reused)
 
     def _take(self, key: OriginKey) -> tuple[http.client.HTTPConnection, bool]:
-        """An idle connection to the origin, or a new one (``fresh``)."""
+        """An idle connection to the origin (``reused``), or a new one."""
         with self._lock:
             idle = self._idle.get(key)
             if idle:
-                return idle.pop(), False
-        return self._connect(*key), True
+                return idle.pop(), True
+        return self._connect(*key), False
 
     def _release(self, key: OriginKey, connection: http.client.HTTPConnection) -> None:
         """Back into the pool once its response is read, unless the pool is full."""
@@ -170,23 +178,44 @@ class KeepAliveHttpClient:
     def _request(self, method: str, url: str, body: bytes | None,
                  headers: dict[str, str]) -> FetchResponse:
         key, target = _origin_and_target(url)
-        for attempt in (0, 1):
-            connection, fresh = self._take(key)
-            try:
-                connection.request(method, target, body=body, headers=headers)
-                response = connection.getresponse()
-                data = response.read()
-            except (OSError, http.client.HTTPException):
-                connection.close()
-                if fresh or attempt == 1:
-                    raise
-                continue  # a kept-alive connection the server had closed: retry once
-            if response.will_close:
-                connection.close()
-            else:
-                self._release(key, connection)
-            return FetchResponse(response.status, data)
-        raise AssertionError("unreachable")
+        connection, reused = self._take(key)
+        try:
+            return self._exchange(key, connection, method, target, body, headers)
+        except CLOSED_CONNECTION_ERRORS:
+            if not reused:
+                raise
+        return self._retry(key, method, target, body, headers)
+
+    def _retry(self, key: OriginKey, method: str, target: str, body: bytes | None,
+               headers: dict[str, str]) -> FetchResponse:
+        """The request once more, on a new connection (never another pooled one, which
+        the server may have closed as well)."""
+        connection = self._connect(*key)
+        return self._exchange(key, connection, method, target, body, headers)
+
+    def _exchange(self, key: OriginKey, connection: http.client.HTTPConnection, method: str,
+                  target: str, body: bytes | None, headers: dict[str, str]) -> FetchResponse:
+        try:
+            connection.request(method, target, body=body, headers=headers)
+        except BaseException:
+            connection.close()
+            raise
+        return self._read(key, connection)
+
+    def _read(self, key: OriginKey, connection: http.client.HTTPConnection) -> FetchResponse:
+        """The response on ``connection``, which then goes back to the pool (or is closed,
+        when the server said so or the read failed)."""
+        try:
+            response = connection.getresponse()
+            data = response.read()
+        except BaseException:
+            connection.close()
+            raise
+        if response.will_close:
+            connection.close()
+        else:
+            self._release(key, connection)
+        return FetchResponse(response.status, data)
 
     def _connect(self, scheme: str, host: str, port: int) -> http.client.HTTPConnection:
         if scheme == "https":
@@ -207,15 +236,15 @@ class _PendingGet:
     """A GET sent on a connection the client lent out; ``result()`` reads the answer and
     returns the connection to the pool."""
 
-    __slots__ = ("_client", "_connection", "_fresh", "_key", "_url")
+    __slots__ = ("_client", "_connection", "_key", "_reused", "_target")
 
-    def __init__(self, client: KeepAliveHttpClient, url: str, key: OriginKey,
-                 connection: http.client.HTTPConnection, fresh: bool) -> None:
+    def __init__(self, client: KeepAliveHttpClient, key: OriginKey, target: str,
+                 connection: http.client.HTTPConnection, reused: bool) -> None:
         self._client = client
-        self._url = url
         self._key = key
+        self._target = target
         self._connection: http.client.HTTPConnection | None = connection
-        self._fresh = fresh
+        self._reused = reused
 
     def result(self) -> HttpResponse:
         connection = self._connection
@@ -223,18 +252,11 @@ class _PendingGet:
             raise RuntimeError("response already read or cancelled")
         self._connection = None
         try:
-            response = connection.getresponse()
-            data = response.read()
-        except (OSError, http.client.HTTPException):
-            connection.close()
-            if self._fresh:
+            return self._client._read(self._key, connection)
+        except CLOSED_CONNECTION_ERRORS:
+            if not self._reused:
                 raise
-            return self._client.get(self._url)  # the server had closed it: retry once
-        if response.will_close:
-            connection.close()
-        else:
-            self._client._release(self._key, connection)
-        return FetchResponse(response.status, data)
+        return self._client._retry(self._key, "GET", self._target, None, {})
 
     def cancel(self) -> None:
         connection, self._connection = self._connection, None

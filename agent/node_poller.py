@@ -9,8 +9,9 @@ row per GPU and per NIC; the snapshot turns rows into series when it is first re
 most every ``engine_interval``: their counters are cumulative, and fetching a serving
 engine's /metrics every second would load the engine it observes. A fetch is split over
 two polls: the poll it falls due at sends every engine's request, the next one reads the
-pages, so the poll thread never waits for an engine to render (the first poll, and a
-poller's ``--once`` poll, read them at once).
+pages, so the poll thread does not wait while engines render (it still opens new
+connections, and repeats at once a request whose kept-alive connection the engine had
+closed). The first poll, and so ``--once``, reads them at once.
 """
 
 from __future__ import annotations

@@ -37,18 +37,29 @@ def render_sglang(**values: Any) -> str:
                                                                      **values})
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """No traceback on stderr when a test's client drops a connection or ``before_get``
+    raises to drop one."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass
+
+
 class PageServer:
     """Serves ``pages[path]`` as Prometheus text; records POST bodies per path.
 
     With ``keep_alive`` it speaks HTTP/1.1 and keeps connections open (``connections``
-    counts those accepted); ``drop_idle`` then closes each connection after its first
-    response without saying so, as a server whose idle timeout passed."""
+    counts those accepted, ``gets`` the GETs received); ``drop_idle`` then closes each
+    connection after its first response without saying so, as a server whose idle
+    timeout passed. ``before_get`` runs before each GET is answered (to wait, or to raise
+    and drop the connection unanswered)."""
 
     def __init__(self, *, keep_alive: bool = False) -> None:
         self.pages: dict[str, str] = {}
         self.posts: list[tuple[str, dict[str, str], bytes]] = []
         self.post_status = 200
         self.connections = 0
+        self.gets = 0
         self.drop_idle = False
         self.before_get: Callable[[], object] | None = None  # runs before each GET answer
         owner = self
@@ -67,6 +78,7 @@ class PageServer:
                     self.close_connection = True
 
             def do_GET(self) -> None:
+                owner.gets += 1
                 if owner.before_get is not None:
                     owner.before_get()
                 body = owner.pages.get(self.path)
@@ -93,7 +105,7 @@ class PageServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
                                         daemon=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -178,57 +179,105 @@ def test_only_rule_lines_are_read() -> None:
     assert not any("time_to_first_token" in name for name in names)
 
 
-def test_poller_fetches_engines_every_engine_interval_and_repeats_them_between(
-        page_server: PageServer, dead_url: str, client: httpx.Client) -> None:
-    now = [100.0]
-    page_server.pages["/vllm"] = render_vllm(hits=100)
-    poller = NodePoller(
+@pytest.fixture(params=["keep-alive", "httpx"])
+def any_client(request: pytest.FixtureRequest) -> Iterator[HttpClient]:
+    """The agent's own client (requests split over two polls) and httpx (no split: each
+    request completes when it is sent)."""
+    client: HttpClient = (KeepAliveHttpClient(timeout=2.0) if request.param == "keep-alive"
+                          else httpx.Client(timeout=2.0))
+    yield client
+    client.close()
+
+
+def poller_for(scraper: EngineScraper, now: list[float], engine_interval: float) -> NodePoller:
+    return NodePoller(
         nvml_sampler=NvmlSampler(None, lambda: now[0]),
         nic_sampler=NicSampler(source="sysfs", sysfs_root="/nonexistent"),  # type: ignore[arg-type]
-        engine_scraper=scraper_for([page_server.url("/vllm"), dead_url], client),
-        clock=lambda: now[0], wall_clock_ns=lambda: 1, max_devices=4, max_sources=8,
-        engine_interval=5.0)
+        engine_scraper=scraper, clock=lambda: now[0], wall_clock_ns=lambda: 1,
+        max_devices=4, max_sources=8, engine_interval=engine_interval)
+
+
+def test_poller_fetches_engines_every_engine_interval_and_repeats_them_between(
+        page_server: PageServer, dead_url: str, any_client: HttpClient) -> None:
+    now = [100.0]
+    page_server.pages["/vllm"] = render_vllm(hits=100)
+    poller = poller_for(scraper_for([page_server.url("/vllm"), dead_url], any_client), now,
+                        engine_interval=5.0)
     hits = (mn.ENGINE_PREFIX_HIT_TOKENS, V)
     dead = endpoint_source(dead_url)
-    first = poller.poll()
+    first = poller.poll()  # the first poll reads the pages at once
     assert first.get(*hits) == 100
+    assert page_server.gets == 1
     page_server.pages["/vllm"] = render_vllm(hits=300)
     for _ in range(4):  # within the interval: the last readings, no new fetch
         now[0] += 1.0
         snapshot = poller.poll()
         assert snapshot.get(*hits) == 100
         assert snapshot.get(mn.ENGINE_UP, (dead,)) == 0.0
+    assert page_server.gets == 1
     assert poller.errors.get(dead) == 1.0
     now[0] += 1.0  # due: this poll sends the requests, the next one reads the pages
     assert poller.poll().get(*hits) == 100
     assert poller.errors.get(dead) == 1.0
-    page_server.pages["/vllm"] = render_vllm(hits=500)  # rendered after the request
     now[0] += 1.0
     assert poller.poll().get(*hits) == 300
     assert poller.errors.get(dead) == 2.0
+    assert page_server.gets == 2
     now[0] += 1.0
     assert poller.poll().get(*hits) == 300  # not due again until 5 s after the request
+    assert page_server.gets == 2
 
 
 def test_poller_with_engines_every_poll_reads_each_request_at_the_next_poll(
-        page_server: PageServer, client: httpx.Client) -> None:
+        page_server: PageServer, any_client: HttpClient) -> None:
     now = [100.0]
     page_server.pages["/vllm"] = render_vllm(hits=100)
-    poller = NodePoller(
-        nvml_sampler=NvmlSampler(None, lambda: now[0]),
-        nic_sampler=NicSampler(source="sysfs", sysfs_root="/nonexistent"),  # type: ignore[arg-type]
-        engine_scraper=scraper_for([page_server.url("/vllm")], client),
-        clock=lambda: now[0], wall_clock_ns=lambda: 1, max_devices=4, max_sources=8,
-        engine_interval=1.0)
+    poller = poller_for(scraper_for([page_server.url("/vllm")], any_client), now,
+                        engine_interval=1.0)
     hits = (mn.ENGINE_PREFIX_HIT_TOKENS, V)
     assert poller.poll().get(*hits) == 100
     for value in (200, 300, 400):
+        now[0] += 1.0
+        poller.poll()  # reads the request sent at the poll before, sends one for `value`
         page_server.pages["/vllm"] = render_vllm(hits=value)
         now[0] += 1.0
-        poller.poll()  # sends the request for this value (and reads the one before)
+        poller.poll()  # reads the request for `value` (the page may be either)...
         now[0] += 1.0
-        assert poller.poll().get(*hits) == value
-    poller.shutdown()  # drops the request the last poll sent
+        assert poller.poll().get(*hits) == value  # ...and this one's is `value`
+    poller.shutdown()
+
+
+def test_shutdown_closes_a_request_not_yet_read(page_server: PageServer) -> None:
+    page_server.pages["/vllm"] = render_vllm()
+    client = KeepAliveHttpClient(timeout=2.0)
+    scraper = scraper_for([page_server.url("/vllm")], client)
+    now = [100.0]
+    poller = poller_for(scraper, now, engine_interval=1.0)
+    poller.poll()
+    now[0] += 1.0
+    poller.poll()  # sends a request, read at the next poll
+    assert scraper.pending
+    sockets = [request._connection.sock  # type: ignore[attr-defined]
+               for request in scraper._pending or ()]
+    poller.shutdown()
+    client.close()
+    assert not scraper.pending
+    assert [sock.fileno() for sock in sockets] == [-1]
+
+
+def test_a_url_the_client_cannot_use_is_one_counted_error(
+        page_server: PageServer) -> None:
+    page_server.pages["/vllm"] = render_vllm()
+    bad = ["http://127.0.0.1:9/m\u00e9trics", "http://bad host:80/metrics"]
+    client = KeepAliveHttpClient(timeout=2.0)
+    try:
+        errors = ErrorCounts(16)
+        readings = scraper_for([*bad, page_server.url("/vllm")], client).read(errors)
+    finally:
+        client.close()
+    assert readings.counters[(mn.ENGINE_PREFIX_HIT_TOKENS, V)] == 2048
+    assert sorted(source for source, _ in errors.items()) == sorted(
+        endpoint_source(url) for url in bad)
 
 
 def test_engine_requests_are_in_flight_together(page_server: PageServer) -> None:

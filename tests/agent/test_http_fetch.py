@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
+import socket
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -12,6 +15,7 @@ from tokenpath.agent.http_fetch import (
     MAX_IDLE_PER_ORIGIN,
     CompletedResponse,
     KeepAliveHttpClient,
+    PendingResponse,
     begin_get,
 )
 
@@ -99,9 +103,12 @@ def test_a_dead_endpoint_fails_from_result(dead_url: str,
         pending.result()
 
 
-def test_a_bad_url_fails_from_result(client: KeepAliveHttpClient) -> None:
-    with pytest.raises(ValueError, match="not an http"):
-        begin_get(client, "ftp://example/metrics").result()
+def _socket(pending: PendingResponse) -> socket.socket:
+    """The socket a split request was sent on."""
+    connection = pending._connection  # type: ignore[attr-defined]
+    assert connection is not None and connection.sock is not None
+    sock: socket.socket = connection.sock
+    return sock
 
 
 def test_result_is_read_once_and_cancel_closes(http11_server: PageServer,
@@ -111,9 +118,60 @@ def test_result_is_read_once_and_cancel_closes(http11_server: PageServer,
     with pytest.raises(RuntimeError, match="already read"):
         pending.result()
     cancelled = begin_get(client, http11_server.url("/b"))
+    sock = _socket(cancelled)
     cancelled.cancel()
+    assert sock.fileno() == -1
     with pytest.raises(RuntimeError):
         cancelled.result()
+
+
+def test_a_timeout_is_not_retried(http11_server: PageServer) -> None:
+    client = KeepAliveHttpClient(timeout=0.3)
+    try:
+        client.get(http11_server.url("/a"))  # a kept-alive connection: retry allowed
+        released = threading.Event()
+        http11_server.before_get = lambda: released.wait(5.0)
+        pending = begin_get(client, http11_server.url("/a"))
+        with pytest.raises(TimeoutError):
+            pending.result()
+        released.set()
+        assert http11_server.gets == 2  # the first get and the timed-out one, once
+    finally:
+        client.close()
+
+
+def test_a_failure_on_a_new_connection_is_not_retried(http11_server: PageServer,
+                                                      client: KeepAliveHttpClient) -> None:
+    def drop() -> None:
+        raise ConnectionAbortedError("dropped unanswered")
+
+    http11_server.before_get = drop
+    with pytest.raises(http.client.RemoteDisconnected):
+        begin_get(client, http11_server.url("/a")).result()
+    with pytest.raises(http.client.RemoteDisconnected):
+        client.get(http11_server.url("/a"))
+    assert http11_server.gets == 2
+
+
+def test_the_retry_uses_a_new_connection_not_another_pooled_one(
+        http11_server: PageServer, client: KeepAliveHttpClient) -> None:
+    http11_server.drop_idle = True  # every pooled connection is dead on its next use
+    pending = [begin_get(client, http11_server.url("/a")) for _ in range(3)]
+    for request in pending:
+        request.result()
+    assert client.get(http11_server.url("/b")).text == "page b\n"
+    assert begin_get(client, http11_server.url("/b")).result().text == "page b\n"
+    assert http11_server.connections == 5  # three pooled, then one new per retry
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/m\u00e9trics", "http://bad host:80/metrics",
+                                 "http://" + "a" * 64 + ".example/metrics",
+                                 "ftp://example/metrics"])
+def test_a_url_http_client_cannot_use_fails_from_result(
+        client: KeepAliveHttpClient, url: str) -> None:
+    pending = begin_get(client, url)
+    with pytest.raises(Exception):  # noqa: B017 -- each URL fails its own way
+        pending.result()
 
 
 def test_a_client_without_split_requests_completes_at_once(
@@ -131,6 +189,7 @@ def test_a_request_ending_after_close_does_not_keep_its_connection(
         http11_server: PageServer) -> None:
     client = KeepAliveHttpClient(TIMEOUT)
     pending = begin_get(client, http11_server.url("/a"))
+    sock = _socket(pending)
     client.close()
     assert pending.result().text == "page a\n"
-    assert client._idle == {}  # nothing kept open in a closed client
+    assert sock.fileno() == -1
