@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import http.client
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -25,6 +27,11 @@ OriginKey = tuple[str, str, int]
 # Idle kept-alive connections kept per origin (several engines may share a host:port
 # behind one path each, and their requests are in flight together).
 MAX_IDLE_PER_ORIGIN = 8
+# A kept-alive connection is reused only this long after its last request was sent;
+# older ones are closed and replaced. uvicorn, and so vLLM and SGLang, close connections
+# idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE): reusing one near that age races the
+# server's close and ends in a retry.
+KEEP_ALIVE_REUSE_SECONDS = 4.0
 # What a kept-alive connection the server has closed (idle timeout) fails with: the
 # request is sent once more on a new connection. A timeout is not among them.
 CLOSED_CONNECTION_ERRORS: tuple[type[Exception], ...] = (
@@ -124,9 +131,11 @@ class KeepAliveHttpClient:
     that finds its kept-alive connection closed by the server is sent once more, on a new
     connection; a timeout, or a failure on a new connection, is not retried."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._timeout = timeout
-        self._idle: dict[OriginKey, list[http.client.HTTPConnection]] = {}
+        self._clock = clock
+        # Idle connections per origin, with when their last request was sent.
+        self._idle: dict[OriginKey, list[tuple[http.client.HTTPConnection, float]]] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -145,6 +154,7 @@ class KeepAliveHttpClient:
             connection, reused = self._take(key)
         except Exception as exc:  # a URL http.client cannot use
             return CompletedResponse(error=exc)
+        sent_at = self._clock()
         try:
             connection.request("GET", target)
         except Exception as exc:
@@ -155,23 +165,36 @@ class KeepAliveHttpClient:
                 return CompletedResponse(self._retry(key, "GET", target, None, {}))
             except Exception as retry_error:
                 return CompletedResponse(error=retry_error)
-        return _PendingGet(self, key, target, connection, reused)
+        return _PendingGet(self, key, target, connection, reused, sent_at)
 
     def _take(self, key: OriginKey) -> tuple[http.client.HTTPConnection, bool]:
-        """An idle connection to the origin (``reused``), or a new one."""
+        """An idle connection to the origin young enough to reuse (``reused``), or a new
+        one; idle ones too old to reuse are closed."""
+        oldest_sent = self._clock() - KEEP_ALIVE_REUSE_SECONDS
+        found: http.client.HTTPConnection | None = None
+        stale: list[http.client.HTTPConnection] = []
         with self._lock:
             idle = self._idle.get(key)
-            if idle:
-                return idle.pop(), True
+            while idle and found is None:
+                connection, sent_at = idle.pop()
+                if sent_at >= oldest_sent:
+                    found = connection
+                else:
+                    stale.append(connection)
+        for connection in stale:
+            connection.close()
+        if found is not None:
+            return found, True
         return self._connect(*key), False
 
-    def _release(self, key: OriginKey, connection: http.client.HTTPConnection) -> None:
+    def _release(self, key: OriginKey, connection: http.client.HTTPConnection,
+                 sent_at: float) -> None:
         """Back into the pool once its response is read, unless the pool is full."""
         with self._lock:
             if not self._closed:
                 idle = self._idle.setdefault(key, [])
                 if len(idle) < MAX_IDLE_PER_ORIGIN:
-                    idle.append(connection)
+                    idle.append((connection, sent_at))
                     return
         connection.close()
 
@@ -195,14 +218,16 @@ class KeepAliveHttpClient:
 
     def _exchange(self, key: OriginKey, connection: http.client.HTTPConnection, method: str,
                   target: str, body: bytes | None, headers: dict[str, str]) -> FetchResponse:
+        sent_at = self._clock()
         try:
             connection.request(method, target, body=body, headers=headers)
         except BaseException:
             connection.close()
             raise
-        return self._read(key, connection)
+        return self._read(key, connection, sent_at)
 
-    def _read(self, key: OriginKey, connection: http.client.HTTPConnection) -> FetchResponse:
+    def _read(self, key: OriginKey, connection: http.client.HTTPConnection,
+              sent_at: float) -> FetchResponse:
         """The response on ``connection``, which then goes back to the pool (or is closed,
         when the server said so or the read failed)."""
         try:
@@ -214,7 +239,7 @@ class KeepAliveHttpClient:
         if response.will_close:
             connection.close()
         else:
-            self._release(key, connection)
+            self._release(key, connection, sent_at)
         return FetchResponse(response.status, data)
 
     def _connect(self, scheme: str, host: str, port: int) -> http.client.HTTPConnection:
@@ -226,7 +251,7 @@ class KeepAliveHttpClient:
         """Closes the idle connections; one in use is closed when its request ends."""
         with self._lock:
             self._closed = True
-            idle = [connection for pool in self._idle.values() for connection in pool]
+            idle = [connection for pool in self._idle.values() for connection, _ in pool]
             self._idle.clear()
         for connection in idle:
             connection.close()
@@ -236,15 +261,16 @@ class _PendingGet:
     """A GET sent on a connection the client lent out; ``result()`` reads the answer and
     returns the connection to the pool."""
 
-    __slots__ = ("_client", "_connection", "_key", "_reused", "_target")
+    __slots__ = ("_client", "_connection", "_key", "_reused", "_sent_at", "_target")
 
     def __init__(self, client: KeepAliveHttpClient, key: OriginKey, target: str,
-                 connection: http.client.HTTPConnection, reused: bool) -> None:
+                 connection: http.client.HTTPConnection, reused: bool, sent_at: float) -> None:
         self._client = client
         self._key = key
         self._target = target
         self._connection: http.client.HTTPConnection | None = connection
         self._reused = reused
+        self._sent_at = sent_at
 
     def result(self) -> HttpResponse:
         connection = self._connection
@@ -252,7 +278,7 @@ class _PendingGet:
             raise RuntimeError("response already read or cancelled")
         self._connection = None
         try:
-            return self._client._read(self._key, connection)
+            return self._client._read(self._key, connection, self._sent_at)
         except CLOSED_CONNECTION_ERRORS:
             if not self._reused:
                 raise

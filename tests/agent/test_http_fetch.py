@@ -12,6 +12,7 @@ import pytest
 
 from tests.agent.conftest import PageServer
 from tokenpath.agent.http_fetch import (
+    KEEP_ALIVE_REUSE_SECONDS,
     MAX_IDLE_PER_ORIGIN,
     CompletedResponse,
     KeepAliveHttpClient,
@@ -193,3 +194,26 @@ def test_a_request_ending_after_close_does_not_keep_its_connection(
     client.close()
     assert pending.result().text == "page a\n"
     assert sock.fileno() == -1
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_connection_is_reused_only_while_younger_than_the_servers_idle_timeout(
+        http11_server: PageServer, split: bool) -> None:
+    now = [100.0]
+    client = KeepAliveHttpClient(TIMEOUT, clock=lambda: now[0])
+
+    def get() -> None:
+        response = (begin_get(client, http11_server.url("/a")).result() if split
+                    else client.get(http11_server.url("/a")))
+        assert response.text == "page a\n"
+
+    try:
+        get()
+        now[0] += KEEP_ALIVE_REUSE_SECONDS  # sent this long ago: still reused
+        get()
+        assert http11_server.connections == 1
+        now[0] += KEEP_ALIVE_REUSE_SECONDS + 0.5  # older: closed and replaced
+        get()
+        assert http11_server.connections == 2
+    finally:
+        client.close()
