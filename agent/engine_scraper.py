@@ -30,11 +30,10 @@ from tokenpath.agent.monotonic import MonotonicCounters
 from tokenpath.agent.prom_text import iter_samples
 from tokenpath.agent.snapshot import ErrorCounts, LabelValues
 from tokenpath.labels import BoundedLabel
-from tokenpath.metric_names import MetricSpec
+from tokenpath.metric_names import COUNTER_SUFFIX, MetricSpec
 
 logger = logging.getLogger(__name__)
 
-TOTAL_SUFFIX = "_total"
 # Raw engine series tracked for monotonic accumulation, all endpoints together.
 MAX_ENGINE_SOURCE_SERIES = 8192
 
@@ -167,7 +166,7 @@ class EngineScraper:
         accumulators = self._accumulators
         matched: list[tuple[str, EngineMetricRule, dict[str, str], float]] = []
         for name, labels, value in iter_samples(text, SOURCE_LINE_PREFIXES):
-            base = name[: -len(TOTAL_SUFFIX)] if name.endswith(TOTAL_SUFFIX) else name
+            base = name.removesuffix(COUNTER_SUFFIX)
             rule = RULES_BY_SOURCE.get(base)
             if rule is not None:
                 matched.append((base, rule, labels, value))

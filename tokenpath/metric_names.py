@@ -52,7 +52,7 @@ class MetricSpec:
     @property
     def series(self) -> str:
         """The sample name a query uses (counters get ``_total``)."""
-        return f"{self.name}_total" if self.type == "counter" else self.name
+        return self.name + COUNTER_SUFFIX if self.type == "counter" else self.name
 
 
 def _m(name: str, type_: MetricType, labels: tuple[str, ...], help_: str) -> MetricSpec:
@@ -232,6 +232,8 @@ LABEL_LE: Final = "le"
 HISTOGRAM_BUCKET_SUFFIX: Final = "_bucket"
 HISTOGRAM_COUNT_SUFFIX: Final = "_count"
 HISTOGRAM_SUM_SUFFIX: Final = "_sum"
+# The suffix Prometheus exposes a counter's samples under.
+COUNTER_SUFFIX: Final = "_total"
 # Prometheus's own per-target health series.
 UP_SERIES: Final = "up"
 

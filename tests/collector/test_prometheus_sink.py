@@ -39,7 +39,7 @@ def test_cost_is_exposed_by_context_length_bucket() -> None:
     sink.consume_record(_record(2, 900, 50, 0.5))
     sink.consume_record(_record(3, 10_000, 200, 2.0))  # 8,192 <= 10,200 < 32,768
     by_bucket = {dict(labels)[M.LABEL_CONTEXT_BUCKET]: value for labels, value
-                 in _samples(sink, f"{M.LONG_CONTEXT_COST.name}_total").items()}
+                 in _samples(sink, M.LONG_CONTEXT_COST.series).items()}
     assert by_bucket == {short: pytest.approx(0.75), long_: pytest.approx(2.0)}
 
 
@@ -47,6 +47,6 @@ def test_a_zero_cost_stage_still_has_its_cost_series() -> None:
     sink = PrometheusSink()
     sink.consume_record(_record(1, 100, 10, 0.1))
     by_stage = {dict(labels)[M.LABEL_STAGE]: value for labels, value
-                in _samples(sink, f"{M.COST.name}_total").items()}
+                in _samples(sink, M.COST.series).items()}
     assert by_stage == {StageId.ROUTER.value: pytest.approx(0.1),
                         StageId.SCHEDULER_QUEUE.value: 0.0}

@@ -257,8 +257,8 @@ def test_agent_reports_vllms_prefix_cache_counters_across_new_connections(
                 "prompt": f"{SYSTEM_PROMPT}\nQuestion: {question}\nAnswer:"})
             assert response.status_code == 200, response.text[:300]
         page = client.get("/metrics").text
-    queries = _vllm_counter(page, mn.VLLM_PREFIX_CACHE_QUERIES + "_total")
-    hits = _vllm_counter(page, mn.VLLM_PREFIX_CACHE_HITS + "_total")
+    queries = _vllm_counter(page, mn.VLLM_PREFIX_CACHE_QUERIES + mn.COUNTER_SUFFIX)
+    hits = _vllm_counter(page, mn.VLLM_PREFIX_CACHE_HITS + mn.COUNTER_SUFFIX)
     assert queries > 0 and hits > 0
 
     deadline = time.monotonic() + AGENT_WAIT_SECONDS

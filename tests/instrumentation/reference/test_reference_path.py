@@ -227,8 +227,8 @@ def test_engine_metrics_page_in_vllm_format_matches_the_spans() -> None:
         for sample in family.samples:
             assert sample.labels[names.VLLM_LABEL_MODEL_NAME] == path.config.engine.model
             values[sample.name] += sample.value
-    assert values[names.VLLM_PREFIX_CACHE_HITS + "_total"] == pytest.approx(
-        _hit_ratio(sink) * values[names.VLLM_PREFIX_CACHE_QUERIES + "_total"])
+    assert values[names.VLLM_PREFIX_CACHE_HITS + names.COUNTER_SUFFIX] == pytest.approx(
+        _hit_ratio(sink) * values[names.VLLM_PREFIX_CACHE_QUERIES + names.COUNTER_SUFFIX])
     assert values[names.VLLM_NUM_REQUESTS_RUNNING] == 0  # all finished
     assert sink.spans()  # /metrics itself is not traced as a request
     assert not [s for s in sink.spans() if s.name.startswith("GET")]
