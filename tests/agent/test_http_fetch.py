@@ -32,9 +32,14 @@ def http11_server() -> Iterator[PageServer]:
     server.close()
 
 
+def frozen_clock() -> float:
+    """Time stands still: kept-alive connections never age out of reuse."""
+    return 0.0
+
+
 @pytest.fixture
 def client() -> Iterator[KeepAliveHttpClient]:
-    client = KeepAliveHttpClient(TIMEOUT)
+    client = KeepAliveHttpClient(TIMEOUT, clock=frozen_clock)
     yield client
     client.close()
 
@@ -127,7 +132,7 @@ def test_result_is_read_once_and_cancel_closes(http11_server: PageServer,
 
 
 def test_a_timeout_is_not_retried(http11_server: PageServer) -> None:
-    client = KeepAliveHttpClient(timeout=0.3)
+    client = KeepAliveHttpClient(timeout=0.3, clock=frozen_clock)
     try:
         client.get(http11_server.url("/a"))  # a kept-alive connection: retry allowed
         released = threading.Event()
