@@ -22,7 +22,9 @@ pure-Python fake module (``tests/fakes/fake_nvml.py``) and say so in ``nvml``.
   push follows it) is reported beside it, and so is the ratio against the pure-Python
   fake module (``python_fake_module``).
 
-``python -m bench.agent_bench [--window 10]`` prints the result as JSON.
+``python -m bench.agent_bench [--window 10] [--nvml driver]`` prints the result as JSON;
+``--nvml driver`` runs the agent over this machine's NVIDIA driver instead of the fake
+one, to measure it on a GPU node.
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ WARMUP_SECONDS = 2.0
 PAGES = Path(__file__).resolve().parent.parent / "tests" / "agent" / "pages"
 READY_LINE = "ready"
 CPU_LINE = "cpu"
+# What NVML the agent runs over: the fake driver library (no GPU here), or this machine's
+# NVIDIA driver (`--nvml driver`, on a GPU node).
+FAKE_DRIVER = "fake-driver"
+SYSTEM_DRIVER = "driver"
+NVML_SOURCES = (FAKE_DRIVER, SYSTEM_DRIVER)
 # The processes whose CPU share is measured.
 AGENT = "agent"
 RAW_CALLS = "raw_calls"
@@ -142,9 +149,23 @@ def measure_poll_cost(nvml: Any, iterations: int = 300,
             "poll_and_read_cost_ratio": read_s / raw_s}
 
 
-def measure_poll_costs() -> dict[str, Any]:
-    """The poll cost with real pynvml over the fake driver (the headline) and with the
-    pure-Python fake module."""
+def measure_poll_costs(nvml_source: str = FAKE_DRIVER) -> dict[str, Any]:
+    """The poll cost with real pynvml over the fake driver, or over this machine's driver
+    (``nvml_source``; the headline), and with the pure-Python fake module."""
+    if nvml_source == SYSTEM_DRIVER:
+        import pynvml
+
+        try:  # a probe: measure_poll_cost initialises NVML again for itself
+            pynvml.nvmlInit()
+            gpus = pynvml.nvmlDeviceGetCount()
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError as exc:
+            raise RuntimeError(f"--nvml {SYSTEM_DRIVER}: NVML did not initialise on this "
+                               f"machine ({exc}); is the NVIDIA driver installed?") from exc
+        python_fake = measure_poll_cost(fake_gpus())
+        headline = measure_poll_cost(pynvml)
+        nvml = f"real pynvml over this machine's NVIDIA driver ({gpus} GPUs)"
+        return {"nvml": nvml, **headline, "python_fake_module": python_fake}
     python_fake = measure_poll_cost(fake_gpus())
     try:
         with real_pynvml_over_fake_library(BENCH_GPUS) as (pynvml, _library):
@@ -297,11 +318,14 @@ class _Child:
         self.process.wait(timeout=30)
 
 
-def _child_env_and_flags() -> tuple[dict[str, str], list[str]]:
+def _child_env_and_flags(nvml_source: str) -> tuple[dict[str, str], list[str]]:
     """The children's environment, and ``--real-pynvml`` where the fake driver library
-    could be built (pynvml then finds it through LD_LIBRARY_PATH, as it finds a driver's)."""
+    could be built (pynvml then finds it through LD_LIBRARY_PATH, as it finds a driver's)
+    or where this machine's driver is asked for."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    if nvml_source == SYSTEM_DRIVER:
+        return env, ["--real-pynvml"]
     try:
         library_dir = build_fake_libnvml()
     except CompilerMissing:
@@ -340,7 +364,8 @@ def measure_cpu_share(window: float = DEFAULT_WINDOW_SECONDS, rounds: int = 2,
                       scrape_interval: float = PROMETHEUS_SCRAPE_SECONDS, *,
                       engines: bool = True,
                       engine_interval: float = DEFAULT_ENGINE_INTERVAL_SECONDS,
-                      push: bool = True, baselines: bool = True) -> dict[str, Any]:
+                      push: bool = True, baselines: bool = True,
+                      nvml_source: str = FAKE_DRIVER) -> dict[str, Any]:
     """The agent child's CPU share of one core at ``interval``, median over ``rounds``
     windows; with ``baselines``, also that of a process making only the raw calls of a
     poll at the same interval (``raw_calls``) and of one that only wakes (``idle_wake``).
@@ -350,7 +375,7 @@ def measure_cpu_share(window: float = DEFAULT_WINDOW_SECONDS, rounds: int = 2,
     interpreter's shared code warm, so run side by side they lower each other's
     figures, by a share that depends on their phase."""
     fixtures = _LoopbackFixtures()
-    env, nvml_flags = _child_env_and_flags()
+    env, nvml_flags = _child_env_and_flags(nvml_source)
     module = [sys.executable, "-m", "bench.agent_bench", "--interval", str(interval),
               *nvml_flags]
     commands = {AGENT: [*module, "--child", "--listen", "127.0.0.1:0",
@@ -389,7 +414,7 @@ def measure_cpu_share(window: float = DEFAULT_WINDOW_SECONDS, rounds: int = 2,
     return result
 
 
-def run(window: float = DEFAULT_WINDOW_SECONDS) -> dict[str, Any]:
+def run(window: float = DEFAULT_WINDOW_SECONDS, nvml_source: str = FAKE_DRIVER) -> dict[str, Any]:
     """Both measurements with their targets (``cpu_percent_of_core`` and ``poll_ratio``
     are the figures ``python -m bench`` tabulates).
 
@@ -399,11 +424,12 @@ def run(window: float = DEFAULT_WINDOW_SECONDS) -> dict[str, Any]:
     only, with one scrape every second and with the engine pages fetched every poll
     instead of every ``engine_interval`` (the pessimistic cases, reported beside).
     """
-    typical = measure_cpu_share(window, rounds=2)
-    every_second = measure_cpu_share(window, rounds=1, scrape_interval=1.0, baselines=False)
+    cost = measure_poll_costs(nvml_source)  # first: it names a missing driver plainly
+    typical = measure_cpu_share(window, rounds=2, nvml_source=nvml_source)
+    every_second = measure_cpu_share(window, rounds=1, scrape_interval=1.0, baselines=False,
+                                     nvml_source=nvml_source)
     engines_every_poll = measure_cpu_share(window, rounds=1, engine_interval=1.0,
-                                           baselines=False)
-    cost = measure_poll_costs()
+                                           baselines=False, nvml_source=nvml_source)
     return {
         "cpu_percent_of_core": 100.0 * typical["agent_share_of_one_core"],
         "cpu_percent_of_core_scrape_every_second":
@@ -428,6 +454,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.agent_bench")
     parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_SECONDS,
                         help="seconds each CPU-share window lasts")
+    parser.add_argument("--nvml", choices=NVML_SOURCES, default=FAKE_DRIVER,
+                        help="NVML under the agent: the fake driver library built from "
+                             "tests/fakes (default), or this machine's NVIDIA driver (on a "
+                             "GPU node)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--baseline-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-calls", action="store_true", help=argparse.SUPPRESS)
@@ -446,7 +476,11 @@ def main(argv: list[str] | None = None) -> None:
         _child(args.listen, args.engine, args.collector, args.interval, args.engine_interval,
                args.real_pynvml)
         return
-    print(json.dumps(run(args.window), indent=2))
+    try:
+        result = run(args.window, args.nvml)
+    except RuntimeError as exc:
+        raise SystemExit(f"agent bench: {exc}") from exc
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

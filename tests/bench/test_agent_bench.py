@@ -36,3 +36,17 @@ def test_the_bench_table_reads_the_agent_figures_and_what_was_measured_beside() 
     assert cpu.value(results) == 0.7
     assert not cpu.holds(0.7)
     assert cpu.beside_text(results) == "raw calls alone 0.5 %; idle wake alone 0.2 %"
+
+
+def test_asking_for_this_machines_driver_without_one_names_the_problem() -> None:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has an NVIDIA driver")
+    with pytest.raises(RuntimeError, match="is the NVIDIA driver installed"):
+        agent_bench.measure_poll_costs(agent_bench.SYSTEM_DRIVER)
