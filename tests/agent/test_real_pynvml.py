@@ -154,3 +154,16 @@ def test_agent_subprocess_loads_the_driver_library_like_a_gpu_node(library_dir: 
     assert values[(mn.GPU_PCIE_TX.series, gpu0)] > 0
     assert values[(mn.AGENT_SCRAPE_ERRORS.series, (("source", "nvml:gpu1"),))] >= 1
     assert process.returncode == 0
+
+
+def test_the_fake_driver_counts_inits_like_the_driver(library_dir: str) -> None:
+    """nvmlInit is reference counted: the agent's NVML stays up while another user in the
+    same process (the bench's probe) initialises and shuts down around it."""
+    with driver.real_pynvml_over_fake_library(2) as (pynvml, _library):
+        pynvml.nvmlInit()
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        assert pynvml.nvmlDeviceGetCount() == 2  # one init still open
+        pynvml.nvmlShutdown()
+        with pytest.raises(pynvml.NVMLError_Uninitialized):
+            pynvml.nvmlDeviceGetCount()

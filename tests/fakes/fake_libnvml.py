@@ -83,6 +83,13 @@ def driver_env(gpus: int, *, failing: tuple[int, ...] = (), no_nvlink: tuple[int
     }
 
 
+def _release_all_inits(library: ctypes.CDLL) -> None:
+    """Shuts the fake driver down as often as it was initialised (its initialisation is
+    reference counted, like the driver's, and lives as long as the process)."""
+    while library.nvmlShutdown() == 0:
+        pass
+
+
 @contextmanager
 def real_pynvml_over_fake_library(gpus: int, **options: tuple[int, ...]) -> Iterator[
         tuple[ModuleType, ctypes.CDLL]]:
@@ -99,9 +106,11 @@ def real_pynvml_over_fake_library(gpus: int, **options: tuple[int, ...]) -> Iter
     os.environ.update(driver_env(gpus, **options))
     pynvml.nvmlLib = library
     pynvml._nvmlGetFunctionPointer_cache.clear()
+    _release_all_inits(library)  # the next nvmlInit reads the configuration above
     try:
         yield pynvml, library
     finally:
+        _release_all_inits(library)  # a test that stopped before nvmlShutdown
         pynvml.nvmlLib = saved_library
         pynvml._nvmlGetFunctionPointer_cache.clear()
         pynvml._nvmlGetFunctionPointer_cache.update(saved_functions)

@@ -8,7 +8,9 @@
  * struct layouts (nvml.h). Readings are deterministic per GPU index; the NVLink and
  * PCIe byte counters grow on every read, like the driver's cumulative counters.
  *
- * Configured from the environment at nvmlInitWithFlags():
+ * Initialisation is reference counted, as the driver's is: every nvmlInit needs its
+ * nvmlShutdown, and only the first nvmlInit reads the configuration.
+ * Configured from the environment at the first nvmlInitWithFlags():
  *   FAKE_LIBNVML_GPUS        number of GPUs (default 2)
  *   FAKE_LIBNVML_FAILING     comma-separated indexes that answer NVML_ERROR_GPU_IS_LOST
  *   FAKE_LIBNVML_NO_NVLINK   indexes whose NVLink fields answer NVML_ERROR_NOT_SUPPORTED
@@ -86,7 +88,7 @@ typedef struct {
 
 static fake_gpu gpus[MAX_GPUS];
 static unsigned gpu_count;
-static int initialized;
+static unsigned initialized;  /* nvmlInit calls not yet matched by nvmlShutdown */
 
 static int listed(const char *variable, unsigned index) {
     const char *list = getenv(variable);
@@ -110,6 +112,9 @@ static int listed(const char *variable, unsigned index) {
 
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
+    if (initialized++) {
+        return NVML_SUCCESS;
+    }
     const char *count = getenv("FAKE_LIBNVML_GPUS");
     gpu_count = count ? (unsigned)strtoul(count, NULL, 10) : 2;
     if (gpu_count > MAX_GPUS) {
@@ -125,7 +130,6 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         gpus[i].pcie_tx_bytes = 0;
         gpus[i].pcie_rx_bytes = 0;
     }
-    initialized = 1;
     return NVML_SUCCESS;
 }
 
@@ -135,7 +139,7 @@ nvmlReturn_t nvmlShutdown(void) {
     if (!initialized) {
         return NVML_ERROR_UNINITIALIZED;
     }
-    initialized = 0;
+    initialized--;
     return NVML_SUCCESS;
 }
 
