@@ -34,9 +34,9 @@ MAX_IDLE_PER_ORIGIN = 8
 KEEP_ALIVE_REUSE_SECONDS = 4.0
 # What a kept-alive connection the server has closed (idle timeout) fails with: the
 # request is sent once more on a new connection. A timeout is not among them.
+# (http.client.RemoteDisconnected, an answer that never came, is a ConnectionResetError.)
 CLOSED_CONNECTION_ERRORS: tuple[type[Exception], ...] = (
-    http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
-    ConnectionAbortedError,
+    ConnectionResetError, BrokenPipeError, ConnectionAbortedError,
 )
 
 

@@ -152,29 +152,37 @@ def measure_poll_cost(nvml: Any, iterations: int = 300,
 def measure_poll_costs(nvml_source: str = FAKE_DRIVER) -> dict[str, Any]:
     """The poll cost with real pynvml over the fake driver, or over this machine's driver
     (``nvml_source``; the headline), and with the pure-Python fake module."""
+    gpus = _probe_system_driver() if nvml_source == SYSTEM_DRIVER else 0
+    python_fake = measure_poll_cost(fake_gpus())
     if nvml_source == SYSTEM_DRIVER:
         import pynvml
 
-        try:  # a probe: measure_poll_cost initialises NVML again for itself
-            pynvml.nvmlInit()
-            gpus = pynvml.nvmlDeviceGetCount()
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError as exc:
-            raise RuntimeError(f"--nvml {SYSTEM_DRIVER}: NVML did not initialise on this "
-                               f"machine ({exc}); is the NVIDIA driver installed?") from exc
-        python_fake = measure_poll_cost(fake_gpus())
         headline = measure_poll_cost(pynvml)
         nvml = f"real pynvml over this machine's NVIDIA driver ({gpus} GPUs)"
-        return {"nvml": nvml, **headline, "python_fake_module": python_fake}
-    python_fake = measure_poll_cost(fake_gpus())
-    try:
-        with real_pynvml_over_fake_library(BENCH_GPUS) as (pynvml, _library):
-            headline = measure_poll_cost(pynvml)
-        nvml = f"real pynvml over a fake libnvidia-ml.so.1 ({BENCH_GPUS} GPUs; no GPU here)"
-    except CompilerMissing:
-        headline = python_fake
-        nvml = f"pure-Python fake pynvml module ({BENCH_GPUS} GPUs; no C compiler, no GPU)"
+    else:
+        try:
+            with real_pynvml_over_fake_library(BENCH_GPUS) as (pynvml, _library):
+                headline = measure_poll_cost(pynvml)
+            nvml = f"real pynvml over a fake libnvidia-ml.so.1 ({BENCH_GPUS} GPUs; no GPU here)"
+        except CompilerMissing:
+            headline = python_fake
+            nvml = f"pure-Python fake pynvml module ({BENCH_GPUS} GPUs; no C compiler, no GPU)"
     return {"nvml": nvml, **headline, "python_fake_module": python_fake}
+
+
+def _probe_system_driver() -> int:
+    """This machine's GPU count through its NVIDIA driver, or a RuntimeError that says
+    the driver is missing (measure_poll_cost initialises NVML again for itself)."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+        gpus = int(pynvml.nvmlDeviceGetCount())
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError as exc:
+        raise RuntimeError(f"--nvml {SYSTEM_DRIVER}: NVML did not initialise on this "
+                           f"machine ({exc}); is the NVIDIA driver installed?") from exc
+    return gpus
 
 
 # -- CPU share of a running agent ---------------------------------------------------------
@@ -310,7 +318,7 @@ class _Child:
         self.process.send_signal(signal.SIGUSR1)
         reply = self._stdout.readline().split()
         if not reply or reply[0] != CPU_LINE:
-            raise RuntimeError(f"bench child {reply!r}")
+            raise RuntimeError(f"bench child answered {reply!r}")
         return float(reply[1])
 
     def stop(self) -> None:
