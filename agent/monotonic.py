@@ -71,6 +71,17 @@ class CounterGroup:
         self.offsets: tuple[float, ...] | None = None
         self.widths = widths
 
+    def select(self, indices: tuple[int, ...]) -> CounterGroup:
+        """A group of only the counters at ``indices``, with their history (for a reader
+        that stops asking for some of its counters)."""
+        group = CounterGroup(None if self.widths is None
+                             else tuple(self.widths[i] for i in indices))
+        if self.last is not None:
+            group.last = tuple(self.last[i] for i in indices)
+        if self.offsets is not None:
+            group.offsets = tuple(self.offsets[i] for i in indices)
+        return group
+
     def update(self, raws: tuple[float, ...]) -> tuple[float, ...]:
         """Feed one reading of every counter (the first sighting starts at the raw
         values); returns the totals."""

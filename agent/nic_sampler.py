@@ -1,10 +1,13 @@
 """Per-NIC byte, packet and drop counters from psutil or /sys/class/net.
 
-``psutil.net_io_counters(pernic=True)`` reads ``/proc/net/dev`` once for every device and
-is the default. ``/sys/class/net/<dev>/statistics/*`` (under an injectable
-``sysfs_root``) is the fallback when psutil fails, or the only source with
-``source="sysfs"``. Devices matching the exclude pattern (container veth pairs, bridges)
-are skipped. Values are the kernel's raw counters; the poller makes them monotonic.
+``psutil.net_io_counters(pernic=True, nowrap=False)`` reads ``/proc/net/dev`` once for
+every device and is the default. psutil's own ``nowrap`` bookkeeping is off: the poller
+already keeps every NIC's totals monotonic across resets (``CounterGroup``), and that
+bookkeeping was about a quarter of the call's cost (``docs/agent.md``).
+``/sys/class/net/<dev>/statistics/*`` (under an injectable ``sysfs_root``) is the
+fallback when psutil fails, or the only source with ``source="sysfs"``. Devices matching
+the exclude pattern (container veth pairs, bridges) are skipped. Values are the kernel's
+raw counters; the poller makes them monotonic.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class NicSampler:
         return self._read_sysfs(errors)
 
     def _read_psutil(self) -> list[NicReading]:
-        counters = self._net_io_counters(pernic=True)
+        counters = self._net_io_counters(pernic=True, nowrap=False)
         wanted = self._wanted
         return [(device, _PSUTIL_FIELDS(c)) for device, c in counters.items() if wanted(device)]
 

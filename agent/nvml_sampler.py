@@ -55,6 +55,9 @@ NVML_SUCCESS = 0
 NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
 NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
 NVML_ERROR_INVALID_ARGUMENT = 2
+# The field pairs a request may hold, named as in the log line that drops one.
+NVLINK = "NVLink"
+PCIE = "PCIe"
 # Longest gap over which a utilization reading is integrated into busy seconds, or a PCIe
 # rate averaged: after a GPU was unreadable for longer, the gap is not guessed.
 MAX_SAMPLE_GAP_SECONDS = 10.0
@@ -103,14 +106,17 @@ class GpuReadings:
 
 class _FieldRequest:
     """One ``nvmlDeviceGetFieldValues`` request: NVLink TX/RX data counters and/or PCIe
-    TX/RX byte counters, and the unpacker that turns the returned array into
-    ``(value type, return code, value, ...)`` per field in request order."""
+    TX/RX byte counters (``pairs``, in request order), and the unpacker that turns the
+    returned array into ``(value type, return code, value, ...)`` per field in request
+    order. ``pcie_at`` is the PCIe TX value's index among the values (-1: no PCIe)."""
 
-    __slots__ = ("ids", "nvlink", "pcie", "unpack")
+    __slots__ = ("ids", "nvlink", "pairs", "pcie", "pcie_at", "unpack")
 
     def __init__(self, nvml: Any, *, nvlink: bool, pcie: bool) -> None:
         self.nvlink = nvlink
         self.pcie = pcie
+        self.pairs = tuple(name for name, asked in ((NVLINK, nvlink), (PCIE, pcie)) if asked)
+        self.pcie_at = 2 * self.pairs.index(PCIE) if pcie else -1
         self.ids: list[tuple[int, int]] = []
         if nvlink:
             self.ids += [(int(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX), NVLINK_ALL_LINKS_SCOPE),
@@ -163,25 +169,11 @@ NVML_VALUE_TYPE_UNSIGNED_SHORT = 6
 COUNTER_WRAP = {NVML_VALUE_TYPE_UNSIGNED_INT: 2**32, NVML_VALUE_TYPE_UNSIGNED_SHORT: 2**16}
 
 
-def _pair_totals(counters: CounterGroup, fields: tuple[int, ...]) -> tuple[float, ...] | int:
-    """Monotonic TX and RX totals from a decoded field pair ``(value type, return code,
-    value) * 2``, or the first failing return code. The counters' widths are set from
-    the value types on the first reading."""
-    tx_type, tx_return, tx, rx_type, rx_return, rx = fields
-    if tx_return != NVML_SUCCESS:
-        return tx_return
-    if rx_return != NVML_SUCCESS:
-        return rx_return
-    if counters.widths is None:
-        counters.widths = (COUNTER_WRAP.get(tx_type, 0), COUNTER_WRAP.get(rx_type, 0))
-    return counters.update((tx, rx))
-
-
 class _Gpu:
     """What the sampler keeps for one GPU index between polls."""
 
-    __slots__ = ("ask_power", "ask_sm_clock", "busy_seconds", "error_source", "fields",
-                 "handle", "index", "labels", "last_seen", "nvlink", "pcie", "pcie_last")
+    __slots__ = ("ask_power", "ask_sm_clock", "busy_seconds", "counters", "error_source",
+                 "fields", "handle", "index", "labels", "last_seen", "pcie_last", "pcie_time")
 
     def __init__(self, index: int, labels: LabelValues, fields: _FieldRequest | None) -> None:
         self.index = index
@@ -193,11 +185,12 @@ class _Gpu:
         self.ask_power = True
         self.ask_sm_clock = True
         self.fields = fields
-        # NVLink (KiB) and PCIe (bytes) TX/RX counters; widths set from the first reading.
-        self.nvlink = CounterGroup()
-        self.pcie = CounterGroup()
-        # (PCIe TX total, RX total, clock) at the previous poll, for the throughput gauges.
-        self.pcie_last: tuple[float, float, float] | None = None
+        # The field values' counters (NVLink in KiB, PCIe in bytes), in request order;
+        # widths set from the first reading.
+        self.counters = CounterGroup()
+        # PCIe TX and RX totals at the previous reading and its clock, for the rates.
+        self.pcie_last: tuple[float, float] | None = None
+        self.pcie_time = 0.0
         self.busy_seconds = 0.0
         self.last_seen: float | None = None
 
@@ -348,45 +341,76 @@ class NvmlSampler:
         request = gpu.fields
         if request is not None:
             try:
-                decoded = request.unpack(nvml.nvmlDeviceGetFieldValues(handle, request.ids))
+                fields = request.unpack(nvml.nvmlDeviceGetFieldValues(handle, request.ids))
             except Exception as exc:
                 if self._is_not_supported(exc):
                     gpu.fields = None
                 else:
                     ok = False
             else:
-                nvlink, pcie = request.nvlink, request.pcie
-                if nvlink:
-                    pair = _pair_totals(gpu.nvlink, decoded[:6])
-                    if type(pair) is tuple:
-                        nvlink_tx = pair[0] * KIB
-                        nvlink_rx = pair[1] * KIB
-                    elif pair in self._field_unavailable:
-                        nvlink = False
-                    else:
-                        ok = False
-                if pcie:
-                    pair = _pair_totals(gpu.pcie, decoded[-6:])
-                    if type(pair) is tuple:
+                counters = gpu.counters
+                decoded: tuple[int, ...] | None = fields
+                # Past the first reading, every return code 0 is the only common case.
+                if counters.widths is None or any(fields[1::3]):
+                    decoded = self._check_fields(gpu, fields)
+                    request, counters = gpu.fields, gpu.counters
+                if decoded is None:
+                    ok = False
+                elif request is not None:
+                    totals = counters.update(decoded[2::3])
+                    if request.nvlink:
+                        nvlink_tx = totals[0] * KIB
+                        nvlink_rx = totals[1] * KIB
+                    at = request.pcie_at
+                    if at >= 0:
+                        tx, rx = totals[at], totals[at + 1]
                         last = gpu.pcie_last
-                        gpu.pcie_last = (pair[0], pair[1], now)
-                        if (last is not None
-                                and 0 < now - last[2] <= MAX_SAMPLE_GAP_SECONDS):
-                            elapsed = now - last[2]
-                            pcie_tx = (pair[0] - last[0]) / elapsed
-                            pcie_rx = (pair[1] - last[1]) / elapsed
-                    elif pair in self._field_unavailable:
-                        pcie = False
-                    else:
-                        ok = False
-                if nvlink is not request.nvlink or pcie is not request.pcie:
-                    logger.info("GPU %d: no %s counters from this driver; not asked again",
-                                gpu.index, "NVLink" if not nvlink else "PCIe")
-                    gpu.fields = self._request(nvlink=nvlink, pcie=pcie)
+                        elapsed = now - gpu.pcie_time
+                        gpu.pcie_last = (tx, rx)
+                        gpu.pcie_time = now
+                        if last is not None and 0 < elapsed <= MAX_SAMPLE_GAP_SECONDS:
+                            pcie_tx = (tx - last[0]) / elapsed
+                            pcie_rx = (rx - last[1]) / elapsed
         rows.append((gpu.labels, utilization, memory_busy_percent / PERCENT,
                      float(memory_used), float(memory_total), gpu.busy_seconds, power,
                      sm_clock, nvlink_tx, nvlink_rx, pcie_tx, pcie_rx))
         return ok
+
+    def _check_fields(self, gpu: _Gpu, decoded: tuple[int, ...]) -> tuple[int, ...] | None:
+        """A GPU's first field values, or ones where some field answered an error.
+
+        A pair this driver does not have is dropped from the GPU's request (logged once,
+        not counted), keeping the other pair's counter history; the first good reading
+        sets the counters' widths from the value types. Returns the decoded fields of
+        the request as it now is (empty when no pair is left), or ``None`` when a field
+        failed otherwise: the poll then takes no field readings for this GPU, and the
+        next good one counts what it missed."""
+        request = gpu.fields
+        assert request is not None
+        kept: list[int] = []
+        failed = False
+        for position, name in enumerate(request.pairs):
+            returns = decoded[6 * position + 1], decoded[6 * position + 4]
+            code = next((code for code in returns if code != NVML_SUCCESS), NVML_SUCCESS)
+            if code in self._field_unavailable:
+                logger.info("GPU %d: no %s counters from this driver; not asked again",
+                            gpu.index, name)
+                continue
+            kept.append(position)
+            failed = failed or code != NVML_SUCCESS
+        if len(kept) < len(request.pairs):
+            names = [request.pairs[position] for position in kept]
+            gpu.fields = self._request(nvlink=NVLINK in names, pcie=PCIE in names)
+            gpu.counters = gpu.counters.select(
+                tuple(index for position in kept for index in (2 * position, 2 * position + 1)))
+            decoded = tuple(value for position in kept
+                            for value in decoded[6 * position:6 * position + 6])
+        if failed:
+            return None
+        if gpu.counters.widths is None:
+            gpu.counters.widths = tuple(COUNTER_WRAP.get(value_type, 0)
+                                        for value_type in decoded[0::3])
+        return decoded
 
     def _is_not_supported(self, exc: Exception) -> bool:
         return getattr(exc, "value", None) == self._not_supported

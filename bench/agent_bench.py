@@ -96,7 +96,7 @@ def _raw_calls(nvml: Any) -> Callable[[], None]:
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
 
     def run() -> None:
-        psutil.net_io_counters(pernic=True)
+        psutil.net_io_counters(pernic=True, nowrap=False)
         nvml.nvmlDeviceGetCount()
         for handle in handles:
             nvml.nvmlDeviceGetUtilizationRates(handle)

@@ -70,3 +70,15 @@ def test_a_32_bit_counter_that_drops_from_low_was_reset_not_wrapped() -> None:
     group.update((1_000,))
     # A wrap from 1,000 would mean 4 GiB in one reading: a device reset is the reading.
     assert group.update((10,)) == (1_010,)
+
+
+def test_a_selected_group_keeps_the_chosen_counters_history() -> None:
+    group = CounterGroup(widths=(0, 2**32, 0))
+    group.update((100, 2**32 - 10, 7))
+    group.update((50, 2**32 - 5, 9))  # counter 0 reset: offset 100
+    kept = group.select((0, 1))
+    assert kept.widths == (0, 2**32)
+    # Counter 1 wraps (its width came along); counter 0 keeps its offset.
+    assert kept.update((60, 5)) == (160, 2**32 + 5)
+    fresh = CounterGroup().select((1,))
+    assert fresh.update((3,)) == (3,)

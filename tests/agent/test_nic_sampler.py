@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.fakes.fake_nvml import FakeNvml
@@ -46,7 +47,7 @@ def send_loopback_udp(packets: int, size: int) -> None:
         receiver.close()
 
 
-@pytest.mark.skipif(LOOPBACK not in __import__("psutil").net_io_counters(pernic=True),
+@pytest.mark.skipif(LOOPBACK not in psutil.net_io_counters(pernic=True),
                     reason="no loopback interface named lo")
 def test_real_psutil_on_loopback_counts_traffic_and_average_packet_size() -> None:
     poller = poller_for(NicSampler(source="psutil"))
@@ -99,6 +100,34 @@ def test_sysfs_counter_reset_never_goes_backwards_and_mean_packet_size(tmp_path:
     assert snap.get(mn.NODE_NET_RX_BYTES, ("eth0",)) == 16_900
     assert snap.get(mn.NODE_NET_RX_PACKETS, ("eth0",)) == 15
     assert snap.get(mn.NODE_NET_RX_AVG_PACKET, ("eth0",)) == pytest.approx(900.0)
+
+
+def test_psutil_counter_reset_never_goes_backwards() -> None:
+    # psutil's own wrap bookkeeping is off (nowrap=False): a device re-created between
+    # two polls hands the poller raw counters that went down, and the poller alone keeps
+    # the totals monotonic.
+    snetio = type(psutil.net_io_counters(nowrap=False))  # psutil's own record type
+
+    def counters(rx: int, tx: int, packets: int) -> Any:
+        return snetio(bytes_sent=tx, bytes_recv=rx, packets_sent=packets,
+                      packets_recv=packets, errin=0, errout=0, dropin=1, dropout=0)
+
+    readings = iter([{"eth0": counters(10_000, 4_000, 8)}, {"eth0": counters(300, 100, 1)}])
+    asked: list[dict[str, Any]] = []
+
+    def net_io_counters(**kwargs: Any) -> Any:
+        asked.append(kwargs)
+        return next(readings)
+
+    poller = poller_for(NicSampler(source="psutil", net_io_counters=net_io_counters))
+    poller.poll()
+    snap = poller.poll()
+    assert asked == [{"pernic": True, "nowrap": False}] * 2
+    assert snap.get(mn.NODE_NET_RX_BYTES, ("eth0",)) == 10_300
+    assert snap.get(mn.NODE_NET_TX_BYTES, ("eth0",)) == 4_100
+    assert snap.get(mn.NODE_NET_RX_PACKETS, ("eth0",)) == 9
+    assert snap.get(mn.NODE_NET_RX_DROPS, ("eth0",)) == 1
+    assert snap.get(mn.NODE_NET_RX_AVG_PACKET, ("eth0",)) == pytest.approx(300.0)
 
 
 def test_auto_falls_back_to_sysfs_when_psutil_fails(tmp_path: Path) -> None:

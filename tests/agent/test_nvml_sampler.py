@@ -9,6 +9,7 @@ import pytest
 
 from tests.fakes.fake_nvml import (
     AGENT_NVML_FUNCTIONS,
+    NVML_ERROR_GPU_IS_LOST,
     NVML_VALUE_TYPE_UNSIGNED_INT,
     FakeGpu,
     FakeNvml,
@@ -245,6 +246,50 @@ def test_a_driver_without_the_pcie_fields_drops_them_without_counting_errors() -
         clock.now += 1.0
         snap = poller.poll()
     assert snap.get(mn.GPU_NVLINK_TX, ("0",)) == 1024
+    assert mn.GPU_PCIE_TX not in snap.points
+    assert snap.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu0",)) is None
+
+
+def test_a_failing_field_read_is_counted_and_the_next_reading_catches_up() -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu(nvlink_tx_kib=100, pcie_tx_bytes=1_000)]
+    poller = make_poller(FakeNvml(gpus), clock)
+    poller.poll()
+    clock.now += 1.0
+    gpus[0].field_error = NVML_ERROR_GPU_IS_LOST
+    gpus[0].nvlink_tx_kib += 10
+    gpus[0].pcie_tx_bytes += 3_000
+    failed = poller.poll()
+    assert failed.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu0",)) == 1.0
+    assert mn.GPU_NVLINK_TX not in failed.points and mn.GPU_PCIE_TX not in failed.points
+    assert failed.get(mn.GPU_UTILIZATION, ("0",)) == 0.5  # the other readings still taken
+    clock.now += 1.0
+    gpus[0].field_error = 0
+    gpus[0].nvlink_tx_kib += 10
+    gpus[0].pcie_tx_bytes += 1_000
+    recovered = poller.poll()
+    assert recovered.get(mn.GPU_NVLINK_TX, ("0",)) == 120 * 1024
+    # The rate spans both intervals since the last good reading: 4,000 bytes in 2 s.
+    assert recovered.get(mn.GPU_PCIE_TX, ("0",)) == pytest.approx(2_000)
+    assert recovered.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu0",)) == 1.0
+
+
+def test_a_pair_dropped_later_keeps_the_other_pairs_history() -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu(nvlink_tx_kib=1_000, pcie_tx_bytes=5_000)]
+    poller = make_poller(FakeNvml(gpus), clock)
+    poller.poll()
+    gpus[0].reset()  # NVLink counters restart: 1,000 KiB kept as an offset
+    gpus[0].nvlink_tx_kib = 10
+    clock.now += 1.0
+    poller.poll()
+    # The driver stops answering the PCIe fields (as an older one would after an
+    # update was rolled back); the NVLink pair keeps its offset.
+    gpus[0].pcie_fields_unknown = True
+    gpus[0].nvlink_tx_kib = 30
+    clock.now += 1.0
+    snap = poller.poll()
+    assert snap.get(mn.GPU_NVLINK_TX, ("0",)) == 1_030 * 1024
     assert mn.GPU_PCIE_TX not in snap.points
     assert snap.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu0",)) is None
 

@@ -87,6 +87,9 @@ class FakeGpu:
     counter_value_type: int = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
     has_power: bool = True
     failing: bool = False
+    # A return code every field value answers while set (0: none), as a driver does for
+    # a GPU that has fallen off the bus between two calls.
+    field_error: int = 0
 
     def reset(self) -> None:
         """A device reset: NVML's cumulative NVLink counters restart from zero."""
@@ -213,7 +216,9 @@ class FakeNvml:
                 supported, raw = gpu.has_pcie_counters, gpu.pcie_rx_bytes
             else:
                 supported, raw = False, 0
-            if supported:
+            if gpu.field_error:
+                value.nvmlReturn = gpu.field_error
+            elif supported:
                 value.nvmlReturn = NVML_SUCCESS
                 value.value.ullVal = raw
             else:
