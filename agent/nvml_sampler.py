@@ -16,8 +16,8 @@ offsets and size), instead of a ctypes attribute read per field.
 The sampler records each GPU's readings of a poll as one row (:class:`GpuReadings`),
 turned into per-metric series only when the poll's snapshot is first read (a scrape or
 a push), and keeps what one GPU needs between polls (:class:`_Gpu`): its handle, the
-optional readings it still asks for, its NVLink and PCIe counter groups, its previous
-PCIe totals and its integrated busy seconds. This runs every second forever,
+optional readings it still asks for, one counter group over its field values, its
+previous PCIe totals and its integrated busy seconds. This runs every second forever,
 so the per-GPU work is a few local reads around each NVML call (measured against the raw
 calls in ``bench/agent_bench.py``).
 
