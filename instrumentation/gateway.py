@@ -54,6 +54,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_EXCLUDED_PATHS = ("/healthz", "/metrics", "/v1/models")
 _PROPAGATOR = TraceContextTextMapPropagator()
+# The W3C trace-context headers, as ASGI servers pass header names: lowercased bytes.
+_TRACE_HEADERS = frozenset(name.encode("latin-1") for name in _PROPAGATOR.fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,25 +176,24 @@ class TokenpathGatewayMiddleware:
 
         async def traced_send(message: Message) -> None:
             nonlocal status_code
-            if message.get("type") == "http.response.body":
-                body = message.get("body") or b""
-                if body:
-                    request.last_write_ns = time.time_ns()
-                t0 = time.perf_counter()
+            kind = message.get("type")
+            body = message.get("body") if kind == "http.response.body" else None
+            if not body:  # headers, or an empty closing body: nothing to time or count
+                if kind == "http.response.start":
+                    status_code = int(message.get("status", 0))
                 await send(message)
-                t1 = time.perf_counter()
-                if body:
-                    try:
-                        if request.ttft is None:
-                            request.ttft = t0 - request.started
-                        request.write_seconds += t1 - t0
-                        request.tally.add_chunk(len(body), link)
-                    except Exception as exc:
-                        telemetry_errors.count("gateway.send", exc)
                 return
-            if message.get("type") == "http.response.start":
-                status_code = int(message.get("status", 0))
+            request.last_write_ns = time.time_ns()
+            t0 = time.perf_counter()
             await send(message)
+            t1 = time.perf_counter()
+            try:
+                if request.ttft is None:
+                    request.ttft = t0 - request.started
+                request.write_seconds += t1 - t0
+                request.tally.add_chunk(len(body), link)
+            except Exception as exc:
+                telemetry_errors.count("gateway.send", exc)
 
         try:
             await self.app(scope, receive, traced_send)
@@ -212,9 +213,9 @@ class TokenpathGatewayMiddleware:
     ] | None:
         try:
             headers = {
-                key.decode("latin-1").lower(): value.decode("latin-1")
+                key.decode("latin-1"): value.decode("latin-1")
                 for key, value in scope.get("headers") or ()
-                if key.lower() in (b"traceparent", b"tracestate")
+                if key in _TRACE_HEADERS
             }
             parent = _PROPAGATOR.extract(carrier=headers) if headers else None
             method = str(scope.get("method", "GET"))
@@ -235,16 +236,18 @@ class TokenpathGatewayMiddleware:
             now = time.perf_counter()
             recorder = request.recorder
             link = self.config.link
+            now_ns = time.time_ns()
             recorder.record(StageId.API_GATEWAY, request.own_seconds(now),
-                            end_ns=request.handoff_ns)
+                            end_ns=request.handoff_ns or now_ns)
             recorder.record(StageId.RESPONSE_PATH, request.write_seconds,
-                            end_ns=request.last_write_ns)
+                            end_ns=request.last_write_ns or now_ns)
             network = derive_network_stages(request.tally, link)
             recorder.record(StageId.SWITCH_HOP, network.switch_hop_seconds,
-                            provenance=Provenance.DERIVED)
-            recorder.record(StageId.NIC_TX, network.nic_tx_seconds, provenance=Provenance.DERIVED)
+                            provenance=Provenance.DERIVED, end_ns=now_ns)
+            recorder.record(StageId.NIC_TX, network.nic_tx_seconds, provenance=Provenance.DERIVED,
+                            end_ns=now_ns)
             recorder.record(StageId.ETHERNET_SERIALIZE, network.ethernet_serialize_seconds,
-                            provenance=Provenance.DERIVED)
+                            provenance=Provenance.DERIVED, end_ns=now_ns)
             span = request.span
             tally = request.tally
             extra = request.extra

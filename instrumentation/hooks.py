@@ -6,11 +6,14 @@ as ``STAGE_EVENT`` span events on its span in :meth:`StageRecorder.flush`, just 
 the span ends. That is the stage-recording form 2 of the collector contract; it costs a
 fraction of creating one span per stage (see ``bench/stage_recording.py``).
 
-Fast path: on the OpenTelemetry SDK's span the events are appended through
-``Span._add_event`` with small immutable attribute dicts built here, skipping the
-per-event ``BoundedAttributes`` copy (our events have at most four attributes with short
-values, so the limits could never apply). Any other span (a no-op span, another SDK)
-gets the public ``add_event``. Every failure is caught and counted, never raised.
+Fast path: on the OpenTelemetry SDK's span the events go into the span's event list
+(``Span._events``, the SDK's ``BoundedList``, which applies the span's event limit) in
+one ``extend``, with small immutable attribute dicts built here. That skips, per event,
+the ``BoundedAttributes`` copy (our events have at most four attributes with short
+values, so the attribute limits could never apply) and the two lock round trips of
+``Span.add_event``. A span that has ended takes no events, as with ``add_event``. Any
+other span (a no-op span, another SDK) gets the public ``add_event``. Every failure is
+caught and counted, never raised.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -26,24 +30,33 @@ from tokenpath import attributes as attr
 from tokenpath.instrumentation.safety import telemetry_errors
 from tokenpath.stages import Phase, Provenance, StageId
 
-try:  # the SDK's event class, for the fast path
+try:  # the SDK's event and bounded-list classes, for the fast path
     from opentelemetry.sdk.trace import Event as _SdkEvent
+    from opentelemetry.sdk.util import BoundedList as _SdkBoundedList
 except ImportError:  # pragma: no cover - the SDK is a dependency
     _SdkEvent = None  # type: ignore[assignment,misc]
+    _SdkBoundedList = None  # type: ignore[assignment,misc]
 
 # (stage, seconds, phase, provenance, end time in ns since the epoch)
 StageEntry = tuple[StageId, float, Phase | None, Provenance | None, int]
+
+
+# The plain ``str`` value of every stage, phase and provenance member: reading an enum's
+# ``.value`` is a descriptor call, and this runs for every stage of every request.
+_PLAIN_VALUE: dict[StrEnum, str] = {
+    member: member.value for kind in (StageId, Phase, Provenance) for member in kind
+}
 
 
 def stage_event_attributes(
     stage: StageId, seconds: float, phase: Phase | None, provenance: Provenance | None
 ) -> dict[str, Any]:
     """The attributes of one ``STAGE_EVENT`` span event."""
-    out: dict[str, Any] = {attr.STAGE: stage.value, attr.STAGE_SECONDS: float(seconds)}
+    out: dict[str, Any] = {attr.STAGE: _PLAIN_VALUE[stage], attr.STAGE_SECONDS: float(seconds)}
     if phase is not None:
-        out[attr.PHASE] = phase.value
+        out[attr.PHASE] = _PLAIN_VALUE[phase]
     if provenance is not None and provenance is not Provenance.MEASURED:
-        out[attr.PROVENANCE] = provenance.value
+        out[attr.PROVENANCE] = _PLAIN_VALUE[provenance]
     return out
 
 
@@ -100,16 +113,14 @@ class StageRecorder:
 
 def write_stage_events(span: Span, entries: list[StageEntry]) -> None:
     """Append one ``STAGE_EVENT`` per entry to ``span`` (SDK fast path when available)."""
-    add_sdk_event = getattr(span, "_add_event", None)
-    if _SdkEvent is not None and add_sdk_event is not None:
-        for stage, seconds, phase, provenance, end_ns in entries:
-            add_sdk_event(
-                _SdkEvent(
-                    attr.STAGE_EVENT,
-                    stage_event_attributes(stage, seconds, phase, provenance),
-                    end_ns,
-                )
-            )
+    sdk_events = getattr(span, "_events", None)
+    if _SdkEvent is not None and isinstance(sdk_events, _SdkBoundedList):
+        if span.is_recording():
+            sdk_events.extend([
+                _SdkEvent(attr.STAGE_EVENT,
+                          stage_event_attributes(stage, seconds, phase, provenance), end_ns)
+                for stage, seconds, phase, provenance, end_ns in entries
+            ])
         return
     for stage, seconds, phase, provenance, end_ns in entries:
         span.add_event(

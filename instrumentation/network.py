@@ -27,6 +27,7 @@ DEFAULT_LINK_BITS_PER_SECOND = 25e9  # 25GbE, a common server uplink
 DEFAULT_MSS_BYTES = 1448  # 1500 MTU - 20 IPv4 - 20 TCP - 12 TCP timestamps
 IP_TCP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps option 12
 ETHERNET_FRAMING_BYTES = 38  # header 14 + FCS 4 + preamble/SFD 8 + inter-frame gap 12
+PACKET_OVERHEAD_BYTES = IP_TCP_HEADER_BYTES + ETHERNET_FRAMING_BYTES
 DEFAULT_SMALL_PACKET_PAYLOAD_BYTES = 64
 DEFAULT_SWITCH_HOPS = 2  # leaf and spine between an engine host and its gateway
 DEFAULT_SWITCH_LATENCY_SECONDS = 1e-6  # per hop, typical data-center switch port-to-port
@@ -66,6 +67,12 @@ class ResponseTally:
             return
         self.payload_bytes += size
         self.chunks += 1
+        if size < link.mss_bytes:  # one segment: every token chunk of a stream
+            self.packets += 1
+            if size < link.small_packet_payload_bytes:
+                self.small_packets += 1
+            self.overhead_bytes += PACKET_OVERHEAD_BYTES
+            return
         full, rest = divmod(size, link.mss_bytes)
         packets = full + (1 if rest else 0)
         self.packets += packets
@@ -75,7 +82,7 @@ class ResponseTally:
         elif not rest and link.mss_bytes < small:  # only with an absurdly small MSS
             self.small_packets += packets
         # IP + TCP headers (52 B) always exceed Ethernet's 46-byte minimum payload: no padding
-        self.overhead_bytes += packets * (IP_TCP_HEADER_BYTES + ETHERNET_FRAMING_BYTES)
+        self.overhead_bytes += packets * PACKET_OVERHEAD_BYTES
 
 
 @dataclass(frozen=True, slots=True)

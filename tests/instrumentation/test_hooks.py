@@ -43,6 +43,32 @@ def test_recorder_writes_one_stage_event_per_record_on_one_span(sink: SpanSink) 
     assert entries[3][1] >= 0.0
 
 
+def test_stage_events_respect_the_sdk_span_event_limit() -> None:
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+
+    provider = TracerProvider(span_limits=SpanLimits(max_events=3), shutdown_on_exit=False)
+    span = provider.get_tracer("t").start_span("request")
+    span.add_event("app-event")
+    recorder = StageRecorder(span)
+    for stage in (StageId.API_GATEWAY, StageId.SCHEDULER_QUEUE, StageId.GPU_DISPATCH):
+        recorder.record(stage, 0.1)
+    recorder.flush()
+    span.end()
+    # Three events fit: the oldest (the app's) is dropped and counted, as add_event does.
+    assert [e.name for e in span.events] == [attr.STAGE_EVENT] * 3
+    assert span.dropped_events == 1
+
+
+def test_stage_events_are_not_added_to_an_ended_span(sink: SpanSink) -> None:
+    span = sink.provider.get_tracer("t").start_span("request")
+    recorder = StageRecorder(span)
+    recorder.record(StageId.ROUTER, 0.1)
+    span.end()
+    recorder.flush()
+    (finished,) = sink.spans()
+    assert list(finished.events) == []
+
+
 def test_recorder_on_a_non_sdk_span_uses_public_add_event() -> None:
     class Recording(NonRecordingSpan):
         def __init__(self) -> None:

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tokenpath.config import ConfigError
 from tokenpath.instrumentation.network import (
@@ -40,6 +44,30 @@ def test_token_per_packet_streaming_pays_more_framing_than_one_buffered_write() 
     assert a.nic_tx_seconds == pytest.approx(b.nic_tx_seconds)
     assert a.ethernet_serialize_seconds > 10 * b.ethernet_serialize_seconds
     assert per_token.small_packets == 100 and buffered.small_packets == 0
+
+
+@given(mss=st.integers(1, 3000), small=st.integers(0, 200),
+       sizes=st.lists(st.integers(0, 10_000), max_size=20))
+def test_tally_counts_every_chunk_as_its_tcp_segments(mss: int, small: int,
+                                                      sizes: list[int]) -> None:
+    link = LinkModel(mss_bytes=mss, small_packet_payload_bytes=small)
+    tally = ResponseTally()
+    for size in sizes:
+        tally.add_chunk(size, link)
+    written = [size for size in sizes if size > 0]
+    segments = [math.ceil(size / mss) for size in written]
+    # A chunk's last segment carries size % mss bytes (a whole mss when it divides).
+    last_segment = [size % mss or mss for size in written]
+    small_segments = sum(
+        count if size % mss == 0 else 1
+        for size, count, last in zip(written, segments, last_segment, strict=True)
+        if last < small
+    )
+    assert tally.chunks == len(written)
+    assert tally.payload_bytes == sum(written)
+    assert tally.packets == sum(segments)
+    assert tally.small_packets == small_segments
+    assert tally.overhead_bytes == sum(segments) * (IP_TCP_HEADER_BYTES + ETHERNET_FRAMING_BYTES)
 
 
 def test_link_model_validation_names_the_key() -> None:
