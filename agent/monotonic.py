@@ -52,7 +52,7 @@ class MonotonicCounters:
 
 
 class CounterGroup:
-    """Counters read together (one NIC's statistics, one GPU's NVLink or PCIe pair) as
+    """Counters read together (one NIC's statistics, one GPU's NVLink and PCIe pairs) as
     totals that never go backwards.
 
     A total is the raw value plus an offset. When a raw value decreases, its offset grows

@@ -349,20 +349,20 @@ class NvmlSampler:
                     ok = False
             else:
                 counters = gpu.counters
-                decoded: tuple[int, ...] | None = fields
+                values: tuple[float, ...] = fields[2::3]
+                failed: tuple[int, ...] = ()  # positions of pairs that answered an error
                 # Past the first reading, every return code 0 is the only common case.
                 if counters.widths is None or any(fields[1::3]):
-                    decoded = self._check_fields(gpu, fields)
+                    values, failed = self._check_fields(gpu, fields)
                     request, counters = gpu.fields, gpu.counters
-                if decoded is None:
-                    ok = False
-                elif request is not None:
-                    totals = counters.update(decoded[2::3])
-                    if request.nvlink:
+                    ok = ok and not failed
+                if request is not None:
+                    totals = counters.update(values)
+                    if request.nvlink and 0 not in failed:
                         nvlink_tx = totals[0] * KIB
                         nvlink_rx = totals[1] * KIB
                     at = request.pcie_at
-                    if at >= 0:
+                    if at >= 0 and at // 2 not in failed:
                         tx, rx = totals[at], totals[at + 1]
                         last = gpu.pcie_last
                         elapsed = now - gpu.pcie_time
@@ -376,19 +376,22 @@ class NvmlSampler:
                      sm_clock, nvlink_tx, nvlink_rx, pcie_tx, pcie_rx))
         return ok
 
-    def _check_fields(self, gpu: _Gpu, decoded: tuple[int, ...]) -> tuple[int, ...] | None:
+    def _check_fields(self, gpu: _Gpu,
+                      decoded: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[int, ...]]:
         """A GPU's first field values, or ones where some field answered an error.
 
         A pair this driver does not have is dropped from the GPU's request (logged once,
-        not counted), keeping the other pair's counter history; the first good reading
-        sets the counters' widths from the value types. Returns the decoded fields of
-        the request as it now is (empty when no pair is left), or ``None`` when a field
-        failed otherwise: the poll then takes no field readings for this GPU, and the
-        next good one counts what it missed."""
+        not counted), keeping the other pair's counter history. A pair that answered any
+        other error is failed for this poll: its raw values are taken as unchanged (the
+        previous ones, or 0 before any), so its totals stand still and the next good
+        reading counts what it missed, while the other pair is read as usual. The first
+        reading without a failure sets the counters' widths from the value types.
+        Returns the raw values for the request as it now is, and the positions of the
+        failed pairs in it."""
         request = gpu.fields
         assert request is not None
         kept: list[int] = []
-        failed = False
+        failing: list[int] = []
         for position, name in enumerate(request.pairs):
             returns = decoded[6 * position + 1], decoded[6 * position + 4]
             code = next((code for code in returns if code != NVML_SUCCESS), NVML_SUCCESS)
@@ -396,8 +399,9 @@ class NvmlSampler:
                 logger.info("GPU %d: no %s counters from this driver; not asked again",
                             gpu.index, name)
                 continue
+            if code != NVML_SUCCESS:
+                failing.append(len(kept))
             kept.append(position)
-            failed = failed or code != NVML_SUCCESS
         if len(kept) < len(request.pairs):
             names = [request.pairs[position] for position in kept]
             gpu.fields = self._request(nvlink=NVLINK in names, pcie=PCIE in names)
@@ -405,12 +409,17 @@ class NvmlSampler:
                 tuple(index for position in kept for index in (2 * position, 2 * position + 1)))
             decoded = tuple(value for position in kept
                             for value in decoded[6 * position:6 * position + 6])
-        if failed:
-            return None
-        if gpu.counters.widths is None:
-            gpu.counters.widths = tuple(COUNTER_WRAP.get(value_type, 0)
-                                        for value_type in decoded[0::3])
-        return decoded
+        values: tuple[float, ...] = decoded[2::3]
+        counters = gpu.counters
+        if failing:
+            previous = counters.last or (0,) * len(values)
+            values = tuple(
+                previous[index] if index // 2 in failing else value
+                for index, value in enumerate(values))
+        elif counters.widths is None:
+            counters.widths = tuple(COUNTER_WRAP.get(value_type, 0)
+                                    for value_type in decoded[0::3])
+        return values, tuple(failing)
 
     def _is_not_supported(self, exc: Exception) -> bool:
         return getattr(exc, "value", None) == self._not_supported

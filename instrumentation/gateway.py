@@ -54,8 +54,11 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_EXCLUDED_PATHS = ("/healthz", "/metrics", "/v1/models")
 _PROPAGATOR = TraceContextTextMapPropagator()
-# The W3C trace-context headers, as ASGI servers pass header names: lowercased bytes.
+# The W3C trace-context headers as ASGI servers pass header names: lowercased bytes. A
+# name of the same length is lowercased before the test, for servers and middleware that
+# do not lowercase; other headers are skipped on their length alone.
 _TRACE_HEADERS = frozenset(name.encode("latin-1") for name in _PROPAGATOR.fields)
+_TRACE_HEADER_LENGTHS = frozenset(len(name) for name in _TRACE_HEADERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,9 +216,9 @@ class TokenpathGatewayMiddleware:
     ] | None:
         try:
             headers = {
-                key.decode("latin-1"): value.decode("latin-1")
+                key.decode("latin-1").lower(): value.decode("latin-1")
                 for key, value in scope.get("headers") or ()
-                if key in _TRACE_HEADERS
+                if len(key) in _TRACE_HEADER_LENGTHS and key.lower() in _TRACE_HEADERS
             }
             parent = _PROPAGATOR.extract(carrier=headers) if headers else None
             method = str(scope.get("method", "GET"))
@@ -238,9 +241,10 @@ class TokenpathGatewayMiddleware:
             link = self.config.link
             now_ns = time.time_ns()
             recorder.record(StageId.API_GATEWAY, request.own_seconds(now),
-                            end_ns=request.handoff_ns or now_ns)
+                            end_ns=now_ns if request.handoff_ns is None else request.handoff_ns)
             recorder.record(StageId.RESPONSE_PATH, request.write_seconds,
-                            end_ns=request.last_write_ns or now_ns)
+                            end_ns=now_ns if request.last_write_ns is None
+                            else request.last_write_ns)
             network = derive_network_stages(request.tally, link)
             recorder.record(StageId.SWITCH_HOP, network.switch_hop_seconds,
                             provenance=Provenance.DERIVED, end_ns=now_ns)

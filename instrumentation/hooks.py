@@ -11,13 +11,15 @@ Fast path: on the OpenTelemetry SDK's span the events go into the span's event l
 one ``extend``, with small immutable attribute dicts built here. That skips, per event,
 the ``BoundedAttributes`` copy (our events have at most four attributes with short
 values, so the attribute limits could never apply) and the two lock round trips of
-``Span.add_event``. A span that has ended takes no events, as with ``add_event``. Any
+``Span.add_event``; the span's lock is taken once, as the SDK's event methods take it. A
+span that has ended takes no events, as with ``add_event``. Any
 other span (a no-op span, another SDK) gets the public ``add_event``. Every failure is
 caught and counted, never raised.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +38,8 @@ try:  # the SDK's event and bounded-list classes, for the fast path
 except ImportError:  # pragma: no cover - the SDK is a dependency
     _SdkEvent = None  # type: ignore[assignment,misc]
     _SdkBoundedList = None  # type: ignore[assignment,misc]
+
+logger = logging.getLogger(__name__)
 
 # (stage, seconds, phase, provenance, end time in ns since the epoch)
 StageEntry = tuple[StageId, float, Phase | None, Provenance | None, int]
@@ -114,13 +118,21 @@ class StageRecorder:
 def write_stage_events(span: Span, entries: list[StageEntry]) -> None:
     """Append one ``STAGE_EVENT`` per entry to ``span`` (SDK fast path when available)."""
     sdk_events = getattr(span, "_events", None)
-    if _SdkEvent is not None and isinstance(sdk_events, _SdkBoundedList):
-        if span.is_recording():
-            sdk_events.extend([
-                _SdkEvent(attr.STAGE_EVENT,
-                          stage_event_attributes(stage, seconds, phase, provenance), end_ns)
-                for stage, seconds, phase, provenance, end_ns in entries
-            ])
+    span_lock = getattr(span, "_lock", None)
+    if (_SdkEvent is not None and isinstance(sdk_events, _SdkBoundedList)
+            and span_lock is not None):
+        events = [
+            _SdkEvent(attr.STAGE_EVENT,
+                      stage_event_attributes(stage, seconds, phase, provenance), end_ns)
+            for stage, seconds, phase, provenance, end_ns in entries
+        ]
+        # Under the span's lock, as the SDK's own event methods: a span another thread
+        # ends meanwhile either takes all the events first or none of them.
+        with span_lock:
+            if span.is_recording():
+                sdk_events.extend(events)
+                return
+        logger.warning("tokenpath: %d stage events not added to an ended span", len(events))
         return
     for stage, seconds, phase, provenance, end_ns in entries:
         span.add_event(

@@ -10,6 +10,7 @@ import pytest
 from tests.fakes.fake_nvml import (
     AGENT_NVML_FUNCTIONS,
     NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_NO_PERMISSION,
     NVML_VALUE_TYPE_UNSIGNED_INT,
     FakeGpu,
     FakeNvml,
@@ -291,6 +292,58 @@ def test_a_pair_dropped_later_keeps_the_other_pairs_history() -> None:
     snap = poller.poll()
     assert snap.get(mn.GPU_NVLINK_TX, ("0",)) == 1_030 * 1024
     assert mn.GPU_PCIE_TX not in snap.points
+    assert snap.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu0",)) is None
+
+
+def test_a_pair_that_keeps_failing_does_not_hide_the_other_pair() -> None:
+    # PCIe fields answering an error on every poll (as a locked-down vGPU might): the
+    # NVLink pair is still read, and each poll counts one error.
+    clock = FakeClock()
+    gpus = [FakeGpu(nvlink_tx_kib=1, pcie_field_error=NVML_ERROR_NO_PERMISSION)]
+    poller = make_poller(FakeNvml(gpus), clock)
+    for poll in range(1, 4):
+        gpus[0].nvlink_tx_kib = poll * 10
+        snap = poller.poll()
+        clock.now += 1.0
+        assert snap.get(mn.GPU_NVLINK_TX, ("0",)) == poll * 10 * 1024
+        assert mn.GPU_PCIE_TX not in snap.points
+        assert snap.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu0",)) == poll
+    # The PCIe fields recover: a rate from the second good reading on.
+    gpus[0].pcie_field_error = 0
+    gpus[0].pcie_tx_bytes = 5_000
+    assert poller.poll().get(mn.GPU_PCIE_TX, ("0",)) is None
+    clock.now += 1.0
+    gpus[0].pcie_tx_bytes = 8_000
+    snap = poller.poll()
+    assert snap.get(mn.GPU_PCIE_TX, ("0",)) == pytest.approx(3_000)
+    assert snap.get(mn.GPU_NVLINK_TX, ("0",)) == 30 * 1024
+    assert snap.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu0",)) == 3
+
+
+def test_nvlink_dropped_later_leaves_the_pcie_rate_continuous() -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu(nvlink_tx_kib=5, pcie_tx_bytes=1_000)]
+    poller = make_poller(FakeNvml(gpus), clock)
+    poller.poll()
+    clock.now += 1.0
+    gpus[0].has_nvlink = False  # the NVLink fields now answer NOT_SUPPORTED
+    gpus[0].pcie_tx_bytes = 3_000
+    snap = poller.poll()
+    assert snap.get(mn.GPU_PCIE_TX, ("0",)) == pytest.approx(2_000)
+    assert mn.GPU_NVLINK_TX not in snap.points
+    clock.now += 1.0
+    gpus[0].pcie_tx_bytes = 3_500
+    assert poller.poll().get(mn.GPU_PCIE_TX, ("0",)) == pytest.approx(500)
+
+
+def test_a_gpu_without_either_pair_stops_asking_for_field_values() -> None:
+    nvml = FakeNvml([FakeGpu(has_nvlink=False, has_pcie_counters=False)])
+    poller = make_poller(nvml, FakeClock())
+    for _ in range(3):
+        snap = poller.poll()
+    assert nvml.calls["nvmlDeviceGetFieldValues"] == 1
+    assert mn.GPU_NVLINK_TX not in snap.points and mn.GPU_PCIE_TX not in snap.points
+    assert snap.get(mn.GPU_UTILIZATION, ("0",)) == 0.5
     assert snap.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu0",)) is None
 
 

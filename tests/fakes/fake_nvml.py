@@ -23,6 +23,7 @@ NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
@@ -90,6 +91,8 @@ class FakeGpu:
     # A return code every field value answers while set (0: none), as a driver does for
     # a GPU that has fallen off the bus between two calls.
     field_error: int = 0
+    # The same for the PCIe counter fields only (the NVLink ones still answer).
+    pcie_field_error: int = 0
 
     def reset(self) -> None:
         """A device reset: NVML's cumulative NVLink counters restart from zero."""
@@ -216,8 +219,10 @@ class FakeNvml:
                 supported, raw = gpu.has_pcie_counters, gpu.pcie_rx_bytes
             else:
                 supported, raw = False, 0
-            if gpu.field_error:
-                value.nvmlReturn = gpu.field_error
+            pcie_field = field_id in (NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+                                      NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
+            if gpu.field_error or (pcie_field and gpu.pcie_field_error):
+                value.nvmlReturn = gpu.field_error or gpu.pcie_field_error
             elif supported:
                 value.nvmlReturn = NVML_SUCCESS
                 value.value.ullVal = raw

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 from fastapi import FastAPI
 from opentelemetry.trace import SpanKind
@@ -9,6 +11,7 @@ from tests.instrumentation.reference.support import run_async
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.gateway import (
     GatewayInstrumentor,
+    TokenpathGatewayMiddleware,
     gateway_stage,
     mark_engine_handoff,
     trace_headers,
@@ -108,3 +111,63 @@ def test_global_instrument_covers_apps_created_afterwards_and_is_idempotent() ->
         instrumentor.uninstrument()
     assert fastapi.FastAPI is original
     assert not GatewayInstrumentor.is_instrumented(fastapi.FastAPI())
+
+
+def _drive(sink: SpanSink, messages: list[dict[str, object]],
+           headers: list[tuple[bytes, bytes]] | None = None) -> list[dict[str, object]]:
+    """Runs the middleware on a raw ASGI scope whose app sends ``messages``; returns what
+    reached the server's ``send``."""
+    sent: list[dict[str, object]] = []
+
+    async def app(scope: object, receive: object, send: Any) -> None:
+        for message in messages:
+            await send(message)
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    middleware = TokenpathGatewayMiddleware(app, sink.provider)
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+             "headers": headers or []}
+    run_async(lambda: middleware(scope, receive, send))
+    return sent
+
+
+def test_a_trace_header_name_in_any_case_is_honoured() -> None:
+    # ASGI servers lowercase header names; a middleware or adapter that does not must not
+    # split the trace.
+    sink = SpanSink()
+    _drive(sink, [{"type": "http.response.start", "status": 200},
+                  {"type": "http.response.body", "body": b"ok"}],
+           headers=[(b"Content-Type", b"application/json"),
+                    (b"Traceparent", TRACEPARENT.encode())])
+    (span,) = sink.spans()
+    assert format(span.context.trace_id, "032x") == TRACEPARENT.split("-")[1]
+
+
+def test_a_stream_ending_in_an_empty_body_and_a_bodiless_response() -> None:
+    sink = SpanSink()
+    stream = [{"type": "http.response.start", "status": 200},
+              {"type": "http.response.body", "body": b"data: a\n\n", "more_body": True},
+              {"type": "http.response.body", "body": b"data: b\n\n", "more_body": True},
+              {"type": "http.response.body", "body": b"", "more_body": False}]
+    assert _drive(sink, stream) == stream  # every message passed on, unchanged
+    no_content = [{"type": "http.response.start", "status": 204},
+                  {"type": "http.response.body", "body": b""}]
+    assert _drive(sink, no_content) == no_content
+    streamed, empty = sink.spans()
+    attributes = streamed.attributes or {}
+    assert attributes[attr.RESPONSE_CHUNKS] == 2  # the empty closing body is not a chunk
+    assert attributes[attr.RESPONSE_BYTES] == 18
+    assert attributes[attr.TTFT_SECONDS] >= 0
+    empty_attributes = empty.attributes or {}
+    assert empty_attributes[attr.HTTP_RESPONSE_STATUS_CODE] == 204
+    assert empty_attributes[attr.RESPONSE_CHUNKS] == 0
+    assert attr.TTFT_SECONDS not in empty_attributes
+    (response_path,) = [event for event in empty.events
+                        if (event.attributes or {}).get(attr.STAGE) == StageId.RESPONSE_PATH]
+    assert (response_path.attributes or {})[attr.STAGE_SECONDS] == 0.0
+    assert empty.start_time is not None and response_path.timestamp >= empty.start_time
