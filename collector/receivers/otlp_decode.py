@@ -86,6 +86,7 @@ class MetricPoint:
 # then hold references instead of copies (bench/memory.py measures the effect).
 SHARED_STRING_MAX_LENGTH = 64
 _NO_ATTRIBUTES: Attributes = {}  # shared by every span without attributes; never modified
+_CONTENT_KEY = "\x00gen_ai content"  # marks a dropped key in _AttributeReader.keys
 _ZERO_TRACE_ID = bytes(16)
 _ZERO_SPAN_ID = bytes(8)
 
@@ -93,7 +94,7 @@ _ZERO_SPAN_ID = bytes(8)
 class _AttributeReader:
     """Converts KeyValue lists under the ingest limits, counting what it drops."""
 
-    __slots__ = ("content_dropped", "dropped", "limits", "shared", "shared_attributes",
+    __slots__ = ("content_dropped", "dropped", "keys", "limits", "shared", "shared_attributes",
                  "shared_ints", "truncated")
 
     def __init__(self, limits: IngestLimits) -> None:
@@ -104,6 +105,20 @@ class _AttributeReader:
         self.shared: dict[str, str] = {}
         self.shared_ints: dict[int, int] = {}
         self.shared_attributes: dict[tuple[tuple[str, AttrValue], ...], Attributes] = {}
+        # Each attribute key seen in this request: the key to store (shared), or
+        # _CONTENT_KEY for a GenAI content attribute that is dropped. Keys repeat across
+        # the spans and events of a request, so each is checked once.
+        self.keys: dict[str, str] = {}
+
+    def _admit_key(self, key: str) -> str:
+        if not self.limits.keep_content_attributes and key.startswith(GEN_AI_CONTENT_PREFIXES):
+            admitted = _CONTENT_KEY
+        elif len(key) <= SHARED_STRING_MAX_LENGTH:
+            admitted = self.shared.setdefault(key, key)
+        else:
+            admitted = key
+        self.keys[key] = admitted
+        return admitted
 
     def share(self, text: str) -> str:
         """One object per distinct short string in this request."""
@@ -149,12 +164,13 @@ class _AttributeReader:
             return _NO_ATTRIBUTES
         out: Attributes = {}
         limit = self.limits.max_attributes_per_span
-        keep_content = self.limits.keep_content_attributes
         max_length = self.limits.max_attribute_value_length
         shared = self.shared
+        keys = self.keys
         for kv in kvs:
-            key = kv.key
-            if not keep_content and key.startswith(GEN_AI_CONTENT_PREFIXES):
+            raw_key = kv.key
+            key = keys.get(raw_key) or self._admit_key(raw_key)
+            if key is _CONTENT_KEY:
                 self.content_dropped += 1
                 continue
             if len(out) >= limit:
@@ -173,8 +189,7 @@ class _AttributeReader:
             else:
                 value = self.value(v)
             if value is not None:
-                out[shared.setdefault(key, key) if len(key) <= SHARED_STRING_MAX_LENGTH
-                    else key] = value
+                out[key] = value
         if not out:
             return _NO_ATTRIBUTES
         # Spans of one request often carry the same attribute set (route, stage, phase):

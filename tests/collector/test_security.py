@@ -218,6 +218,20 @@ def test_content_is_kept_only_when_opted_in() -> None:
     assert kept.content_attributes_dropped == 0
 
 
+def test_content_keys_are_dropped_on_every_span_of_a_request() -> None:
+    # The decoder checks each distinct key once per request; a content key seen again on
+    # a later span must still be dropped and counted.
+    trace_id = new_trace_id()
+    request = export_request([_content_span(trace_id), _content_span(trace_id)])  # type: ignore[list-item]
+    decoded = decode_traces(request, IngestLimits())
+    assert len(decoded.spans) == 2
+    for span in decoded.spans:
+        assert not any(k.startswith(A.GEN_AI_CONTENT_PREFIXES) for k in span.attributes)
+        assert "gen_ai.prompt" not in span.events[0].attributes
+        assert span.attributes[A.GEN_AI_REQUEST_MODEL] == "m"
+    assert decoded.content_attributes_dropped == 2 * 5
+
+
 def test_keep_content_attributes_is_a_config_key(tmp_path: Path) -> None:
     cfg = CollectorConfig.from_sources(store=str(tmp_path / "s.db"),
                                        file={"limits": {"keep_content_attributes": True}})
