@@ -46,14 +46,15 @@ class StageTiming:
     @classmethod
     def from_json(cls, stage: StageId, data: dict[str, Any]) -> StageTiming:
         phases = {
-            Phase(name): PhaseShare(float(v.get("seconds", 0.0)), float(v.get("cost_dollars", 0.0)))
+            Phase(name): PhaseShare(float(v.get("seconds") or 0.0),
+                                    float(v.get("cost_dollars") or 0.0))
             for name, v in (data.get("phases") or {}).items()
         }
         return cls(
             stage=stage,
-            seconds=float(data.get("seconds", 0.0)),
+            seconds=float(data.get("seconds") or 0.0),
             provenance=Provenance(data.get("provenance", Provenance.MEASURED.value)),
-            cost_dollars=float(data.get("cost_dollars", 0.0)),
+            cost_dollars=float(data.get("cost_dollars") or 0.0),
             phases=phases,
         )
 
@@ -177,8 +178,8 @@ class RequestRecord:
             gpu_type=data.get("gpu_type"),
             tensor_parallel=int(data.get("tensor_parallel") or 1),
             simulated=bool(data.get("simulated", False)),
-            start_unix=float(data.get("start_unix", 0.0)),
-            end_unix=float(data.get("end_unix", 0.0)),
+            start_unix=float(data.get("start_unix") or 0.0),
+            end_unix=float(data.get("end_unix") or 0.0),
             input_tokens=int(data.get("input_tokens", 0)),
             cache_read_tokens=int(data.get("cache_read_tokens", 0)),
             output_tokens=int(data.get("output_tokens", 0)),
@@ -195,9 +196,9 @@ class RequestRecord:
             small_chunks=int(data.get("small_chunks", 0)),
             prefix_fingerprints=tuple(data.get("prefix_fingerprints") or ()),
             stages=stages,
-            cost_dollars=float(data.get("cost_dollars", 0.0)),
-            naive_cost_dollars=float(data.get("naive_cost_dollars", 0.0)),
-            cache_miss_waste_dollars=float(data.get("cache_miss_waste_dollars", 0.0)),
+            cost_dollars=float(data.get("cost_dollars") or 0.0),
+            naive_cost_dollars=float(data.get("naive_cost_dollars") or 0.0),
+            cache_miss_waste_dollars=float(data.get("cache_miss_waste_dollars") or 0.0),
             complete=bool(data.get("complete", True)),
             span_count=int(data.get("span_count", 0)),
             engine_start_unix=opt_float("engine_start_unix"),

@@ -56,3 +56,21 @@ def test_retention_deletes_old_rows(tmp_path: Path) -> None:
     assert store.apply_retention() == 1
     assert [r.input_tokens for r in store.records()] == [2]
     store.shutdown()
+
+
+def test_a_non_finite_figure_is_stored_as_null_and_the_record_still_reads(
+        tmp_path: Path) -> None:
+    # No record should hold NaN or infinity; if one does, its row is valid JSON and the
+    # record reads back (the figure as 0) instead of failing every listing.
+    store = RecordStore(StoreConfig(path=str(tmp_path / "s.db")))
+    broken = record(1, 10.0)
+    broken.cost_dollars = float("nan")
+    broken.stages[StageId.KERNEL_EXEC].seconds = float("inf")
+    broken.ttft_seconds = float("nan")
+    store.consume_record(broken)
+    (read,) = store.records()
+    assert read.cost_dollars == 0.0
+    assert read.stages[StageId.KERNEL_EXEC].seconds == 0.0
+    assert read.ttft_seconds is None
+    assert read.input_tokens == 1
+    store.shutdown()
