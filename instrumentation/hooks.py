@@ -23,14 +23,13 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from enum import StrEnum
 from typing import Any
 
 from opentelemetry.trace import Span
 
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.safety import telemetry_errors
-from tokenpath.stages import Phase, Provenance, StageId
+from tokenpath.stages import PLAIN_VALUES, Phase, Provenance, StageId
 
 try:  # the SDK's event and bounded-list classes, for the fast path
     from opentelemetry.sdk.trace import Event as _SdkEvent
@@ -45,22 +44,15 @@ logger = logging.getLogger(__name__)
 StageEntry = tuple[StageId, float, Phase | None, Provenance | None, int]
 
 
-# The plain ``str`` value of every stage, phase and provenance member: reading an enum's
-# ``.value`` is a descriptor call, and this runs for every stage of every request.
-_PLAIN_VALUE: dict[StrEnum, str] = {
-    member: member.value for kind in (StageId, Phase, Provenance) for member in kind
-}
-
-
 def stage_event_attributes(
     stage: StageId, seconds: float, phase: Phase | None, provenance: Provenance | None
 ) -> dict[str, Any]:
     """The attributes of one ``STAGE_EVENT`` span event."""
-    out: dict[str, Any] = {attr.STAGE: _PLAIN_VALUE[stage], attr.STAGE_SECONDS: float(seconds)}
+    out: dict[str, Any] = {attr.STAGE: PLAIN_VALUES[stage], attr.STAGE_SECONDS: float(seconds)}
     if phase is not None:
-        out[attr.PHASE] = _PLAIN_VALUE[phase]
+        out[attr.PHASE] = PLAIN_VALUES[phase]
     if provenance is not None and provenance is not Provenance.MEASURED:
-        out[attr.PROVENANCE] = _PLAIN_VALUE[provenance]
+        out[attr.PROVENANCE] = PLAIN_VALUES[provenance]
     return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenpath.stages import STAGE_IDS, Phase, Provenance, StageId
+from tokenpath.stages import PLAIN_VALUES, STAGE_IDS, Phase, Provenance, StageId
 
 
 @dataclass(slots=True)
@@ -34,11 +34,12 @@ class StageTiming:
         out: dict[str, Any] = {
             "seconds": self.seconds,
             "cost_dollars": self.cost_dollars,
-            "provenance": self.provenance.value,
+            "provenance": PLAIN_VALUES[self.provenance],
         }
         if self.phases:
             out["phases"] = {
-                phase.value: {"seconds": share.seconds, "cost_dollars": share.cost_dollars}
+                PLAIN_VALUES[phase]: {"seconds": share.seconds,
+                                      "cost_dollars": share.cost_dollars}
                 for phase, share in self.phases.items()
             }
         return out
@@ -146,7 +147,7 @@ class RequestRecord:
             "response_chunks": self.response_chunks,
             "small_chunks": self.small_chunks,
             "prefix_fingerprints": list(self.prefix_fingerprints),
-            "stages": {t.stage.value: t.to_json() for t in self.ordered_stages()},
+            "stages": {PLAIN_VALUES[t.stage]: t.to_json() for t in self.ordered_stages()},
             "cost_dollars": self.cost_dollars,
             "naive_cost_dollars": self.naive_cost_dollars,
             "cache_miss_waste_dollars": self.cache_miss_waste_dollars,
