@@ -22,6 +22,7 @@ Rules (documented in docs/architecture.md, "Late, duplicate and out-of-order spa
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -45,6 +46,8 @@ DEFAULT_IDLE_TIMEOUT_SECONDS = 30.0
 DEFAULT_FINISHED_MEMORY = 100_000
 DEFAULT_ANNOTATION_TTL_SECONDS = 120.0
 DEFAULT_MAX_ANNOTATIONS = 100_000
+# The shortest wait between two finalization passes: under load, traces falling due
+# within one tick are finalized together. An idle assembler does not tick at all.
 DEFAULT_TICK_SECONDS = 0.1
 
 
@@ -116,6 +119,11 @@ class Assembler:
         self._span_count = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # Wakes the finalization thread: set on shutdown, and when spans bring a deadline
+        # earlier than the one it sleeps until (``_sleep_until``, under the lock; inf
+        # while nothing is buffered).
+        self._wake = threading.Event()
+        self._sleep_until = math.inf
         self._closed = False
 
     # --- ingest --------------------------------------------------------------------------
@@ -131,10 +139,14 @@ class Assembler:
         cfg = self._config
         stats = self._stats
         late = duplicate = over_limit = 0
+        # The earliest deadline these spans add: a root's grace, a new trace's idle
+        # timeout, an annotation's time to live.
+        earliest = math.inf
         with self._lock:
             for span in spans:
                 if span.name == SPAN_REQUEST_ANNOTATION:
                     self._remember_annotation(span, now)
+                    earliest = min(earliest, now + cfg.annotation_ttl_seconds)
                     continue
                 trace_id = span.trace_id
                 if trace_id in self._finished:
@@ -146,6 +158,7 @@ class Assembler:
                         evicted.append(self._evict_oldest())
                     pending = _Pending({}, now)
                     self._pending[trace_id] = pending
+                    earliest = min(earliest, now + cfg.idle_timeout_seconds)
                 else:
                     pending.last_seen = now
                     self._pending.move_to_end(trace_id)
@@ -160,7 +173,13 @@ class Assembler:
                 if span.is_root and not pending.root_seen:
                     pending.root_seen = True
                     self._root_deadlines.append((now + cfg.root_grace_seconds, trace_id))
+                    earliest = min(earliest, now + cfg.root_grace_seconds)
             stats.set_gauges(len(self._pending), self._span_count)
+            wake = earliest < self._sleep_until
+            if wake:
+                self._sleep_until = earliest
+        if wake:
+            self._wake.set()
         stats.add(stats.spans_dropped, "late", late)
         stats.add(stats.spans_dropped, "duplicate", duplicate)
         stats.add(stats.spans_dropped, "spans_per_trace", over_limit)
@@ -264,8 +283,34 @@ class Assembler:
         self._thread = threading.Thread(target=self._run, name="tokenpath-assembler", daemon=True)
         self._thread.start()
 
+    def _next_due(self) -> float | None:
+        """When the next trace or annotation falls due (lock held); None when nothing is
+        buffered. Root deadlines, last-seen times and annotations are each kept oldest
+        first, so only their heads are read."""
+        cfg = self._config
+        dues: list[float] = []
+        if self._root_deadlines:
+            dues.append(self._root_deadlines[0][0])
+        if self._pending:
+            dues.append(next(iter(self._pending.values())).last_seen + cfg.idle_timeout_seconds)
+        if self._annotations:
+            dues.append(next(iter(self._annotations.values()))[0] + cfg.annotation_ttl_seconds)
+        return min(dues) if dues else None
+
     def _run(self) -> None:
-        while not self._stop.wait(self._config.tick_seconds):
+        """Sleeps until the next trace falls due (at least ``tick_seconds``), or, with
+        nothing buffered, until spans arrive: an idle collector does not wake for it.
+        Spans that bring an earlier deadline wake it."""
+        tick_seconds = self._config.tick_seconds
+        while not self._stop.is_set():
+            with self._lock:
+                due = self._next_due()
+                now = self._clock()
+                self._sleep_until = math.inf if due is None else max(due, now + tick_seconds)
+                self._wake.clear()
+            self._wake.wait(None if due is None else self._sleep_until - now)
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:
@@ -277,6 +322,7 @@ class Assembler:
             return
         self._closed = True
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
         self.flush()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from tests.fakes.spans import FakeClock, TraceSink, new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import Assembler, AssemblerConfig
@@ -120,3 +123,50 @@ def test_shutdown_flushes_everything_and_is_idempotent() -> None:
     asm.shutdown()
     assert len(sink.traces) == 2
     assert sink.shut == 1
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_an_idle_finalization_thread_sleeps_until_spans_arrive() -> None:
+    sink, stats = TraceSink(), CollectorStats()
+    asm = Assembler(sink, AssemblerConfig(root_grace_seconds=0.05, tick_seconds=0.01), stats)
+    ticks: list[float] = []
+    real_tick = asm.tick
+
+    def counted_tick() -> int:
+        ticks.append(time.monotonic())
+        return real_tick()
+
+    asm.tick = counted_tick  # type: ignore[method-assign]
+    asm.start()
+    try:
+        time.sleep(0.3)
+        assert ticks == []  # nothing buffered: the thread never woke (30 ticks at 0.01 s)
+        asm.consume_spans([span(new_trace_id(), "root")])
+        assert _wait_for(lambda: len(sink.traces) == 1)
+    finally:
+        asm.shutdown()
+
+
+def test_a_root_after_a_rootless_trace_is_finalized_at_its_own_grace() -> None:
+    # The thread sleeps until the rootless trace's idle timeout (30 s); a root that
+    # arrives meanwhile brings an earlier deadline and must wake it.
+    sink, stats = TraceSink(), CollectorStats()
+    asm = Assembler(sink, AssemblerConfig(root_grace_seconds=0.05, idle_timeout_seconds=30.0,
+                                          tick_seconds=0.01), stats)
+    asm.start()
+    try:
+        asm.consume_spans([span(new_trace_id(), "child", parent="e" * 16)])
+        time.sleep(0.1)
+        rooted = new_trace_id()
+        asm.consume_spans([span(rooted, "root")])
+        assert _wait_for(lambda: [t.trace_id for t in sink.traces] == [rooted], timeout=5.0)
+    finally:
+        asm.shutdown()
