@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_SECONDS = 7 * 86400.0
 DEFAULT_BATCH_SIZE = 500
-DEFAULT_FLUSH_SECONDS = 0.25
+# How often the writer deletes rows past retention. Between batches it sleeps until the
+# next record or the next retention pass, so an idle collector's store wakes once a minute.
+DEFAULT_RETENTION_CHECK_SECONDS = 60.0
 DEFAULT_QUEUE_SIZE = 100_000
 MEMORY = ":memory:"
 
@@ -60,7 +62,7 @@ class StoreConfig:
     path: str = MEMORY
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
     batch_size: int = DEFAULT_BATCH_SIZE
-    flush_seconds: float = DEFAULT_FLUSH_SECONDS
+    retention_check_seconds: float = DEFAULT_RETENTION_CHECK_SECONDS
     queue_size: int = DEFAULT_QUEUE_SIZE
 
     def validate(self) -> None:
@@ -68,8 +70,8 @@ class StoreConfig:
             raise ConfigError("store.retention_seconds", "must be > 0")
         if self.batch_size < 1:
             raise ConfigError("store.batch_size", "must be >= 1")
-        if self.flush_seconds <= 0:
-            raise ConfigError("store.flush_seconds", "must be > 0")
+        if self.retention_check_seconds <= 0:
+            raise ConfigError("store.retention_check_seconds", "must be > 0")
         if self.queue_size < 1:
             raise ConfigError("store.queue_size", "must be >= 1")
         if self.path != MEMORY:
@@ -138,8 +140,10 @@ class RecordStore:
 
     def _run(self) -> None:
         while True:
+            every = self._config.retention_check_seconds
+            wait = self._last_retention + every - self._clock()
             try:
-                first = self._queue.get(timeout=self._config.flush_seconds)
+                first = self._queue.get(timeout=min(every, max(0.0, wait)))
             except queue.Empty:
                 self._maybe_apply_retention()
                 continue
@@ -209,7 +213,7 @@ class RecordStore:
 
     def _maybe_apply_retention(self) -> None:
         now = self._clock()
-        if now - self._last_retention < 60.0:
+        if now - self._last_retention < self._config.retention_check_seconds:
             return
         self._last_retention = now
         self.apply_retention(now)

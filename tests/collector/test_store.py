@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tokenpath.collector.store import RecordStore, StoreConfig
@@ -74,3 +75,23 @@ def test_a_non_finite_figure_is_stored_as_null_and_the_record_still_reads(
     assert read.ttft_seconds is None
     assert read.input_tokens == 1
     store.shutdown()
+
+
+def test_the_writer_applies_retention_on_its_own_schedule(tmp_path: Path) -> None:
+    # The writer sleeps until a record arrives or the next retention pass is due.
+    clock = [1000.0]
+    store = RecordStore(StoreConfig(path=str(tmp_path / "s.db"), retention_seconds=100.0,
+                                    retention_check_seconds=0.05), clock=lambda: clock[0])
+    store.start()
+    try:
+        store.consume_record(record(1, 950.0))
+        deadline = time.monotonic() + 10
+        while store.count() < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.count() == 1
+        clock[0] = 1060.0  # the record is now past retention
+        while store.count() > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.count() == 0
+    finally:
+        store.shutdown()
