@@ -49,6 +49,9 @@ DEFAULT_MAX_ANNOTATIONS = 100_000
 # The shortest wait between two finalization passes: under load, traces falling due
 # within one tick are finalized together. An idle assembler does not tick at all.
 DEFAULT_TICK_SECONDS = 0.1
+# The longest single sleep of the finalization thread (threading's waits overflow past
+# about 9e9 s, which a configured timeout of .inf would ask for).
+MAX_SLEEP_SECONDS = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +197,10 @@ class Assembler:
         if not isinstance(request_id, str) or not request_id:
             self._stats.add(self._stats.spans_dropped, "annotation_without_request_id")
             return
-        if len(self._annotations) >= self._config.max_annotations:
+        # Kept oldest first (expiry reads the head): a request annotated again moves to
+        # the end.
+        if self._annotations.pop(request_id, None) is None and (
+                len(self._annotations) >= self._config.max_annotations):
             self._annotations.popitem(last=False)
             self._stats.add(self._stats.spans_dropped, "annotation_capacity")
         self._annotations[request_id] = (now, dict(span.attributes))
@@ -302,13 +308,18 @@ class Assembler:
         nothing buffered, until spans arrive: an idle collector does not wake for it.
         Spans that bring an earlier deadline wake it."""
         tick_seconds = self._config.tick_seconds
-        while not self._stop.is_set():
+        while True:
             with self._lock:
                 due = self._next_due()
                 now = self._clock()
                 self._sleep_until = math.inf if due is None else max(due, now + tick_seconds)
                 self._wake.clear()
-            self._wake.wait(None if due is None else self._sleep_until - now)
+                # After the clear, under the lock: a shutdown that set _wake before the
+                # clear has set _stop too, and is seen here.
+                if self._stop.is_set():
+                    return
+            self._wake.wait(None if due is None
+                            else min(self._sleep_until - now, MAX_SLEEP_SECONDS))
             if self._stop.is_set():
                 return
             try:

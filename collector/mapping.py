@@ -40,6 +40,9 @@ from tokenpath.stages import (
 log = logging.getLogger(__name__)
 
 UNKNOWN_MODEL = "unknown"
+# The largest token or byte count a record takes from an attribute (a signed 64-bit
+# integer, as OTLP's int_value and the store's JSON encoder hold).
+MAX_COUNT = 2**63 - 1
 HTTP_SERVER_MARKERS = ("http.route", "http.method", "http.request.method", "http.target",
                        "url.path")
 
@@ -90,8 +93,9 @@ class _Lookup:
         return None if value is None else str(value)
 
     def count(self, *keys: str) -> int | None:
+        """A non-negative count, at most MAX_COUNT (a garbled ``1e300`` token count)."""
         f = _num(self.get(*keys))
-        return None if f is None else max(0, int(f))
+        return None if f is None else int(min(max(0.0, f), MAX_COUNT))
 
 
 class _StageAccumulator:

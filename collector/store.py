@@ -7,12 +7,15 @@ writer thread, off the ingest path; old rows are deleted after ``retention_secon
 A record's body is its JSON (``RequestRecord.to_json``), encoded with orjson: the stdlib
 encoder spent about 46 µs per record on it, orjson about 3 µs (docs/performance.md). A
 non-finite float, which no record should hold, is written as ``null`` (valid JSON) and
-read back as 0.
+read back as 0; a row the write cannot take fails its batch, counted, and the writer goes
+on.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import queue
 import sqlite3
 import threading
@@ -20,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -57,6 +61,28 @@ CREATE INDEX IF NOT EXISTS idle_cost_end ON idle_cost(end_unix);
 """
 
 
+def encode_body(record: RequestRecord) -> str:
+    """A record's row body: its JSON, by orjson; by the stdlib encoder for what orjson
+    refuses (an integer past 64 bits, from a garbled token count)."""
+    body = record.to_json()
+    try:
+        return orjson.dumps(body).decode()
+    except TypeError:
+        return json.dumps(body, separators=(",", ":"))
+
+
+def decode_body(body: str | bytes) -> dict[str, Any]:
+    """A row body back as JSON; the stdlib reader for what orjson refuses (``NaN``, which
+    rows written by earlier versions may hold)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = json.loads(body)
+    if not isinstance(data, dict):
+        raise ValueError("store row body is not a JSON object")
+    return data
+
+
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
     path: str = MEMORY
@@ -70,8 +96,9 @@ class StoreConfig:
             raise ConfigError("store.retention_seconds", "must be > 0")
         if self.batch_size < 1:
             raise ConfigError("store.batch_size", "must be >= 1")
-        if self.retention_check_seconds <= 0:
-            raise ConfigError("store.retention_check_seconds", "must be > 0")
+        every = self.retention_check_seconds
+        if not (every > 0 and math.isfinite(every)):
+            raise ConfigError("store.retention_check_seconds", "must be a finite number > 0")
         if self.queue_size < 1:
             raise ConfigError("store.queue_size", "must be >= 1")
         if self.path != MEMORY:
@@ -183,29 +210,28 @@ class RecordStore:
     def _write(self, batch: list[_Item]) -> None:
         records = [i for i in batch if isinstance(i, RequestRecord)]
         idle = [i for i in batch if isinstance(i, IdleCost)]
+        rows = [(r.trace_id, r.end_unix, r.model, int(r.complete), encode_body(r))
+                for r in records]
         try:
             with self._db_lock:
                 self._db.execute("BEGIN")
                 self._db.executemany(
                     "INSERT OR IGNORE INTO requests(trace_id, end_unix, model, complete, body)"
                     " VALUES (?, ?, ?, ?, ?)",
-                    [
-                        (r.trace_id, r.end_unix, r.model, int(r.complete),
-                         orjson.dumps(r.to_json()).decode())
-                        for r in records
-                    ],
+                    rows,
                 )
                 self._db.executemany(
                     "INSERT INTO idle_cost(pool, start_unix, end_unix, dollars) VALUES (?,?,?,?)",
                     [(i.pool, i.start_unix, i.end_unix, i.dollars) for i in idle],
                 )
                 self._db.execute("COMMIT")
-        except sqlite3.Error:
+        except (sqlite3.Error, ValueError, TypeError, OverflowError):
             log.exception("store write failed (%d items)", len(batch))
             self._stats.incr("store_errors", len(batch))
             try:
                 with self._db_lock:
-                    self._db.execute("ROLLBACK")
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
             return
@@ -216,7 +242,10 @@ class RecordStore:
         if now - self._last_retention < self._config.retention_check_seconds:
             return
         self._last_retention = now
-        self.apply_retention(now)
+        try:
+            self.apply_retention(now)
+        except sqlite3.Error:  # the writer thread goes on; the next pass tries again
+            log.exception("store retention pass failed")
 
     def apply_retention(self, now: float | None = None) -> int:
         cutoff = (self._clock() if now is None else now) - self._config.retention_seconds
@@ -254,13 +283,13 @@ class RecordStore:
             args.append(limit)
         with self._db_lock:
             rows = self._db.execute(sql, args).fetchall()
-        return [RequestRecord.from_json(orjson.loads(body)) for (body,) in rows]
+        return [RequestRecord.from_json(decode_body(body)) for (body,) in rows]
 
     def record(self, trace_id: str) -> RequestRecord | None:
         with self._db_lock:
             row = self._db.execute("SELECT body FROM requests WHERE trace_id = ?",
                                    (trace_id,)).fetchone()
-        return None if row is None else RequestRecord.from_json(orjson.loads(row[0]))
+        return None if row is None else RequestRecord.from_json(decode_body(row[0]))
 
     def idle_cost_dollars(self, since_unix: float | None = None) -> float:
         sql = "SELECT COALESCE(SUM(dollars), 0) FROM idle_cost"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -170,3 +171,68 @@ def test_a_root_after_a_rootless_trace_is_finalized_at_its_own_grace() -> None:
         assert _wait_for(lambda: [t.trace_id for t in sink.traces] == [rooted], timeout=5.0)
     finally:
         asm.shutdown()
+
+
+def test_a_shutdown_landing_while_the_thread_computes_its_sleep_is_not_lost() -> None:
+    # shutdown() sets _stop and _wake without the lock; when that lands while the thread
+    # is working out its next sleep (before it clears _wake), the thread must still stop.
+    armed = threading.Event()
+    stopper: list[threading.Thread] = []
+
+    def clock() -> float:
+        if armed.is_set() and threading.current_thread() is asm._thread:
+            armed.clear()
+            stopper.append(threading.Thread(target=asm.shutdown, daemon=True))
+            stopper[0].start()
+            _wait_for(asm._stop.is_set)  # shutdown has set _stop and _wake, and joins
+        return time.monotonic()
+
+    asm = Assembler(TraceSink(), AssemblerConfig(), CollectorStats(), clock)
+    asm.start()
+    time.sleep(0.05)  # the thread sleeps with nothing buffered
+    armed.set()
+    asm._wake.set()  # as spans would: it wakes, ticks and computes its next sleep
+    assert _wait_for(lambda: bool(stopper))
+    stopper[0].join(timeout=10)
+    assert not stopper[0].is_alive()
+
+
+def test_an_unbounded_idle_timeout_does_not_stop_the_thread() -> None:
+    sink = TraceSink()
+    asm = Assembler(sink, AssemblerConfig(idle_timeout_seconds=float("inf"),
+                                          root_grace_seconds=0.05, tick_seconds=0.01),
+                    CollectorStats())
+    asm.start()
+    try:
+        asm.consume_spans([span(new_trace_id(), "child", parent="e" * 16)])
+        time.sleep(0.1)
+        rooted = new_trace_id()
+        asm.consume_spans([span(rooted, "root")])
+        assert _wait_for(lambda: [t.trace_id for t in sink.traces] == [rooted], timeout=5.0)
+    finally:
+        asm.shutdown()
+
+
+def test_a_request_annotated_again_expires_after_its_latest_annotation() -> None:
+    asm, sink, clock, stats = make()
+    ttl = AssemblerConfig().annotation_ttl_seconds
+
+    def annotate(request_id: str) -> None:
+        asm.consume_spans([span(new_trace_id(), A.SPAN_REQUEST_ANNOTATION,
+                                attributes={A.GEN_AI_REQUEST_ID: request_id})])
+
+    annotate("req-a")
+    clock.advance(1.0)
+    annotate("req-b")
+    clock.advance(1.0)
+    annotate("req-a")  # now the newest
+    clock.advance(ttl - 0.5)  # past req-b's time to live, not req-a's second one
+    asm.tick()
+    assert stats.spans_dropped.get("annotation_unmatched") == 1
+    engine = span(new_trace_id(), A.VLLM_REQUEST_SPAN_NAME,
+                  attributes={A.GEN_AI_REQUEST_ID: "req-a"})
+    asm.consume_spans([engine])
+    clock.advance(GRACE)
+    asm.tick()
+    (trace,) = sink.traces
+    assert trace.annotations == [{A.GEN_AI_REQUEST_ID: "req-a"}]

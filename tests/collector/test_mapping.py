@@ -7,7 +7,7 @@ import pytest
 from tests.fakes.spans import new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
-from tokenpath.collector.mapping import map_trace
+from tokenpath.collector.mapping import MAX_COUNT, map_trace
 from tokenpath.collector.spans import SPAN_KIND_SERVER, SpanEvent
 from tokenpath.stages import Phase, Provenance, StageId
 
@@ -128,3 +128,14 @@ def test_stage_spans_and_events_add_up_per_phase() -> None:
     assert record.stages[StageId.NIC_TX].provenance is Provenance.DERIVED
     assert record.stages[StageId.NIC_TX].seconds == pytest.approx(0.25)
     assert set(record.stages) == {StageId.GPU_DISPATCH, StageId.NIC_TX}
+
+
+def test_a_garbled_token_count_is_capped_at_64_bits() -> None:
+    tid = new_trace_id()
+    attributes = {**VLLM_ATTRS, A.VLLM_USAGE_PROMPT_TOKENS: 1e300,
+                  A.VLLM_USAGE_COMPLETION_TOKENS: "1e30"}
+    record = map_trace(trace(span(tid, A.VLLM_REQUEST_SPAN_NAME, kind=SPAN_KIND_SERVER,
+                                  start=100.0, end=100.26, attributes=attributes)))
+    assert record is not None
+    assert record.input_tokens == MAX_COUNT
+    assert record.output_tokens == MAX_COUNT

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import sqlite3
 import time
 from pathlib import Path
 
@@ -95,3 +97,34 @@ def test_the_writer_applies_retention_on_its_own_schedule(tmp_path: Path) -> Non
         assert store.count() == 0
     finally:
         store.shutdown()
+
+
+def test_a_count_past_64_bits_is_stored_and_the_writer_goes_on(tmp_path: Path) -> None:
+    # orjson refuses integers past 64 bits; such a row is written by the stdlib encoder.
+    store = RecordStore(StoreConfig(path=str(tmp_path / "s.db")))
+    store.start()
+    try:
+        huge = record(1, 10.0)
+        huge.input_tokens = 10**20
+        store.consume_record(huge)
+        store.consume_record(record(2, 11.0))
+        deadline = time.monotonic() + 10
+        while store.count() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(r.input_tokens for r in store.records()) == [2, 10**20]
+    finally:
+        store.shutdown()
+
+
+def test_a_row_an_earlier_version_wrote_with_nan_still_reads(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.db")
+    store = RecordStore(StoreConfig(path=path))
+    store.consume_record(record(1, 10.0))
+    store.shutdown()
+    with sqlite3.connect(path) as db:  # the stdlib encoder wrote NaN for a NaN figure
+        db.execute("UPDATE requests SET body = replace(body, '\"cost_dollars\":0.0,', "
+                   "'\"cost_dollars\":NaN,')")
+        (body,) = db.execute("SELECT body FROM requests").fetchone()
+    assert "NaN" in body
+    (read,) = RecordStore(StoreConfig(path=path)).records()
+    assert read.input_tokens == 1 and math.isnan(read.cost_dollars)
