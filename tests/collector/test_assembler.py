@@ -6,6 +6,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
 from tests.fakes.spans import FakeClock, TraceSink, new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import Assembler, AssemblerConfig
@@ -156,16 +158,21 @@ def test_an_idle_finalization_thread_sleeps_until_spans_arrive() -> None:
         asm.shutdown()
 
 
-def test_a_root_after_a_rootless_trace_is_finalized_at_its_own_grace() -> None:
-    # The thread sleeps until the rootless trace's idle timeout (30 s); a root that
-    # arrives meanwhile brings an earlier deadline and must wake it.
+@pytest.mark.parametrize("idle_timeout", [30.0, float("inf")])
+def test_a_root_after_a_rootless_trace_is_finalized_at_its_own_grace(
+        idle_timeout: float) -> None:
+    # The thread sleeps until the rootless trace's idle timeout (30 s, or an hour at a
+    # time for an unbounded one); a root that arrives meanwhile brings an earlier
+    # deadline and must wake it.
     sink, stats = TraceSink(), CollectorStats()
-    asm = Assembler(sink, AssemblerConfig(root_grace_seconds=0.05, idle_timeout_seconds=30.0,
+    asm = Assembler(sink, AssemblerConfig(root_grace_seconds=0.05,
+                                          idle_timeout_seconds=idle_timeout,
                                           tick_seconds=0.01), stats)
     asm.start()
     try:
         asm.consume_spans([span(new_trace_id(), "child", parent="e" * 16)])
         time.sleep(0.1)
+        assert asm._thread is not None and asm._thread.is_alive()
         rooted = new_trace_id()
         asm.consume_spans([span(rooted, "root")])
         assert _wait_for(lambda: [t.trace_id for t in sink.traces] == [rooted], timeout=5.0)
@@ -195,22 +202,6 @@ def test_a_shutdown_landing_while_the_thread_computes_its_sleep_is_not_lost() ->
     assert _wait_for(lambda: bool(stopper))
     stopper[0].join(timeout=10)
     assert not stopper[0].is_alive()
-
-
-def test_an_unbounded_idle_timeout_does_not_stop_the_thread() -> None:
-    sink = TraceSink()
-    asm = Assembler(sink, AssemblerConfig(idle_timeout_seconds=float("inf"),
-                                          root_grace_seconds=0.05, tick_seconds=0.01),
-                    CollectorStats())
-    asm.start()
-    try:
-        asm.consume_spans([span(new_trace_id(), "child", parent="e" * 16)])
-        time.sleep(0.1)
-        rooted = new_trace_id()
-        asm.consume_spans([span(rooted, "root")])
-        assert _wait_for(lambda: [t.trace_id for t in sink.traces] == [rooted], timeout=5.0)
-    finally:
-        asm.shutdown()
 
 
 def test_a_request_annotated_again_expires_after_its_latest_annotation() -> None:
