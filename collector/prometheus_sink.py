@@ -20,6 +20,7 @@ from tokenpath.collector.stats import CollectorStats
 from tokenpath.labels import BoundedLabel
 from tokenpath.pipeline import IdleCost
 from tokenpath.records import RequestRecord
+from tokenpath.stages import PLAIN_VALUES
 
 DEFAULT_MAX_MODELS = 50
 DEFAULT_MAX_POOLS = 50
@@ -78,12 +79,13 @@ class PrometheusSink:
         model = self._model(record.model)
         self.requests.labels(model, self._status(record.status)).inc()
         for timing in record.ordered_stages():
-            stage = timing.stage.value
+            stage = PLAIN_VALUES[timing.stage]
             self.stage_duration.labels(stage, model).observe(timing.seconds)
             if timing.phases:
                 for phase, share in timing.phases.items():
                     if share.cost_dollars > 0:
-                        self.cost.labels(stage, phase.value, model).inc(share.cost_dollars)
+                        self.cost.labels(stage, PLAIN_VALUES[phase], model).inc(
+                            share.cost_dollars)
                 rest = timing.cost_dollars - sum(s.cost_dollars for s in timing.phases.values())
                 if rest > 1e-15:
                     self.cost.labels(stage, M.PHASE_NONE, model).inc(rest)
