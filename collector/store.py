@@ -7,8 +7,8 @@ writer thread, off the ingest path; old rows are deleted after ``retention_secon
 A record's body is its JSON (``RequestRecord.to_json``), encoded with orjson: the stdlib
 encoder spent about 46 µs per record on it, orjson about 3 µs (docs/performance.md). A
 non-finite float, which no record should hold, is written as ``null`` (valid JSON) and
-read back as 0; a row the write cannot take fails its batch, counted, and the writer goes
-on.
+read back as 0. A record that cannot be encoded at all is counted in ``store_errors`` and
+the rest of its batch is written; the writer thread never stops on a bad record.
 """
 
 from __future__ import annotations
@@ -210,8 +210,13 @@ class RecordStore:
     def _write(self, batch: list[_Item]) -> None:
         records = [i for i in batch if isinstance(i, RequestRecord)]
         idle = [i for i in batch if isinstance(i, IdleCost)]
-        rows = [(r.trace_id, r.end_unix, r.model, int(r.complete), encode_body(r))
-                for r in records]
+        rows = []
+        for r in records:
+            try:
+                rows.append((r.trace_id, r.end_unix, r.model, int(r.complete), encode_body(r)))
+            except (TypeError, ValueError, OverflowError):  # loses this record only
+                log.exception("store: record %s could not be encoded", r.trace_id)
+                self._stats.incr("store_errors")
         try:
             with self._db_lock:
                 self._db.execute("BEGIN")
@@ -225,9 +230,9 @@ class RecordStore:
                     [(i.pool, i.start_unix, i.end_unix, i.dollars) for i in idle],
                 )
                 self._db.execute("COMMIT")
-        except (sqlite3.Error, ValueError, TypeError, OverflowError):
-            log.exception("store write failed (%d items)", len(batch))
-            self._stats.incr("store_errors", len(batch))
+        except sqlite3.Error:
+            log.exception("store write failed (%d items)", len(rows) + len(idle))
+            self._stats.incr("store_errors", len(rows) + len(idle))
             try:
                 with self._db_lock:
                     if self._db.in_transaction:
@@ -235,7 +240,7 @@ class RecordStore:
             except sqlite3.Error:
                 pass
             return
-        self._stats.incr("records_stored", len(records))
+        self._stats.incr("records_stored", len(rows))
 
     def _maybe_apply_retention(self) -> None:
         now = self._clock()

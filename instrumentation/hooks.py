@@ -12,9 +12,9 @@ one ``extend``, with small immutable attribute dicts built here. That skips, per
 the ``BoundedAttributes`` copy (our events have at most four attributes with short
 values, so the attribute limits could never apply) and the two lock round trips of
 ``Span.add_event``; the span's lock is taken once, as the SDK's event methods take it. A
-span that has ended takes no events, as with ``add_event``. Any
-other span (a no-op span, another SDK) gets the public ``add_event``. Every failure is
-caught and counted, never raised.
+span that has ended takes no events, as with ``add_event``. Any other span (a no-op span,
+another SDK) gets the public ``add_event``. Every failure is caught and counted, never
+raised.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
+from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, StoreConfig
 from tokenpath.pipeline import IdleCost
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
@@ -128,3 +131,26 @@ def test_a_row_an_earlier_version_wrote_with_nan_still_reads(tmp_path: Path) -> 
     assert "NaN" in body
     (read,) = RecordStore(StoreConfig(path=path)).records()
     assert read.input_tokens == 1 and math.isnan(read.cost_dollars)
+
+
+def test_a_record_that_cannot_be_encoded_loses_only_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenpath.collector import store as store_module
+
+    real_encode = store_module.encode_body
+
+    def encode(r: RequestRecord) -> str:
+        if r.input_tokens == 2:
+            raise ValueError("unencodable")
+        return real_encode(r)
+
+    monkeypatch.setattr(store_module, "encode_body", encode)
+    stats = CollectorStats()
+    store = RecordStore(StoreConfig(path=str(tmp_path / "s.db")), stats)
+    store.start()
+    for i in (1, 2, 3):
+        store.consume_record(record(i, 10.0 + i))
+    store.shutdown()
+    assert sorted(r.input_tokens for r in RecordStore(
+        StoreConfig(path=str(tmp_path / "s.db"))).records()) == [1, 3]
+    assert stats.store_errors == 1
