@@ -15,6 +15,13 @@ pure-Python fake module (``tests/fakes/fake_nvml.py``) and say so in ``nvml``.
   baselines run in windows of their own, alternating with the agent's: a process making
   only the raw psutil and NVML calls of a poll at 1 Hz, and one that only wakes at 1 Hz.
   Then, agent only: a scrape every second, and the engine pages fetched every poll.
+- ``wake_penalty``: what this machine charges for touching memory after a sleep: the
+  CPU time of reading one byte from each of ``PENALTY_PAGES`` pages right after a 1 s
+  sleep, against the same read back to back (``wake_penalty_ratio``). On a normal host
+  a 1 s sleep costs a few cache misses; on a VM whose page tables are shadowed by the
+  hypervisor (this development VM boots with ``nested_pvm=1``) each page touched after
+  the sleep can fault into the hypervisor, and every figure of the CPU share scales
+  with the pages a wake-up touches. It calibrates the CPU share, not the agent.
 - ``poll_cost_ratio``: one poll (NVML + NIC part) against the raw psutil and NVML calls
   that poll makes, timed alternately in this process. Target <= 1.5. A poll records
   rows; its snapshot builds series only when first read, so
@@ -66,6 +73,11 @@ BENCH_GPUS = 8
 DEFAULT_WINDOW_SECONDS = 10.0
 PROMETHEUS_SCRAPE_SECONDS = 15.0
 WARMUP_SECONDS = 2.0
+# The wake-penalty calibration: pages read after each sleep, sleeps, and their length.
+PENALTY_PAGES = 1000
+PENALTY_SAMPLES = 5
+PENALTY_SLEEP_SECONDS = 1.0
+PAGE_BYTES = 4096
 PAGES = Path(__file__).resolve().parent.parent / "tests" / "agent" / "pages"
 READY_LINE = "ready"
 CPU_LINE = "cpu"
@@ -183,6 +195,37 @@ def _probe_system_driver() -> int:
         raise RuntimeError(f"--nvml {SYSTEM_DRIVER}: NVML did not initialise on this "
                            f"machine ({exc}); is the NVIDIA driver installed?") from exc
     return gpus
+
+
+# -- what a wake-up costs on this machine ------------------------------------------------
+
+def measure_wake_penalty(pages: int = PENALTY_PAGES, samples: int = PENALTY_SAMPLES,
+                         sleep_seconds: float = PENALTY_SLEEP_SECONDS) -> dict[str, float]:
+    """CPU time of reading one byte of each of ``pages`` pages right after sleeping
+    ``sleep_seconds``, against the same read back to back (medians of ``samples``)."""
+    memory = bytearray(pages * PAGE_BYTES)
+    offsets = range(0, len(memory), PAGE_BYTES)
+    for offset in offsets:  # every page backed before timing
+        memory[offset] = 1
+
+    def touch() -> float:
+        start = time.process_time()
+        total = 0
+        for offset in offsets:
+            total += memory[offset]
+        return time.process_time() - start
+
+    warm = [touch() for _ in range(samples + 1)][1:]
+    cold: list[float] = []
+    for _ in range(samples):
+        time.sleep(sleep_seconds)
+        cold.append(touch())
+    warm_s = statistics.median(warm)
+    cold_s = statistics.median(cold)
+    return {"pages": pages, "sleep_seconds": sleep_seconds,
+            "warm_us_per_page": 1e6 * warm_s / pages,
+            "after_sleep_us_per_page": 1e6 * cold_s / pages,
+            "wake_penalty_ratio": cold_s / warm_s if warm_s > 0 else float("inf")}
 
 
 # -- CPU share of a running agent ---------------------------------------------------------
@@ -433,6 +476,7 @@ def run(window: float = DEFAULT_WINDOW_SECONDS, nvml_source: str = FAKE_DRIVER) 
     instead of every ``engine_interval`` (the pessimistic cases, reported beside).
     """
     cost = measure_poll_costs(nvml_source)  # first: it names a missing driver plainly
+    penalty = measure_wake_penalty()
     typical = measure_cpu_share(window, rounds=2, nvml_source=nvml_source)
     every_second = measure_cpu_share(window, rounds=1, scrape_interval=1.0, baselines=False,
                                      nvml_source=nvml_source)
@@ -454,6 +498,8 @@ def run(window: float = DEFAULT_WINDOW_SECONDS, nvml_source: str = FAKE_DRIVER) 
         "cpu_typical_scrapes": typical,
         "cpu_scrape_every_second": every_second,
         "cpu_engines_every_poll": engines_every_poll,
+        "wake_penalty": penalty,
+        "wake_penalty_ratio": penalty["wake_penalty_ratio"],
         **cost,
     }
 

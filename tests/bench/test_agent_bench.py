@@ -30,12 +30,24 @@ def test_poll_cost_compares_a_poll_with_its_raw_calls() -> None:
 
 def test_the_bench_table_reads_the_agent_figures_and_what_was_measured_beside() -> None:
     results = {"agent": {"cpu_percent_of_core": 0.7, "cpu_percent_of_core_raw_calls_1hz": 0.5,
-                         "cpu_percent_of_core_idle_wake_1hz": 0.2, "poll_ratio": 1.4}}
+                         "cpu_percent_of_core_idle_wake_1hz": 0.2, "wake_penalty_ratio": 240,
+                         "poll_ratio": 1.4}}
     agent_targets = {target.label: target for target in TARGETS if target.bench == "agent"}
     cpu = agent_targets["agent CPU share at 1 Hz"]
     assert cpu.value(results) == 0.7
     assert not cpu.holds(0.7)
-    assert cpu.beside_text(results) == "raw calls alone 0.5 %; idle wake alone 0.2 %"
+    assert cpu.beside_text(results) == (
+        "raw calls alone 0.5 %; idle wake alone 0.2 %; "
+        "page touched after 1 s asleep vs back to back 240 x")
+
+
+def test_wake_penalty_times_the_same_pages_back_to_back_and_after_a_sleep() -> None:
+    penalty = agent_bench.measure_wake_penalty(pages=64, samples=2, sleep_seconds=0.01)
+    assert penalty["pages"] == 64
+    assert penalty["warm_us_per_page"] >= 0 and penalty["after_sleep_us_per_page"] > 0
+    if penalty["warm_us_per_page"] > 0:
+        assert penalty["wake_penalty_ratio"] == pytest.approx(
+            penalty["after_sleep_us_per_page"] / penalty["warm_us_per_page"])
 
 
 def test_asking_for_this_machines_driver_without_one_names_the_problem() -> None:
