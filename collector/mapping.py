@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import Protocol
 
 from tokenpath import attributes as A
@@ -75,17 +76,23 @@ def _seconds(value: AttrValue | None) -> float | None:
 
 
 class _Lookup:
-    """First value of an attribute across a trace, in a preferred span order."""
+    """First value of an attribute across a trace, in a preferred span order.
+
+    The layers are merged once, the first layer's value winning, so each lookup is one
+    dict read however many spans the trace has (attribute values are never None)."""
 
     def __init__(self, layers: list[dict[str, AttrValue]]) -> None:
-        self._layers = layers
+        merged: dict[str, AttrValue] = {}
+        for layer in reversed(layers):
+            merged.update(layer)
+        self._merged = merged
 
     def get(self, *keys: str) -> AttrValue | None:
+        merged = self._merged
         for key in keys:
-            for layer in self._layers:
-                value = layer.get(key)
-                if value is not None:
-                    return value
+            value = merged.get(key)
+            if value is not None:
+                return value
         return None
 
     def text(self, *keys: str) -> str | None:
@@ -104,17 +111,21 @@ class _StageAccumulator:
 
     def add(self, stage: StageId, seconds: float, provenance: Provenance,
             phase: Phase | None = None) -> None:
-        seconds = max(0.0, seconds)
+        if seconds < 0.0:
+            seconds = 0.0
         timing = self.stages.get(stage)
         if timing is None:
-            timing = StageTiming(stage, 0.0, provenance)
-            self.stages[stage] = timing
-        elif _RANK[provenance] > _RANK[timing.provenance]:
-            timing.provenance = provenance  # a sum is only as good as its weakest part
-        timing.seconds += seconds
+            timing = self.stages[stage] = StageTiming(stage, seconds, provenance)
+        else:
+            if _RANK[provenance] > _RANK[timing.provenance]:
+                timing.provenance = provenance  # a sum is only as good as its weakest part
+            timing.seconds += seconds
         if phase is not None:
-            share = timing.phases.setdefault(phase, PhaseShare())
-            share.seconds += seconds
+            share = timing.phases.get(phase)
+            if share is None:
+                timing.phases[phase] = PhaseShare(seconds)
+            else:
+                share.seconds += seconds
 
     def phase_seconds(self, stage: StageId, phase: Phase) -> float:
         timing = self.stages.get(stage)
@@ -135,18 +146,22 @@ def _is_http_server(span: SpanData) -> bool:
     )
 
 
+_START = attrgetter("start_unix_nano")
+
+
 def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     """The request record of a trace, or None when the trace is not a request."""
-    spans = sorted(trace.spans, key=lambda s: s.start_unix_nano)
+    spans = sorted(trace.spans, key=_START)
     engine_spans = [s for s in spans if s.name == A.VLLM_REQUEST_SPAN_NAME]
-    server_spans = [s for s in spans if _is_http_server(s)]
+    server_spans = [s for s in spans if s.kind == SPAN_KIND_SERVER and _is_http_server(s)]
     acc = _StageAccumulator()
     for span in spans:
-        stage = parse_stage(span.attributes.get(A.STAGE))
+        attributes = span.attributes
+        stage = parse_stage(attributes.get(A.STAGE))
         if stage is not None:
             acc.add(stage, span.duration_seconds,
-                    parse_provenance(span.attributes.get(A.PROVENANCE), Provenance.MEASURED),
-                    parse_phase(span.attributes.get(A.PHASE)))
+                    parse_provenance(attributes.get(A.PROVENANCE), Provenance.MEASURED),
+                    parse_phase(attributes.get(A.PHASE)))
         for event in span.events:
             if event.name != A.STAGE_EVENT:
                 continue

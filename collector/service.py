@@ -91,6 +91,10 @@ class CollectorService:
         if self._started:
             return
         self._started = True
+        config = self.config
+        log.debug("collector: store %s, retention %s s, bearer auth %s, max buffered spans %d",
+                  config.store_path, config.retention_seconds,
+                  "on" if config.auth_token else "off", config.max_buffered_spans)
         self.store.start()
         self.attributor.start()
         self.assembler.start()
