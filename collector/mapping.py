@@ -30,6 +30,9 @@ from tokenpath.collector.spans import SPAN_KIND_SERVER, STATUS_CODE_ERROR, AttrV
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.stages import (
+    PHASE_BY_VALUE,
+    PROVENANCE_BY_VALUE,
+    STAGE_BY_VALUE,
     Phase,
     Provenance,
     StageId,
@@ -155,13 +158,18 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     engine_spans = [s for s in spans if s.name == A.VLLM_REQUEST_SPAN_NAME]
     server_spans = [s for s in spans if s.kind == SPAN_KIND_SERVER and _is_http_server(s)]
     acc = _StageAccumulator()
+    add = acc.add
+    stage_of = STAGE_BY_VALUE.get
+    phase_of = PHASE_BY_VALUE.get
+    provenance_of = PROVENANCE_BY_VALUE.get
+    measured = Provenance.MEASURED
     for span in spans:
         attributes = span.attributes
-        stage = parse_stage(attributes.get(A.STAGE))
-        if stage is not None:
-            acc.add(stage, span.duration_seconds,
-                    parse_provenance(attributes.get(A.PROVENANCE), Provenance.MEASURED),
-                    parse_phase(attributes.get(A.PHASE)))
+        stage = stage_of(attributes.get(A.STAGE))
+        if stage is not None:  # decoding keeps end >= start; add() clamps at 0 anyway
+            add(stage, (span.end_unix_nano - span.start_unix_nano) / 1e9,
+                provenance_of(attributes.get(A.PROVENANCE), measured),
+                phase_of(attributes.get(A.PHASE)))
         for event in span.events:
             if event.name != A.STAGE_EVENT:
                 continue

@@ -120,21 +120,23 @@ NETWORK_STAGES: tuple[StageId, ...] = tuple(
 )
 
 
-_STAGE_BY_VALUE: dict[object, StageId] = {stage.value: stage for stage in StageId}
-_PHASE_BY_VALUE: dict[object, Phase] = {phase.value: phase for phase in Phase}
-_PROVENANCE_BY_VALUE: dict[object, Provenance] = {p.value: p for p in Provenance}
+# Attribute value -> member. Keys are the plain strings, so a value of any other type
+# (a number, a tuple) finds nothing; hot loops call ``.get`` on these directly.
+STAGE_BY_VALUE: dict[object, StageId] = {stage.value: stage for stage in StageId}
+PHASE_BY_VALUE: dict[object, Phase] = {phase.value: phase for phase in Phase}
+PROVENANCE_BY_VALUE: dict[object, Provenance] = {p.value: p for p in Provenance}
 
 
 def parse_stage(value: object) -> StageId | None:
     """The stage id for an attribute value, or None when it names no stage."""
-    return _STAGE_BY_VALUE.get(value) if isinstance(value, str) else None
+    return STAGE_BY_VALUE.get(value) if isinstance(value, str) else None
 
 
 def parse_phase(value: object) -> Phase | None:
-    return _PHASE_BY_VALUE.get(value) if isinstance(value, str) else None
+    return PHASE_BY_VALUE.get(value) if isinstance(value, str) else None
 
 
 def parse_provenance(value: object, default: Provenance) -> Provenance:
     if isinstance(value, str):
-        return _PROVENANCE_BY_VALUE.get(value, default)
+        return PROVENANCE_BY_VALUE.get(value, default)
     return default

@@ -166,6 +166,7 @@ class _AttributeReader:
         limit = self.limits.max_attributes_per_span
         max_length = self.limits.max_attribute_value_length
         shared = self.shared
+        shared_ints = self.shared_ints
         keys = self.keys
         for kv in kvs:
             raw_key = kv.key
@@ -177,8 +178,9 @@ class _AttributeReader:
                 self.dropped += 1
                 continue
             v = kv.value
-            # The common case inline (a short string); everything else through value().
-            if v.WhichOneof("value") == "string_value":
+            # The common cases inline (a short string, a number); the rest through value().
+            which = v.WhichOneof("value")
+            if which == "string_value":
                 text = v.string_value
                 if len(text) > max_length:
                     self.truncated += 1
@@ -186,6 +188,11 @@ class _AttributeReader:
                 value: AttrValue | None = (
                     shared.setdefault(text, text) if len(text) <= SHARED_STRING_MAX_LENGTH
                     else text)
+            elif which == "double_value":
+                value = v.double_value
+            elif which == "int_value":
+                number = v.int_value
+                value = shared_ints.setdefault(number, number)
             else:
                 value = self.value(v)
             if value is not None:

@@ -139,3 +139,39 @@ def test_a_garbled_token_count_is_capped_at_64_bits() -> None:
     assert record is not None
     assert record.input_tokens == MAX_COUNT
     assert record.output_tokens == MAX_COUNT
+
+
+def test_a_stage_span_whose_stage_phase_or_provenance_is_not_a_string_is_read_safely() -> None:
+    tid = new_trace_id()
+    root = span(tid, "root", start=0.0, end=1.0,
+                attributes={A.STAGE: StageId.ROUTER.value, A.PROVENANCE: 3,
+                            A.PHASE: ("prefill",)})
+    numbered = span(tid, "numbered", parent=root.span_id, start=0.1, end=0.2,
+                    attributes={A.STAGE: 7})
+    listed = span(tid, "listed", parent=root.span_id, start=0.1, end=0.2,
+                  attributes={A.STAGE: (StageId.NIC_TX.value,)})
+    record = map_trace(trace(root, numbered, listed))
+    assert record is not None
+    router = record.stages[StageId.ROUTER]
+    assert router.provenance is Provenance.MEASURED  # the default, not a crash
+    assert router.phases == {}
+    assert set(record.stages) == {StageId.ROUTER}
+
+
+def test_request_facts_come_from_annotations_then_engine_then_root_then_other_spans() -> None:
+    tid = new_trace_id()
+    root = span(tid, "root", start=0.0, end=1.0,
+                attributes={A.NODE: "root-node", A.POOL: "root-pool",
+                            A.GEN_AI_REQUEST_MODEL: "root-model"})
+    engine = span(tid, A.VLLM_REQUEST_SPAN_NAME, parent=root.span_id, start=0.1, end=0.9,
+                  attributes={**VLLM_ATTRS, A.NODE: "engine-node"})
+    stage = span(tid, "stage", parent=root.span_id, start=0.2, end=0.3,
+                 attributes={A.STAGE: StageId.ROUTER.value, A.GPU_TYPE: "h100",
+                             A.NODE: "stage-node"})
+    record = map_trace(trace(stage, root, engine,
+                             annotations=[{A.GEN_AI_REQUEST_ID: "cmpl-1", A.POOL: "noted"}]))
+    assert record is not None
+    assert record.pool == "noted"  # an annotation wins over every span
+    assert record.node == "engine-node"  # the engine span wins over the root
+    assert record.model == "tiny-llama"  # so does its model
+    assert record.gpu_type == "h100"  # found on a plain span when nothing else has it
