@@ -37,6 +37,17 @@ def _whitespace_token_count(text: str) -> list[int]:
     return [0] * len(text.split())
 
 
+def _message_texts(content: Any) -> list[str]:
+    """The text of one chat message's ``content``: a string, a list of content parts
+    (only their ``text`` parts), or nothing (``None``, as assistant tool-call turns send)."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [part["text"] for part in content
+                if isinstance(part, dict) and isinstance(part.get("text"), str)]
+    return []
+
+
 @dataclass(slots=True)
 class ClientResult:
     status_code: int
@@ -64,11 +75,11 @@ class InstrumentedClient:
         if self._owns_http:
             await self._http.aclose()
 
-    async def chat_completion(self, messages: list[dict[str, str]], model: str,
+    async def chat_completion(self, messages: list[dict[str, Any]], model: str,
                               max_tokens: int, stream: bool = True) -> ClientResult:
         body = {"model": model, "messages": messages, "max_tokens": max_tokens,
                 "stream": stream}
-        prompt_texts = [m.get("content", "") for m in messages]
+        prompt_texts = [text for m in messages for text in _message_texts(m.get("content"))]
         return await self._request("/v1/chat/completions", body, prompt_texts, model, chat=True)
 
     async def completion(self, prompt: str, model: str, max_tokens: int,
@@ -83,8 +94,11 @@ class InstrumentedClient:
         recorder = StageRecorder(span) if span is not None else None
         headers = dict(self._headers)
         started = time.perf_counter()
-        for text in prompt_texts:
-            self._tokenize(text)
+        try:  # telemetry only: the token ids are not kept
+            for text in prompt_texts:
+                self._tokenize(text)
+        except Exception as exc:
+            telemetry_errors.count("client.tokenize", exc)
         payload = json.dumps(body).encode("utf-8")
         tokenize_seconds = time.perf_counter() - started
         tokenize_end_ns = time.time_ns()

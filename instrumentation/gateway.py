@@ -198,13 +198,17 @@ class TokenpathGatewayMiddleware:
             except Exception as exc:
                 telemetry_errors.count("gateway.send", exc)
 
+        failed = False
         try:
             await self.app(scope, receive, traced_send)
         except BaseException:
+            # Before the response started: a 500. After (a stream that broke mid-way): the
+            # status on the wire stays, and the request is still recorded as failed.
             status_code = status_code or 500
+            failed = True
             raise
         finally:
-            self._finish(request, status_code)
+            self._finish(request, status_code, failed)
             _current.reset(token)
             try:
                 otel_context.detach(context_token)
@@ -234,7 +238,7 @@ class TokenpathGatewayMiddleware:
             telemetry_errors.count("gateway.start", exc)
             return None
 
-    def _finish(self, request: GatewayRequest, status_code: int) -> None:
+    def _finish(self, request: GatewayRequest, status_code: int, failed: bool) -> None:
         try:
             now = time.perf_counter()
             recorder = request.recorder
@@ -257,7 +261,7 @@ class TokenpathGatewayMiddleware:
             extra = request.extra
             extra.update({
                 attr.HTTP_RESPONSE_STATUS_CODE: status_code,
-                attr.STATUS: "ok" if 0 < status_code < 400 else "error",
+                attr.STATUS: "ok" if 0 < status_code < 400 and not failed else "error",
                 attr.RESPONSE_BYTES: tally.payload_bytes,
                 attr.RESPONSE_CHUNKS: tally.chunks,
                 attr.RESPONSE_PACKETS: tally.packets,
@@ -268,7 +272,7 @@ class TokenpathGatewayMiddleware:
             if request.ttft is not None and 0 < status_code < 400:  # not for refusals
                 extra[attr.TTFT_SECONDS] = request.ttft
             span.set_attributes(extra)
-            if status_code >= 500 or status_code == 0:
+            if failed or status_code >= 500 or status_code == 0:
                 span.set_status(Status(StatusCode.ERROR))
             recorder.flush()
         except Exception as exc:

@@ -3,8 +3,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.fakes.otel_sink import SpanSink, stage_entries
 from tests.instrumentation.reference.support import run_async
@@ -171,3 +172,29 @@ def test_a_stream_ending_in_an_empty_body_and_a_bodiless_response() -> None:
                         if (event.attributes or {}).get(attr.STAGE) == StageId.RESPONSE_PATH]
     assert (response_path.attributes or {})[attr.STAGE_SECONDS] == 0.0
     assert empty.start_time is not None and response_path.timestamp >= empty.start_time
+
+
+def test_a_stream_that_breaks_after_its_first_chunk_is_recorded_as_failed() -> None:
+    sink = SpanSink()
+
+    async def app(scope: object, receive: object, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200})
+        await send({"type": "http.response.body", "body": b"data: a\n\n", "more_body": True})
+        raise RuntimeError("engine died mid-stream")
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        pass
+
+    middleware = TokenpathGatewayMiddleware(app, sink.provider)
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    with pytest.raises(RuntimeError, match="mid-stream"):  # the app's error is the app's
+        run_async(lambda: middleware(scope, receive, send))
+    (span,) = sink.spans()
+    attributes = span.attributes or {}
+    assert attributes[attr.STATUS] == "error"
+    assert span.status.status_code is StatusCode.ERROR
+    assert attributes[attr.HTTP_RESPONSE_STATUS_CODE] == 200  # what went on the wire
+    assert attributes[attr.RESPONSE_CHUNKS] == 1
