@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -29,6 +30,23 @@ from tokenpath.stages import Phase, StageId
 
 INSTRUMENTATION_NAME = "tokenpath.instrumentation"
 _PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def parent_context(trace_headers: Mapping[str, Any] | None) -> otel_context.Context | None:
+    """The caller's trace context from its headers, matched in any case (``Traceparent``
+    from a case-preserving header map) and read from ``str`` or ``bytes`` values; ``None``
+    when there is none. Never raises: a failure is counted and the span starts a trace."""
+    if not trace_headers:
+        return None
+    try:
+        carrier = {
+            str(key).lower(): value.decode("latin-1") if isinstance(value, bytes) else value
+            for key, value in trace_headers.items()
+        }
+        return _PROPAGATOR.extract(carrier=carrier)
+    except Exception as exc:
+        telemetry_errors.count("engine_hooks.trace_headers", exc)
+        return None
 
 
 def get_tracer(tracer_provider: TracerProvider | None = None) -> Tracer:
@@ -77,7 +95,7 @@ class EngineRequestTrace:
     request_id: str
     prompt_tokens: int
     max_tokens: int
-    trace_headers: Mapping[str, str] | None = None
+    trace_headers: Mapping[str, Any] | None = None
     arrival: float = field(default_factory=time.time)
     scheduled_at: float | None = None
     first_token_at: float | None = None
@@ -124,11 +142,11 @@ class EngineRequestTrace:
     def trace_id(self) -> str | None:
         """The 32-hex trace id the engine span will carry (from ``trace_headers``)."""
         if self._trace_id_hex is None and self.trace_headers:
-            ctx = trace.get_current_span(
-                _PROPAGATOR.extract(carrier=dict(self.trace_headers))
-            ).get_span_context()
-            if ctx.is_valid:
-                self._trace_id_hex = format(ctx.trace_id, "032x")
+            parent = parent_context(self.trace_headers)
+            if parent is not None:
+                ctx = trace.get_current_span(parent).get_span_context()
+                if ctx.is_valid:
+                    self._trace_id_hex = format(ctx.trace_id, "032x")
         return self._trace_id_hex
 
     def finish(
@@ -142,7 +160,7 @@ class EngineRequestTrace:
             return None
 
     def _emit(self, now: float, output_tokens: int, finish_reason: str, error: bool) -> str | None:
-        parent = _PROPAGATOR.extract(carrier=dict(self.trace_headers or {}))
+        parent = parent_context(self.trace_headers)
         scheduled = self.scheduled_at if self.scheduled_at is not None else now
         first = self.first_token_at if self.first_token_at is not None else now
         queue = max(0.0, scheduled - self.arrival)
