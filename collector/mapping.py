@@ -217,6 +217,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     fingerprints = look.get(A.PREFIX_FINGERPRINTS)
     if isinstance(fingerprints, tuple):
         record.prefix_fingerprints = tuple(str(f) for f in fingerprints)
+        record.prefix_block_tokens = look.count(A.PREFIX_BLOCK_TOKENS) or 0
     status = look.text(A.STATUS)
     if status is None:
         status = "error" if any(s.status_code == STATUS_CODE_ERROR for s in roots) else "ok"

@@ -92,6 +92,9 @@ class RequestRecord:
     response_chunks: int = 0
     small_chunks: int = 0
     prefix_fingerprints: tuple[str, ...] = ()
+    # Tokens per fingerprinted block, as the engine sent it; 0 when it did not say (the
+    # collector's cost.prefix_block_tokens applies).
+    prefix_block_tokens: int = 0
     stages: dict[StageId, StageTiming] = field(default_factory=dict)
     cost_dollars: float = 0.0
     naive_cost_dollars: float = 0.0
@@ -147,6 +150,7 @@ class RequestRecord:
             "response_chunks": self.response_chunks,
             "small_chunks": self.small_chunks,
             "prefix_fingerprints": list(self.prefix_fingerprints),
+            "prefix_block_tokens": self.prefix_block_tokens,
             "stages": {PLAIN_VALUES[t.stage]: t.to_json() for t in self.ordered_stages()},
             "cost_dollars": self.cost_dollars,
             "naive_cost_dollars": self.naive_cost_dollars,
@@ -196,6 +200,7 @@ class RequestRecord:
             response_chunks=int(data.get("response_chunks", 0)),
             small_chunks=int(data.get("small_chunks", 0)),
             prefix_fingerprints=tuple(data.get("prefix_fingerprints") or ()),
+            prefix_block_tokens=int(data.get("prefix_block_tokens") or 0),
             stages=stages,
             cost_dollars=float(data.get("cost_dollars") or 0.0),
             naive_cost_dollars=float(data.get("naive_cost_dollars") or 0.0),

@@ -1,7 +1,8 @@
 """Prefix cache accounting: hit ratio, heavy-hitter prefixes, miss waste.
 
 Fingerprints only: ``record.prefix_fingerprints[i]`` is a salted hash of the prompt prefix
-through block ``i`` (``block_tokens`` tokens per block), never content.
+through block ``i``, never content. A block is ``record.prefix_block_tokens`` tokens, as
+the engine sent it (``tokenpath.prefix.block_tokens``), or ``block_tokens`` when it did not.
 
 - Hit ratio is token-weighted: sum(cache_read_tokens) / sum(input_tokens).
 - Miss waste: a prefix whose fingerprint was seen recently (before this request, within
@@ -20,7 +21,9 @@ from dataclasses import dataclass
 from tokenpath.records import RequestRecord
 from tokenpath.roofline import Roofline
 
-DEFAULT_BLOCK_TOKENS = 16  # vLLM's default KV block size
+# Tokens per fingerprinted block for records that do not carry their own: vLLM's default
+# KV block size.
+DEFAULT_BLOCK_TOKENS = 16
 DEFAULT_RECENT_TTL_SECONDS = 600.0
 DEFAULT_RECENT_CAPACITY = 65_536
 DEFAULT_HEAVY_HITTER_CAPACITY = 256
@@ -116,7 +119,8 @@ class PrefixCacheTracker:
             if seen is None or not seen.first < at or at - seen.last > self._ttl:
                 break
             depth = index
-        tokens = min(record.input_tokens, (depth + 1) * self._block_tokens)
+        block_tokens = record.prefix_block_tokens or self._block_tokens
+        tokens = min(record.input_tokens, (depth + 1) * block_tokens)
         return tokens, depth
 
     def observe(self, record: RequestRecord, prefill_dollars: float,

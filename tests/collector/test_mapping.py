@@ -175,3 +175,12 @@ def test_request_facts_come_from_annotations_then_engine_then_root_then_other_sp
     assert record.node == "engine-node"  # the engine span wins over the root
     assert record.model == "tiny-llama"  # so does its model
     assert record.gpu_type == "h100"  # found on a plain span when nothing else has it
+
+
+def test_fingerprints_keep_the_block_size_they_were_taken_with() -> None:
+    tid = new_trace_id()
+    attributes = {**VLLM_ATTRS, A.PREFIX_FINGERPRINTS: ("a", "b"), A.PREFIX_BLOCK_TOKENS: 64}
+    record = map_trace(trace(span(tid, A.VLLM_REQUEST_SPAN_NAME, attributes=attributes)))
+    assert record is not None
+    assert (record.prefix_fingerprints, record.prefix_block_tokens) == (("a", "b"), 64)
+    assert record.to_json()["prefix_block_tokens"] == 64

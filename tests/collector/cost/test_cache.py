@@ -57,6 +57,24 @@ def test_recomputed_prefix_that_was_seen_recently_is_waste() -> None:
     assert (top.hits, top.misses) == (1, 1)
 
 
+def test_the_block_size_the_engine_sent_wins_over_the_configured_one() -> None:
+    # Engine hooks fingerprint 64-token blocks by default and say so on the span; a
+    # prompt of 1,024 tokens seen whole and recomputed whole is all waste.
+    tracker = PrefixCacheTracker(block_tokens=16, ttl_seconds=60)
+    seen = engine_record(0, 10.0, 0.1, 1.0, input_tokens=1024, cached_tokens=0)
+    seen.prefix_fingerprints = _prompt("s", "", 16, 16)
+    seen.prefix_block_tokens = 64
+    tracker.observe(seen, prefill_dollars=1.0, roofline=None)
+    again = engine_record(1, 20.0, 0.1, 1.0, input_tokens=1024, cached_tokens=0)
+    again.prefix_fingerprints = seen.prefix_fingerprints
+    again.prefix_block_tokens = 64
+    assert tracker.seen_prefix_tokens(again, 20.0) == (1024, 15)
+    assert tracker.observe(again, prefill_dollars=1.0, roofline=None) == 1.0
+    unsized = engine_record(2, 30.0, 0.1, 1.0, input_tokens=1024, cached_tokens=0)
+    unsized.prefix_fingerprints = seen.prefix_fingerprints  # no block size: the default
+    assert tracker.seen_prefix_tokens(unsized, 30.0) == (256, 15)
+
+
 def test_attributor_sets_miss_waste_on_records() -> None:
     sink = RecordingSink()
     cost = CostAttributor(sink, PRICES, clock=FakeClock(),
