@@ -265,7 +265,7 @@ class TokenpathGatewayMiddleware:
                 attr.RESPONSE_BYTES: tally.payload_bytes,
                 attr.RESPONSE_CHUNKS: tally.chunks,
                 attr.RESPONSE_PACKETS: tally.packets,
-                attr.RESPONSE_SMALL_CHUNKS: tally.small_packets,
+                attr.RESPONSE_SMALL_CHUNKS: tally.small_chunks,
                 attr.RESPONSE_WRITE_SECONDS: request.write_seconds,
                 attr.LINK_BITS_PER_SECOND: link.link_bits_per_second,
             })

@@ -11,7 +11,10 @@ Provenance ``derived``: arithmetic on measured counts with documented link const
   pay this per token: the last-mile leak.
 - ``switch_hop``: ``packets * hops * switch_latency`` store-and-forward/cut-through
   latency in the fabric between engine host and gateway.
-- Small packets: TCP segments carrying under ``small_packet_payload_bytes`` (64) bytes.
+- Small chunks: writes carrying under ``small_packet_payload_bytes`` (64) bytes, each a
+  packet of its own: the per-token streaming leak (``tokenpath.response.small_chunks``).
+  Small packets count every segment under that size, the short tail of a large write
+  included.
 
 When the node agent's NIC counters are present the collector may refine these; this
 module only needs what a gateway sees.
@@ -60,6 +63,7 @@ class ResponseTally:
     chunks: int = 0
     packets: int = 0
     small_packets: int = 0
+    small_chunks: int = 0
     overhead_bytes: int = 0  # framing bytes on the wire beyond the payload
 
     def add_chunk(self, size: int, link: LinkModel) -> None:
@@ -67,6 +71,8 @@ class ResponseTally:
             return
         self.payload_bytes += size
         self.chunks += 1
+        if size < link.small_packet_payload_bytes:
+            self.small_chunks += 1
         if size < link.mss_bytes:  # one segment: every token chunk of a stream
             self.packets += 1
             if size < link.small_packet_payload_bytes:

@@ -26,6 +26,7 @@ def test_chunks_become_packets_and_small_ones_are_counted() -> None:
     assert tally.payload_bytes == 2730
     assert tally.packets == 1 + 1 + 3
     assert tally.small_packets == 1  # the 30-byte chunk (2500 ends in a 500-byte segment)
+    assert tally.small_chunks == 1
     stages = derive_network_stages(tally, link)
     assert stages.nic_tx_seconds == pytest.approx(2730 * 8 / 1e9)
     overhead = 5 * (IP_TCP_HEADER_BYTES + ETHERNET_FRAMING_BYTES)
@@ -44,6 +45,16 @@ def test_token_per_packet_streaming_pays_more_framing_than_one_buffered_write() 
     assert a.nic_tx_seconds == pytest.approx(b.nic_tx_seconds)
     assert a.ethernet_serialize_seconds > 10 * b.ethernet_serialize_seconds
     assert per_token.small_packets == 100 and buffered.small_packets == 0
+    assert per_token.small_chunks == 100 and buffered.small_chunks == 0
+
+
+def test_a_large_write_with_a_short_last_segment_is_not_a_small_chunk() -> None:
+    link = LinkModel()  # 1448-byte segments
+    tally = ResponseTally()
+    tally.add_chunk(link.mss_bytes + 12, link)  # one JSON response, two segments
+    assert (tally.chunks, tally.packets) == (1, 2)
+    assert tally.small_packets == 1  # the 12-byte tail segment
+    assert tally.small_chunks == 0  # but the write itself was not a tiny one
 
 
 @given(mss=st.integers(1, 3000), small=st.integers(0, 200),
@@ -67,6 +78,7 @@ def test_tally_counts_every_chunk_as_its_tcp_segments(mss: int, small: int,
     assert tally.payload_bytes == sum(written)
     assert tally.packets == sum(segments)
     assert tally.small_packets == small_segments
+    assert tally.small_chunks == sum(1 for size in written if size < small)
     assert tally.overhead_bytes == sum(segments) * (IP_TCP_HEADER_BYTES + ETHERNET_FRAMING_BYTES)
 
 
