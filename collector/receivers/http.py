@@ -70,14 +70,32 @@ async def _read_body(request: Request, max_wire: int, max_decompressed: int) -> 
         return body
     if encoding != "gzip":
         raise _BodyError(415, f"unsupported Content-Encoding {encoding!r}")
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, max_decompressed + 1)
-    except zlib.error as exc:
-        raise _BodyError(400, f"invalid gzip body: {exc}") from exc
-    if len(out) > max_decompressed or inflater.unconsumed_tail:
-        raise _BodyError(413, f"decompressed body over {max_decompressed} bytes")
-    return out
+    return gunzip(body, max_decompressed)
+
+
+def gunzip(body: bytes, max_decompressed: int) -> bytes:
+    """A gzip body inflated, every member of it (RFC 1952 allows several, as
+    ``gzip.decompress`` reads them), at most ``max_decompressed`` bytes (else 413). A
+    stream that is corrupt, cut short (no end of stream, no CRC) or followed by bytes
+    that are not another member is a 400: nothing of it is taken."""
+    out: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            chunk = inflater.decompress(rest, max_decompressed - size + 1)
+        except zlib.error as exc:
+            raise _BodyError(400, f"invalid gzip body: {exc}") from exc
+        size += len(chunk)
+        if size > max_decompressed or inflater.unconsumed_tail:
+            raise _BodyError(413, f"decompressed body over {max_decompressed} bytes")
+        if not inflater.eof:
+            raise _BodyError(400, "invalid gzip body: truncated (no end of stream)")
+        out.append(chunk)
+        rest = inflater.unused_data.lstrip(b"\x00")  # zero padding, as gzip itself skips
+        if not rest:
+            return b"".join(out)
 
 
 def _status_response(http_status: int, code: int, message: str, kind: str | None,

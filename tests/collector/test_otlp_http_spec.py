@@ -127,6 +127,13 @@ def test_gzip_bomb_is_413_after_decompression(make_service: ServiceFactory) -> N
     corrupt = _post(service.http_url, b"\x1f\x8b not gzip",
                     {**PROTOBUF_HEADERS, "Content-Encoding": "gzip"})
     assert corrupt.status_code == 400
+    # Two gzip members (RFC 1952): both are read; protobuf concatenation merges them.
+    two = [request_span(), request_span()]
+    members = b"".join(gzip.compress(export_request([s]).SerializeToString()) for s in two)
+    received = service.stats.spans_received.total()
+    both = _post(service.http_url, members, {**PROTOBUF_HEADERS, "Content-Encoding": "gzip"})
+    assert both.status_code == 200
+    assert service.stats.spans_received.total() - received == 2
 
 
 def test_shedding_load_is_429_with_retry_after(make_service: ServiceFactory) -> None:
