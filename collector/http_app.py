@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -32,6 +33,8 @@ from tokenpath.collector.tls import TlsConfig
 from tokenpath.collector.whatif_view import WhatIfRequest, whatif_view
 from tokenpath.config import ConfigError, parse_duration
 from tokenpath.report import build_report
+
+log = logging.getLogger(__name__)
 
 HEALTH_PATH = "/healthz"
 UI_ASSET_PREFIX = "/ui/"
@@ -249,6 +252,7 @@ class HttpListener:
                                 **(tls.uvicorn_options() if tls is not None else {}))
         self._server = QuietServer(config)
         self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
 
     @property
     def url(self) -> str:
@@ -258,15 +262,26 @@ class HttpListener:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._sock]},
-                                        name="tokenpath-http", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="tokenpath-http",
+                                        daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started and self._thread.is_alive():
             if time.monotonic() > deadline:
                 raise RuntimeError("HTTP listener did not start within 10 s")
             time.sleep(0.01)
+        if not self._server.started:  # the server thread ended
+            self._thread = None
+            self._sock.close()
+            raise RuntimeError(f"HTTP listener on {self.url} failed to start: "
+                               f"{self._failure!r}") from self._failure
+
+    def _serve(self) -> None:
+        try:
+            self._server.run(sockets=[self._sock])
+        except BaseException as exc:  # kept for start(); logged for a failure after it
+            self._failure = exc
+            log.exception("HTTP listener on %s stopped", self.url)
 
     def shutdown(self) -> None:
         if self._thread is None:

@@ -98,9 +98,13 @@ class CollectorService:
         self.store.start()
         self.attributor.start()
         self.assembler.start()
-        if self.grpc is not None:
-            self.grpc.start()
-        self.http.start()
+        try:
+            if self.grpc is not None:
+                self.grpc.start()
+            self.http.start()
+        except BaseException:  # a listener could not start: stop what did, then report
+            self.shutdown()
+            raise
         log.info("collector listening: http %s grpc %s", self.http_url, self.grpc_endpoint)
 
     def shutdown(self) -> None:

@@ -47,6 +47,25 @@ class TlsConfig:
                           ("tls.client_ca", self.client_ca)):
             if path is not None and not Path(path).expanduser().is_file():
                 raise ConfigError(key, f"no such file: {path}")
+        if self.cert is not None and self.key is not None:
+            self._check_loadable(self.cert, self.key, self.client_ca)
+
+    @staticmethod
+    def _check_loadable(cert: str, key: str, client_ca: str | None) -> None:
+        """Loads the files as the listeners will, so a bad one is an error at start that
+        names its key, not a listener thread dying after start returned."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(Path(cert).expanduser(), Path(key).expanduser())
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError("tls.cert", f"cannot load certificate {cert} with key {key}: "
+                              f"{exc}") from exc
+        if client_ca is not None:
+            try:
+                context.load_verify_locations(cafile=Path(client_ca).expanduser())
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError("tls.client_ca",
+                                  f"cannot load CA certificates from {client_ca}: {exc}") from exc
 
     def _read(self, path: str) -> bytes:
         return Path(path).expanduser().read_bytes()

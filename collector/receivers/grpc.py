@@ -33,6 +33,7 @@ from tokenpath.collector.receivers.otlp_decode import (
 )
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.tls import TlsConfig
+from tokenpath.config import ConfigError
 
 log = logging.getLogger(__name__)
 RECEIVER = "otlp_grpc"
@@ -144,7 +145,10 @@ class GrpcReceiver:
             futures.ThreadPoolExecutor(max_workers=DEFAULT_WORKERS,
                                        thread_name_prefix="tokenpath-grpc"),
             interceptors=interceptors,
-            options=[("grpc.max_receive_message_length", max_message_bytes)],
+            # grpcio sets SO_REUSEPORT by default: a second collector on a busy port would
+            # start and take half the clients. Off, a busy port fails start() as HTTP does.
+            options=[("grpc.max_receive_message_length", max_message_bytes),
+                     ("grpc.so_reuseport", 0)],
         )
         services = _OtlpServices(ingest, stats)
         self._server.add_generic_rpc_handlers((
@@ -161,12 +165,17 @@ class GrpcReceiver:
     def start(self) -> None:
         if self._started:
             return
-        if self._tls.enabled:
-            bound = self._server.add_secure_port(self._address, self._tls.grpc_credentials())
-        else:
-            bound = self._server.add_insecure_port(self._address)
+        try:
+            if self._tls.enabled:
+                bound = self._server.add_secure_port(self._address,
+                                                     self._tls.grpc_credentials())
+            else:
+                bound = self._server.add_insecure_port(self._address)
+        except RuntimeError:  # grpcio >= 1.60 raises where older versions returned 0
+            bound = 0
         if bound == 0:
-            raise OSError(f"cannot bind gRPC listener on {self._address}")
+            raise ConfigError("grpc", f"cannot listen on {self._address} (in use, or not "
+                              "an address of this host)")
         self.port = bound
         self._server.start()
         self._started = True

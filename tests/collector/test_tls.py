@@ -23,7 +23,7 @@ from tokenpath import attributes as A
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.receivers.grpc import TRACE_SERVICE
 from tokenpath.collector.service import CollectorService
-from tokenpath.collector.tls import ENV_TLS_CERT, TlsConfig
+from tokenpath.collector.tls import ENV_TLS_CERT, ENV_TLS_KEY, TlsConfig
 from tokenpath.config import ConfigError
 from tokenpath.stages import StageId
 
@@ -122,13 +122,17 @@ def test_tls_options_from_flags_env_and_file(certs: CertFiles, tmp_path: Path,
                     "client_ca": str(certs.ca)}}
     cfg = CollectorConfig.from_sources(store=str(tmp_path / "s.db"), file=file)
     assert cfg.tls == TlsConfig(str(certs.server_cert), str(certs.server_key), str(certs.ca))
+    # (the client's pair stands in for another server pair: the pair must match)
     monkeypatch.setenv(ENV_TLS_CERT, str(certs.client_cert))
+    monkeypatch.setenv(ENV_TLS_KEY, str(certs.client_key))
     cfg = CollectorConfig.from_sources(store=str(tmp_path / "s.db"), file=file)
     assert cfg.tls.cert == str(certs.client_cert)  # env over file
     cfg = CollectorConfig.from_sources(store=str(tmp_path / "s.db"), file=file,
-                                       tls_cert=str(certs.server_cert), tls_client_ca=None)
+                                       tls_cert=str(certs.server_cert),
+                                       tls_key=str(certs.server_key), tls_client_ca=None)
     assert cfg.tls.cert == str(certs.server_cert)  # flag over env
     monkeypatch.delenv(ENV_TLS_CERT)
+    monkeypatch.delenv(ENV_TLS_KEY)
     with pytest.raises(ConfigError) as err:
         CollectorConfig.from_sources(store=str(tmp_path / "s.db"),
                                      tls_cert=str(certs.server_cert))
@@ -172,3 +176,23 @@ def test_collector_cli_tls_flags(certs: CertFiles, tmp_path: Path) -> None:
                    str(certs.server_cert))
     assert half.returncode == 2
     assert "tls.key" in half.stderr
+
+
+def test_files_that_cannot_be_loaded_fail_validation_naming_their_key(
+        certs: CertFiles, tmp_path: Path) -> None:
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("-----BEGIN CERTIFICATE-----\nnot a cert\n-----END CERTIFICATE-----\n")
+    cases = {
+        "tls.cert": TlsConfig(cert=str(not_pem), key=str(certs.server_key)),
+        # a key that is not the certificate's
+        "tls.cert ": TlsConfig(cert=str(certs.server_cert), key=str(certs.client_key)),
+        "tls.client_ca": TlsConfig(cert=str(certs.server_cert), key=str(certs.server_key),
+                                   client_ca=str(not_pem)),
+    }
+    for expected, tls in cases.items():
+        with pytest.raises(ConfigError) as err:
+            tls.validate()
+        assert err.value.key == expected.strip()
+    # Valid files still pass.
+    TlsConfig(cert=str(certs.server_cert), key=str(certs.server_key),
+              client_ca=str(certs.ca)).validate()
