@@ -209,7 +209,16 @@ class RecordStore:
 
     def _write(self, batch: list[_Item]) -> None:
         records = [i for i in batch if isinstance(i, RequestRecord)]
-        idle = [i for i in batch if isinstance(i, IdleCost)]
+        idle = []
+        for i in batch:
+            if not isinstance(i, IdleCost):
+                continue
+            if math.isfinite(i.dollars) and math.isfinite(i.start_unix) and math.isfinite(
+                    i.end_unix):
+                idle.append(i)
+            else:  # loses this slice only, not the batch it came in
+                log.error("store: idle cost slice of pool %s is not finite", i.pool)
+                self._stats.incr("store_errors")
         rows = []
         for r in records:
             try:

@@ -7,6 +7,7 @@ e.g. ``gpus.H100-SXM.dollars_per_hour: must be > 0``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -105,13 +106,21 @@ class PriceSheet:
         return self.network_dollars_per_gb / BYTES_PER_GB
 
 
+def _finite_number(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(key, f"must be a number, not {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(key, f"must be a finite number, not {value!r}")
+    return float(value)
+
+
 def _positive(key: str, value: float) -> None:
-    if not value > 0:
+    if not _finite_number(key, value) > 0:
         raise ConfigError(key, "must be > 0")
 
 
 def _non_negative(key: str, value: float) -> None:
-    if not value >= 0:
+    if not _finite_number(key, value) >= 0:
         raise ConfigError(key, "must be >= 0")
 
 

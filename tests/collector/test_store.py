@@ -154,3 +154,18 @@ def test_a_record_that_cannot_be_encoded_loses_only_itself(
     assert sorted(r.input_tokens for r in RecordStore(
         StoreConfig(path=str(tmp_path / "s.db"))).records()) == [1, 3]
     assert stats.store_errors == 1
+
+
+def test_an_idle_slice_that_is_not_finite_loses_only_itself(tmp_path: Path) -> None:
+    stats = CollectorStats()
+    store = RecordStore(StoreConfig(path=str(tmp_path / "s.db")), stats)
+    store.start()
+    store.consume_record(record(1, 11.0))
+    store.consume_idle_cost(IdleCost("pool-a", 10.0, 11.0, float("nan")))
+    store.consume_idle_cost(IdleCost("pool-a", 11.0, 12.0, 0.25))
+    store.consume_record(record(2, 12.0))
+    store.shutdown()
+    reopened = RecordStore(StoreConfig(path=str(tmp_path / "s.db")))
+    assert sorted(r.input_tokens for r in reopened.records()) == [1, 2]
+    assert reopened.idle_cost_dollars() == 0.25
+    assert stats.store_errors == 1

@@ -45,6 +45,12 @@ def test_non_positive_gpu_price_names_the_key() -> None:
           "nodes": {"n1": {"gpu_count": 0}}}, "nodes.n1.gpu_count"),
         ({"gpus": {"L4": {"dollars_per_hour": 1}}}, "default_gpu_type"),
         ({"gpus": {}}, "gpus"),
+        # Not finite: an infinite price makes every idle slice inf - inf = NaN dollars.
+        ({"gpus": {"H100-SXM": {"dollars_per_hour": float("inf")}}},
+         "gpus.H100-SXM.dollars_per_hour"),
+        ({"gpus": {"H100-SXM": {"dollars_per_hour": 2}},
+          "network": {"dollars_per_gb": float("nan")}}, "network.dollars_per_gb"),
+        ({"gpus": {"H100-SXM": {"dollars_per_hour": True}}}, "gpus.H100-SXM.dollars_per_hour"),
     ],
 )
 def test_invalid_values_name_their_key(data: dict[str, object], key: str) -> None:
