@@ -104,7 +104,7 @@ class _AttributeReader:
         self.truncated = 0
         self.shared: dict[str, str] = {}
         self.shared_ints: dict[int, int] = {}
-        self.shared_attributes: dict[tuple[tuple[str, AttrValue], ...], Attributes] = {}
+        self.shared_attributes: dict[tuple[object, ...], Attributes] = {}
         # Each attribute key seen in this request: the key to store (shared), or
         # _CONTENT_KEY for a GenAI content attribute that is dropped. Keys repeat across
         # the spans and events of a request, so each is checked once.
@@ -168,6 +168,9 @@ class _AttributeReader:
         shared = self.shared
         shared_ints = self.shared_ints
         keys = self.keys
+        kinds = 1  # a leading 1 digit, then one base-4 digit per value stored
+        stored = 0
+        shareable = True
         for kv in kvs:
             raw_key = kv.key
             key = keys.get(raw_key) or self._admit_key(raw_key)
@@ -188,20 +191,34 @@ class _AttributeReader:
                 value: AttrValue | None = (
                     shared.setdefault(text, text) if len(text) <= SHARED_STRING_MAX_LENGTH
                     else text)
+                kind = 0
             elif which == "double_value":
                 value = v.double_value
+                kind = 1
             elif which == "int_value":
                 number = v.int_value
                 value = shared_ints.setdefault(number, number)
-            else:
+                kind = 2
+            else:  # bool, bytes, array
                 value = self.value(v)
+                kind = 3
+                if isinstance(value, tuple):
+                    shareable = False
             if value is not None:
                 out[key] = value
+                kinds = kinds * 4 + kind
+                stored += 1
         if not out:
             return _NO_ATTRIBUTES
         # Spans of one request often carry the same attribute set (route, stage, phase):
-        # they share one dict. Attribute dicts are never modified after decoding.
-        return self.shared_attributes.setdefault(tuple(out.items()), out)
+        # they share one dict. Attribute dicts are never modified after decoding. As
+        # 1 == 1.0 == True, the key also holds ``kinds``, the kind of each value in order
+        # (string, float, int, other: a base-4 number), so a span is never given an equal
+        # value of another type. Sets with an array (whose items could differ the same
+        # way) or a repeated key (``kinds`` then has a digit too many) are not shared.
+        if not shareable or len(out) != stored:
+            return out
+        return self.shared_attributes.setdefault((kinds, *out.items()), out)
 
 
 # --- traces ------------------------------------------------------------------------------
