@@ -5,6 +5,7 @@ Precedence: argument > environment > file > default (``tokenpath.config.resolve`
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,9 @@ ENV_GRPC = "TOKENPATH_COLLECTOR_GRPC"
 ENV_STORE = "TOKENPATH_STORE"
 ENV_PRICES = "TOKENPATH_PRICES"
 ENV_AUTH_TOKEN = "TOKENPATH_AUTH_TOKEN"
+# The keys a collector config file may hold (docs/operations.md).
+FILE_KEYS = frozenset({"http", "grpc", "store", "prices", "retention", "max_buffered_spans",
+                       "assembler", "cost", "limits", "tls"})
 
 
 def default_store_path() -> str:
@@ -84,6 +88,9 @@ class CollectorConfig:
     ) -> CollectorConfig:
         """Arguments win over TOKENPATH_* variables, which win over the file's keys."""
         f = file or {}
+        for key in f:
+            if key not in FILE_KEYS:
+                raise ConfigError(key, f"unknown key; known: {', '.join(sorted(FILE_KEYS))}")
         http_value = resolve("http", http, ENV_HTTP, f, DEFAULT_HTTP, str)
         grpc_value = resolve("grpc", grpc, ENV_GRPC, f, DEFAULT_GRPC, str)
         http_host, http_port = parse_host_port(http_value, "http")
@@ -109,7 +116,7 @@ class CollectorConfig:
                               None, str),
         )
         max_buffered = resolve("max_buffered_spans", None, None, f, DEFAULT_MAX_BUFFERED_SPANS,
-                               int)
+                               lambda v: _typed_value("max_buffered_spans", "int", v))
         config = cls(
             http_host=http_host, http_port=http_port, grpc_host=grpc_host, grpc_port=grpc_port,
             store_path=store_path, prices_path=prices_path, retention_seconds=retention,
@@ -121,14 +128,44 @@ class CollectorConfig:
 
 
 def _section(kind: Any, f: dict[str, Any], name: str) -> Any:
+    """The ``name`` mapping of the file as a ``kind`` dataclass, each value read by its
+    field's type; unknown keys and wrong values are errors naming ``name.key``."""
     raw = f.get(name) or {}
     if not isinstance(raw, dict):
         raise ConfigError(name, "must be a mapping")
-    known = set(kind.__dataclass_fields__)
-    for key in raw:
-        if key not in known:
-            raise ConfigError(f"{name}.{key}", f"unknown key; known: {', '.join(sorted(known))}")
-    try:
-        return kind(**raw)
-    except TypeError as exc:
-        raise ConfigError(name, str(exc)) from exc
+    fields = kind.__dataclass_fields__
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise ConfigError(f"{name}.{key}",
+                              f"unknown key; known: {', '.join(sorted(fields))}")
+        values[key] = _typed_value(f"{name}.{key}", str(fields[key].type), value)
+    return kind(**values)
+
+
+def _typed_value(key: str, type_name: str, value: Any) -> Any:
+    """``value`` as the field type ``type_name`` (an annotation string) asks: integers
+    exactly, numbers finite, ``*_seconds`` also as durations (``30s``, ``5m``)."""
+    if type_name == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"must be true or false, not {value!r}")
+        return value
+    if type_name == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"must be an integer, not {value!r}")
+        return value
+    if type_name == "float":
+        if key.endswith("_seconds"):
+            if isinstance(value, str | int | float):
+                return parse_duration(value, key)
+            raise ConfigError(key, f"not a duration: {value!r} (use 30s, 5m, 2h, 1d)")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(key, f"must be a number, not {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(key, f"must be a finite number, not {value!r}")
+        return float(value)
+    if type_name.startswith("str"):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(key, f"must be a string, not {value!r}")
+        return value
+    return value

@@ -7,6 +7,7 @@ argument > environment > file > default (:func:`resolve`).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -85,7 +86,9 @@ def parse_host_port(value: str, key: str) -> tuple[str, int]:
 
 
 def parse_duration(value: str | float | int, key: str) -> float:
-    """Seconds from ``30``, ``30s``, ``5m``, ``2h`` or ``1d``."""
+    """Seconds from ``30``, ``30s``, ``5m``, ``2h`` or ``1d``: finite, not negative."""
+    if isinstance(value, bool):
+        raise ConfigError(key, f"not a duration: {value!r} (use 30s, 5m, 2h, 1d)")
     if isinstance(value, int | float):
         seconds = float(value)
     else:
@@ -101,6 +104,8 @@ def parse_duration(value: str | float | int, key: str) -> float:
             seconds = float(text) * factor
         except ValueError as exc:
             raise ConfigError(key, f"not a duration: {value!r} (use 30s, 5m, 2h, 1d)") from exc
+    if not math.isfinite(seconds):
+        raise ConfigError(key, f"must be a finite duration: {value!r}")
     if seconds < 0:
         raise ConfigError(key, f"must not be negative: {value!r}")
     return seconds

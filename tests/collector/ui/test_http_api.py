@@ -59,6 +59,9 @@ def test_json_views_over_real_spans(collector: CollectorService) -> None:
     assert bad.status_code == 400
     assert "quantization" in bad.json()["detail"]
     assert httpx.get(f"{url}/api/timeseries", params={"buckets": 0}, timeout=5).status_code == 422
+    for since in ("nan", "inf", "-1h", "soon"):  # not a silent empty answer
+        answer = httpx.get(f"{url}/api/requests", params={"since": since}, timeout=5)
+        assert answer.status_code == 400 and "since" in answer.json()["detail"]
 
 
 def test_auth_guards_data_but_not_the_shell() -> None:
