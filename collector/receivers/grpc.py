@@ -88,10 +88,10 @@ class _OtlpServices:
     def export_metrics(self, body: bytes, context: grpc.ServicerContext
                        ) -> ExportMetricsServiceResponse:
         try:
-            self._ingest.export_metrics(parse_metrics_request(body, "protobuf"), RECEIVER)
+            return self._ingest.export_metrics(parse_metrics_request(body, "protobuf"),
+                                               RECEIVER)
         except MalformedPayload as exc:
             self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return ExportMetricsServiceResponse()
 
 
 def _serialize(message: Any) -> bytes:

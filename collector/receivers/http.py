@@ -159,8 +159,7 @@ def otlp_router(ingest: OtlpIngest, stats: CollectorStats) -> APIRouter:
         return response
 
     def export_metrics(body: bytes, kind: str) -> ExportMetricsServiceResponse:
-        ingest.export_metrics(parse_metrics_request(body, kind), RECEIVER)
-        return ExportMetricsServiceResponse()
+        return ingest.export_metrics(parse_metrics_request(body, kind), RECEIVER)
 
     @router.post("/v1/traces")
     async def traces(request: Request) -> Response:

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -86,12 +87,20 @@ class OtlpIngest:
                 decoded.reject(reason, n)
         return decoded
 
-    def export_metrics(self, message: ExportMetricsServiceRequest, receiver: str) -> int:
+    def export_metrics(self, message: ExportMetricsServiceRequest, receiver: str
+                       ) -> ExportMetricsServiceResponse:
+        """Takes the points; the response says how many were refused (partial success)."""
         points = decode_metrics(message, self.limits)
         accepted = self._metrics.consume_points(points)
+        refused = len(points) - accepted
         self._stats.add(self._stats.metric_points_received, receiver, accepted)
-        self._stats.add(self._stats.metric_points_dropped, "max_series", len(points) - accepted)
-        return accepted
+        self._stats.add(self._stats.metric_points_dropped, "max_series", refused)
+        response = ExportMetricsServiceResponse()
+        if refused:
+            response.partial_success.rejected_data_points = refused
+            response.partial_success.error_message = (
+                f"rejected {refused} data points: over the collector's series limit")
+        return response
 
 
 def partial_success(response: Any, decoded: DecodedSpans) -> None:
