@@ -17,6 +17,10 @@ from tokenpath.records import RequestRecord
 from tokenpath.report import LONG_CONTEXT_TOKENS, percentile, token_weighted_hit_ratio
 from tokenpath.stages import GPU_STAGES, NETWORK_STAGES, STAGES, StageId
 
+# GET /api/requests: records per answer by default and at most; a client reads more in
+# pages, each asking for records that ended at or before the last one it got (``until``).
+DEFAULT_API_LIMIT = 100
+MAX_API_LIMIT = 10_000
 DEFAULT_TIMESERIES_BUCKETS = 30
 MAX_TIMESERIES_BUCKETS = 500
 DEFAULT_LEAK_LIMIT = 10

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import threading
 import time
@@ -43,8 +44,6 @@ UI_ASSET_PREFIX = "/ui/"
 PUBLIC_PATHS = frozenset({HEALTH_PATH, "/"})
 UI_MEDIA_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
                   ".html": "text/html"}
-DEFAULT_API_LIMIT = 100
-MAX_API_LIMIT = 10_000
 UI_DIR = Path(__file__).parent / "ui" / "static"
 
 
@@ -111,9 +110,14 @@ def build_app(
         return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/api/requests")
-    def requests(limit: int = Query(DEFAULT_API_LIMIT, ge=1, le=MAX_API_LIMIT),
-                 since: str | None = None) -> list[dict[str, Any]]:
-        return [r.to_json() for r in store.records(limit=limit, since_unix=_since(since))]
+    def requests(limit: int = Query(api_views.DEFAULT_API_LIMIT, ge=1,
+                                    le=api_views.MAX_API_LIMIT),
+                 since: str | None = None,
+                 until: float | None = None) -> list[dict[str, Any]]:
+        if until is not None and not math.isfinite(until):
+            raise HTTPException(400, f"until: must be a finite unix time, not {until!r}")
+        return [r.to_json() for r in store.records(limit=limit, since_unix=_since(since),
+                                                   until_unix=until)]
 
     @app.get("/api/requests/{trace_id}")
     def request(trace_id: str) -> dict[str, Any]:

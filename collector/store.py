@@ -283,14 +283,22 @@ class RecordStore:
     # --- reader ------------------------------------------------------------------------------
 
     def records(
-        self, limit: int | None = None, since_unix: float | None = None
+        self, limit: int | None = None, since_unix: float | None = None,
+        until_unix: float | None = None,
     ) -> list[RequestRecord]:
-        """Newest first."""
+        """Newest first: those that ended at or after ``since_unix`` and at or before
+        ``until_unix``."""
         sql = "SELECT body FROM requests"
+        conditions: list[str] = []
         args: list[object] = []
         if since_unix is not None:
-            sql += " WHERE end_unix >= ?"
+            conditions.append("end_unix >= ?")
             args.append(since_unix)
+        if until_unix is not None:
+            conditions.append("end_unix <= ?")
+            args.append(until_unix)
+        if conditions:
+            sql += " WHERE " + " AND ".join(conditions)
         sql += " ORDER BY end_unix DESC"
         if limit is not None:
             sql += " LIMIT ?"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tokenpath.cli.common import auth_token, fail
+from tokenpath.collector.api_views import MAX_API_LIMIT
 from tokenpath.config import ConfigError, parse_duration
 from tokenpath.records import RequestRecord
 
@@ -39,16 +40,40 @@ class Source:
         return response.json()
 
     def records(self, limit: int | None, since: str | None) -> list[RequestRecord]:
+        """The newest ``limit`` records (all with ``None``), from the store or, page by
+        page, from the collector."""
         if self.collector:
-            params: dict[str, Any] = {"limit": limit or 10_000}
-            if since:
-                params["since"] = since
-            return [RequestRecord.from_json(r) for r in self._get("/api/requests", params)]
+            return [RequestRecord.from_json(r) for r in self._collector_records(limit, since)]
         store = self._open()
         try:
             return store.records(limit=limit, since_unix=_since_unix(since))
         finally:
             store.shutdown()
+
+    def _collector_records(self, limit: int | None, since: str | None
+                           ) -> list[dict[str, Any]]:
+        """Pages of at most MAX_API_LIMIT, each of records that ended at or before the
+        oldest of the page before (``until``); records seen twice at a page boundary
+        are kept once."""
+        out: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        params: dict[str, Any] = {}
+        if since:
+            params["since"] = since
+        while limit is None or len(out) < limit:
+            # One more than still wanted after the first page: the boundary record again.
+            wanted = MAX_API_LIMIT if limit is None else limit - len(out) + (1 if out else 0)
+            params["limit"] = min(MAX_API_LIMIT, wanted)
+            page = self._get("/api/requests", params)
+            fresh = [r for r in page if r["trace_id"] not in seen]
+            seen.update(r["trace_id"] for r in fresh)
+            out.extend(fresh)
+            # A short page is the last; a page of nothing new means more than a page of
+            # records ended at one instant (not seen in practice): stop rather than loop.
+            if len(page) < params["limit"] or not fresh:
+                break
+            params["until"] = page[-1]["end_unix"]
+        return out if limit is None else out[:limit]
 
     def idle_cost(self, since: str | None) -> float:
         if self.collector:
