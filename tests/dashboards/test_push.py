@@ -81,3 +81,14 @@ def test_push_command_rejects_a_bad_url() -> None:
     result = CliRunner().invoke(app, ["dashboards", "push", "--grafana-url", "grafana:3000",
                                       "--dashboards", str(REPO / generate.GRAFANA_DIR)])
     assert result.exit_code == 2
+
+
+def test_push_command_names_its_own_flag_for_an_unreadable_token_file(tmp_path: Path) -> None:
+    for token_file in (tmp_path / "missing", tmp_path / "empty"):
+        if token_file.name == "empty":
+            token_file.write_text("\n", encoding="utf-8")
+        result = CliRunner().invoke(app, [
+            "dashboards", "push", "--grafana-url", "http://127.0.0.1:9",
+            "--token-file", str(token_file), "--dashboards", str(REPO / generate.GRAFANA_DIR)])
+        assert result.exit_code != 0
+        assert "--token-file:" in result.output and "--auth-token-file" not in result.output

@@ -30,15 +30,15 @@ def not_yet_available(command: str, issue: str) -> NoReturn:
     fail(f"`tokenpath {command}` is not yet available (tracked in issue {issue}).", code=3)
 
 
-def auth_token(token_file: Path | None = None) -> str | None:
-    """The bearer token from ``--auth-token-file`` or ``TOKENPATH_AUTH_TOKEN``."""
+def auth_token(token_file: Path | None = None, flag: str = "--auth-token-file") -> str | None:
+    """The bearer token from the file ``flag`` names, or ``TOKENPATH_AUTH_TOKEN``."""
     if token_file is not None:
         try:
             token = token_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
-            fail(f"--auth-token-file: cannot read {token_file}: {exc.strerror or exc}")
+            fail(f"{flag}: cannot read {token_file}: {exc.strerror or exc}")
         if not token:
-            fail(f"--auth-token-file: {token_file} is empty")
+            fail(f"{flag}: {token_file} is empty")
         return token
     value = os.environ.get(AUTH_TOKEN_ENV, "").strip()
     return value or None

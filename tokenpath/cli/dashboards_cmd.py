@@ -65,7 +65,8 @@ def push(
 
     from tokenpath.dashboards.push import DashboardPusher, PushConfig, PushError
 
-    token = auth_token(token_file) if token_file else os.environ.get(GRAFANA_TOKEN_ENV)
+    token = (auth_token(token_file, "--token-file") if token_file
+             else os.environ.get(GRAFANA_TOKEN_ENV))
     paths = sorted(source.glob("*.json"))
     if not paths:
         fail(f"--dashboards: no *.json under {source}")

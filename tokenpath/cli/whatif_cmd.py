@@ -151,7 +151,7 @@ def register(app: typer.Typer) -> None:
         recorded = _load_records(store, collector, records)
         try:
             calibration = calibrate(recorded, sheet)
-            speedup = spec_decode_speedup or 1.0
+            speedup = 1.0 if spec_decode_speedup is None else spec_decode_speedup
             if spec_acceptance is not None:
                 speedup = speculative_speedup(spec_acceptance, spec_draft_tokens)
             scenario = Scenario(
