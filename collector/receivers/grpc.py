@@ -38,6 +38,10 @@ from tokenpath.config import ConfigError
 log = logging.getLogger(__name__)
 RECEIVER = "otlp_grpc"
 DEFAULT_WORKERS = 4
+# RPCs in progress or waiting for a worker, each holding its request (up to the message
+# cap): past this, grpcio answers RESOURCE_EXHAUSTED at once, so a flood of exporters
+# cannot queue requests without bound in front of the workers.
+DEFAULT_MAX_CONCURRENT_RPCS = 64
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 EXPORT_METHOD = "Export"
@@ -145,6 +149,7 @@ class GrpcReceiver:
             futures.ThreadPoolExecutor(max_workers=DEFAULT_WORKERS,
                                        thread_name_prefix="tokenpath-grpc"),
             interceptors=interceptors,
+            maximum_concurrent_rpcs=DEFAULT_MAX_CONCURRENT_RPCS,
             # grpcio sets SO_REUSEPORT by default: a second collector on a busy port would
             # start and take half the clients. Off, a busy port fails start() as HTTP does.
             options=[("grpc.max_receive_message_length", max_message_bytes),

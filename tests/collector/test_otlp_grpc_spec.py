@@ -104,3 +104,35 @@ def test_message_over_cap_is_resource_exhausted(make_service: ServiceFactory) ->
         _export(service.grpc_endpoint, bomb, compression=grpc.Compression.Gzip)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
     assert service.stats.spans_received.total() == 0
+
+
+def test_rpcs_past_the_concurrency_cap_are_refused_not_queued(
+        make_service: ServiceFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from tokenpath.collector.receivers import grpc as grpc_receiver
+
+    monkeypatch.setattr(grpc_receiver, "DEFAULT_MAX_CONCURRENT_RPCS", 2)
+    service = make_service()
+    assert service.grpc_endpoint is not None
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+    export = service.ingest.export_traces
+
+    def held(message: object, receiver: str) -> object:
+        entered.release()
+        release.wait(10)
+        return export(message, receiver)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service.ingest, "export_traces", held)
+    body = export_request([request_span()]).SerializeToString()
+    with grpc.insecure_channel(service.grpc_endpoint) as channel:
+        call = channel.unary_unary(f"/{TRACE_SERVICE}/Export")
+        first, second = call.future(body, timeout=10), call.future(body, timeout=10)
+        assert entered.acquire(timeout=5) and entered.acquire(timeout=5)  # both running
+        with pytest.raises(grpc.RpcError) as err:
+            call(body, timeout=10)
+        assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        release.set()
+        first.result()
+        second.result()
