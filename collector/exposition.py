@@ -50,18 +50,19 @@ class _CounterChild:
 
 
 class _HistogramChild:
-    __slots__ = ("bounds", "count", "counts", "labels", "sum")
+    """Bucket counts and a sum; the count is the buckets' total, so a scrape racing an
+    observation never shows a ``_count`` other than the ``+Inf`` bucket."""
+
+    __slots__ = ("bounds", "counts", "labels", "sum")
 
     def __init__(self, labels: str, bounds: tuple[float, ...]) -> None:
         self.labels = labels
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
-        self.count = 0
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.count += 1
         self.sum += value
 
 
@@ -127,7 +128,7 @@ class FastHistogram(_Family):
                 cumulative += n
                 out.append(f"{prefix}{le[i]}}} {cumulative}.0\n")
             braces = f"{{{child.labels}}}"
-            out.append(f"{name}_count{braces} {child.count}.0\n")
+            out.append(f"{name}_count{braces} {cumulative}.0\n")
             out.append(f"{name}_sum{braces} {_num(child.sum)}\n")
 
 
