@@ -1,6 +1,9 @@
 """The agent's configuration: one dataclass, named defaults, ``validate()`` naming the key.
 
-Values resolve argument > environment > config file (``agent:`` section) > default.
+Values resolve argument > environment > config file (``agent:`` section, or the agent's
+keys at the top level of a file without one) > default. Unknown file keys are errors in
+both layouts, and a value of the wrong type is not coerced: an integer setting takes no
+float or boolean, a duration no boolean.
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 from urllib.parse import urlsplit
@@ -61,8 +64,27 @@ def _url_list(value: Any) -> tuple[str, ...]:
     raise ValueError("expected a list of URLs or a comma-separated string")
 
 
-def _interval(value: Any) -> float:
-    return parse_duration(value, "interval")
+def _duration(key: str) -> Callable[[Any], float]:
+    """A duration converter for ``key``: ``parse_duration``, with booleans refused (YAML's
+    ``true`` is an int to Python and would read as 1 s)."""
+
+    def convert(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError("expected a duration (30s, 5m, 2h, 1d), got a boolean")
+        return parse_duration(value, key)
+
+    return convert
+
+
+_interval = _duration("interval")
+
+
+def _integer(value: Any) -> int:
+    """A whole number: an int, or a string of one; never a float or boolean (``int()``
+    would turn 2.9 into 2 and true into 1)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"expected an integer, got {type(value).__name__}")
+    return int(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +162,10 @@ class AgentConfig:
         if not isinstance(section_value, Mapping):
             raise ConfigError(FILE_SECTION, "must be a mapping")
         section: Mapping[str, Any] = section_value
+        # Checked in both layouts: at the top level, a typo is as silent as in a section.
+        unknown = sorted(str(key) for key in set(section) - KNOWN_FILE_KEYS)
+        if unknown:
+            raise ConfigError(unknown[0], "unknown agent setting")
         defaults = cls()
         config = cls(
             listen=resolve("listen", listen, ENV_LISTEN, section, DEFAULT_LISTEN, str),
@@ -156,30 +182,30 @@ class AgentConfig:
             node=resolve("node", node, ENV_NODE, section, defaults.node, str),
             engine_timeout_seconds=resolve("engine_timeout", None, None, section,
                                            DEFAULT_ENGINE_TIMEOUT_SECONDS,
-                                           lambda v: parse_duration(v, "engine_timeout")),
+                                           _duration("engine_timeout")),
             engine_interval_seconds=resolve("engine_interval", None, None, section,
                                             DEFAULT_ENGINE_INTERVAL_SECONDS,
-                                            lambda v: parse_duration(v, "engine_interval")),
+                                            _duration("engine_interval")),
             push_timeout_seconds=resolve("push_timeout", None, None, section,
                                          DEFAULT_PUSH_TIMEOUT_SECONDS,
-                                         lambda v: parse_duration(v, "push_timeout")),
+                                         _duration("push_timeout")),
             push_interval_seconds=resolve("push_interval", None, None, section,
                                           DEFAULT_PUSH_INTERVAL_SECONDS,
-                                          lambda v: parse_duration(v, "push_interval")),
+                                          _duration("push_interval")),
             nic_source=cast(NicSource, resolve("nic_source", None, None, section, "auto", str)),
             nic_exclude=resolve("nic_exclude", None, None, section, DEFAULT_NIC_EXCLUDE, str),
             sysfs_root=resolve("sysfs_root", None, None, section, str(DEFAULT_SYSFS_ROOT), str),
             pcie_throughput=resolve("pcie_throughput", None, None, section, True, _boolean),
             nvml_retry_seconds=resolve("nvml_retry", None, None, section,
                                        DEFAULT_NVML_RETRY_SECONDS,
-                                       lambda v: parse_duration(v, "nvml_retry")),
-            max_devices=resolve("max_devices", None, None, section, DEFAULT_MAX_DEVICES, int),
-            max_models=resolve("max_models", None, None, section, DEFAULT_MAX_MODELS, int),
-            max_sources=resolve("max_sources", None, None, section, DEFAULT_MAX_SOURCES, int),
+                                       _duration("nvml_retry")),
+            max_devices=resolve("max_devices", None, None, section, DEFAULT_MAX_DEVICES,
+                                _integer),
+            max_models=resolve("max_models", None, None, section, DEFAULT_MAX_MODELS,
+                               _integer),
+            max_sources=resolve("max_sources", None, None, section, DEFAULT_MAX_SOURCES,
+                                _integer),
         )
-        unknown = sorted(set(section) - KNOWN_FILE_KEYS) if explicit_section else []
-        if unknown:
-            raise ConfigError(unknown[0], "unknown agent setting")
         return config.validate()
 
 

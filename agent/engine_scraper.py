@@ -6,9 +6,11 @@ A fetch requests every configured URL together with the injected HTTP client
 :mod:`tokenpath.agent.engine_names`, parses them
 (:mod:`tokenpath.agent.prom_text`) and folds them into
 tokenpath's ``engine, model`` series. Counters are made monotonic per source series, so
-an engine restart never makes a total go backwards; a dead endpoint is counted in
-``scrape_errors{source="engine:<host:port>"}``, keeps its last counter totals, drops
-its gauges, and is tried again at the next fetch.
+an engine restart never makes a total go backwards; a dead or garbled endpoint (one
+that answers 200 with no sample of a vLLM or SGLang metric the scraper normalizes: an
+HTML page, a wrong path) is counted in ``scrape_errors{source="engine:<host:port>"}``,
+gets ``engine_up`` 0, keeps its last counter totals, drops its gauges, and is tried
+again at the next fetch.
 """
 
 from __future__ import annotations
@@ -170,6 +172,8 @@ class EngineScraper:
             rule = RULES_BY_SOURCE.get(base)
             if rule is not None:
                 matched.append((base, rule, labels, value))
+        if not matched:
+            raise EngineScrapeError("no vLLM or SGLang engine metrics on the page")
         present = {match[0] for match in matched}
         for base, rule, labels, value in matched:
             if rule.superseded_by is not None and rule.superseded_by in present:

@@ -1,15 +1,19 @@
 """The agent's listener: ``GET /metrics`` (Prometheus text) and ``GET /healthz``.
 
 A small threaded ``http.server``: no framework in the agent's hot path. When a bearer
-token is configured, ``/metrics`` requires ``Authorization: Bearer <token>`` (compared in
-constant time before anything is rendered; the token is never logged); ``/healthz`` stays
-open for kubelet probes.
+token is configured, ``/metrics`` requires ``Authorization: Bearer <token>`` (checked with
+the collector's constant-time ``bearer_matches`` before anything is rendered; the token is
+never logged); ``/healthz`` stays open for kubelet probes.
+
+No request body is ever read: a reply to a request that carries one (``Content-Length`` over
+0 or any ``Transfer-Encoding``) closes the connection, so the body is never parsed as the
+next request. A connection idle for ``IDLE_TIMEOUT_SECONDS`` is closed, so idle kept-alive
+connections do not hold handler threads forever.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import socket
 import threading
@@ -19,6 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tokenpath.collector.auth import bearer_matches
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +36,9 @@ HEALTHZ_PATH = "/healthz"
 # at WAKE_RETRY_SECONDS for at most SHUTDOWN_TIMEOUT_SECONDS.
 WAKE_RETRY_SECONDS = 0.05
 SHUTDOWN_TIMEOUT_SECONDS = 5.0
+# A connection that sends nothing (no request, or nothing more on a kept-alive connection)
+# for this long is closed, freeing its handler thread.
+IDLE_TIMEOUT_SECONDS = 30.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -39,6 +48,12 @@ class _Handler(BaseHTTPRequestHandler):
     # stall on kept-alive scrape connections.
     disable_nagle_algorithm = True
     wbufsize = -1
+
+    def setup(self) -> None:
+        super().setup()
+        # A read that waits longer raises TimeoutError, which handle_one_request turns
+        # into closing the connection.
+        self.connection.settimeout(self.server.idle_timeout)
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -72,8 +87,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
+        if self._has_body():
+            # The body is never read: left on a kept-alive connection it would be parsed
+            # as the next request. send_header sets close_connection for this header.
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
+
+    def _has_body(self) -> bool:
+        if "Transfer-Encoding" in self.headers:
+            return True
+        length = self.headers.get("Content-Length")
+        if length is None:
+            return False
+        try:
+            return int(length) > 0
+        except ValueError:
+            return True
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s " + format, self.address_string(), *args)
@@ -83,25 +113,27 @@ class _AgentHttpServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], render: Callable[[], bytes],
-                 auth_token: str | None) -> None:
+                 auth_token: str | None, idle_timeout: float) -> None:
         super().__init__(address, _Handler)
         self.render = render
-        self._expected = f"Bearer {auth_token}".encode() if auth_token else None
+        self.idle_timeout = idle_timeout
+        self._token = auth_token or None
 
     def authorized(self, header: str | None) -> bool:
-        if self._expected is None:
+        if self._token is None:
             return True
-        given = (header or "").encode("utf-8", "replace")
-        return hmac.compare_digest(given, self._expected)
+        return bearer_matches(header, self._token)
 
 
 class AgentHttpServer:
     """Serves ``render()`` (Prometheus text, e.g. ``generate_latest(registry)``) as
-    ``/metrics`` on ``host:port`` (port 0 picks a free one)."""
+    ``/metrics`` on ``host:port`` (port 0 picks a free one). A connection idle for
+    ``idle_timeout`` seconds is closed."""
 
     def __init__(self, host: str, port: int, render: Callable[[], bytes],
-                 *, auth_token: str | None = None) -> None:
-        self._server = _AgentHttpServer((host, port), render, auth_token)
+                 *, auth_token: str | None = None,
+                 idle_timeout: float = IDLE_TIMEOUT_SECONDS) -> None:
+        self._server = _AgentHttpServer((host, port), render, auth_token, idle_timeout)
         self._thread: threading.Thread | None = None
 
     @property

@@ -1,6 +1,6 @@
 """GPU series through NVML (nvidia-ml-py, imported as ``pynvml``), cheap calls only.
 
-Per GPU and poll: utilization rates (SM and memory-bandwidth busy share), memory info,
+Per GPU and poll: memory info, utilization rates (SM and memory-bandwidth busy share),
 power, SM clock, and one ``nvmlDeviceGetFieldValues`` call for the cumulative NVLink data
 counters (summed over links) and PCIe byte counters. No process lists, no nvidia-smi, and
 not ``nvmlDeviceGetPcieThroughput``: NVML documents it as sampling a byte counter over a
@@ -25,8 +25,14 @@ The NVML module is injected (``nvml=``), so tests pass a fake shaped like ``pynv
 the real one over a fake driver library. With no module, no driver or no GPU,
 :attr:`NvmlSampler.up` is ``False`` and :meth:`read` records nothing; initialisation is
 retried every ``retry_seconds``. A call a device does not support is skipped from then on
-without counting an error; any other failure is counted against that GPU
-(``nvml:gpu<N>``) and never stops the other GPUs.
+without counting an error (utilization too: a MIG-enabled GPU answers NOT_SUPPORTED for
+it); any other failure is counted against that GPU (``nvml:gpu<N>``) and never stops the
+other GPUs. Only a failed memory reading (or handle lookup) drops the GPU's row.
+
+GPUs past ``max_devices`` share the ``gpu="other"`` label and their values add up. For
+those, the sampler keeps each GPU's last counter values and adds them again while the GPU
+is unreadable, gone, or has stopped answering one of them, so ``other`` never goes
+backwards (as the NIC path does for NICs).
 """
 
 from __future__ import annotations
@@ -73,6 +79,9 @@ GPU_ROW_METRICS: tuple[mn.MetricSpec, ...] = (
     mn.GPU_PCIE_TX, mn.GPU_PCIE_RX,
 )
 GpuRow = tuple[Any, ...]
+# Row positions of the counters, which a GPU folded into "other" keeps adding.
+GPU_ROW_COUNTERS: tuple[int, ...] = tuple(
+    1 + position for position, spec in enumerate(GPU_ROW_METRICS) if spec.type == "counter")
 
 
 class GpuReadings:
@@ -172,8 +181,9 @@ COUNTER_WRAP = {NVML_VALUE_TYPE_UNSIGNED_INT: 2**32, NVML_VALUE_TYPE_UNSIGNED_SH
 class _Gpu:
     """What the sampler keeps for one GPU index between polls."""
 
-    __slots__ = ("ask_power", "ask_sm_clock", "busy_seconds", "counters", "error_source",
-                 "fields", "handle", "index", "labels", "last_seen", "pcie_last", "pcie_time")
+    __slots__ = ("ask_power", "ask_sm_clock", "ask_utilization", "busy_seconds", "counters",
+                 "error_source", "fields", "folded", "handle", "held", "index", "labels",
+                 "last_seen", "pcie_last", "pcie_time")
 
     def __init__(self, index: int, labels: LabelValues, fields: _FieldRequest | None) -> None:
         self.index = index
@@ -182,8 +192,13 @@ class _Gpu:
         # None until looked up, and again after a failure (stale after a reset).
         self.handle: Any = None
         # Optional readings, asked for until the device answers NOT_SUPPORTED.
+        self.ask_utilization = True
         self.ask_power = True
         self.ask_sm_clock = True
+        # Folded into "other" (past max_devices): its last counter values (in
+        # GPU_ROW_COUNTERS order; None before any) are added again while it misses them.
+        self.folded = labels[0] == mn.OTHER_LABEL_VALUE
+        self.held: tuple[Any, ...] = (None,) * len(GPU_ROW_COUNTERS)
         self.fields = fields
         # The field values' counters (NVLink in KiB, PCIe in bytes), in request order;
         # widths set from the first reading.
@@ -193,6 +208,25 @@ class _Gpu:
         self.pcie_time = 0.0
         self.busy_seconds = 0.0
         self.last_seen: float | None = None
+
+
+def _hold_counters(gpu: _Gpu, rows: list[GpuRow], appended: bool) -> None:
+    """For a GPU folded into "other": its row's missing counters (or, with no row this
+    poll, a row of them alone) take its last values, so the summed series never goes
+    backwards; counters it did read become its last values."""
+    held = gpu.held
+    if appended:
+        row = list(rows[-1])
+        for at, position in enumerate(GPU_ROW_COUNTERS):
+            if row[position] is None:
+                row[position] = held[at]
+        rows[-1] = tuple(row)
+        gpu.held = tuple(row[position] for position in GPU_ROW_COUNTERS)
+    elif any(value is not None for value in held):
+        row = [gpu.labels] + [None] * len(GPU_ROW_METRICS)
+        for at, position in enumerate(GPU_ROW_COUNTERS):
+            row[position] = held[at]
+        rows.append(tuple(row))
 
 
 class NvmlSampler:
@@ -213,6 +247,7 @@ class NvmlSampler:
         self._initialized = False
         self._last_init_attempt: float | None = None
         self._gpus: list[_Gpu] = []  # by NVML index
+        self._any_folded = False  # some GPU is past max_devices (labelled "other")
         # Field requests by (nvlink, pcie): a GPU drops what it does not support.
         self._requests: dict[tuple[bool, bool], _FieldRequest | None] = {}
         self._last_count = -1
@@ -286,18 +321,32 @@ class NvmlSampler:
         gpus = self._gpus
         while len(gpus) < count:
             index = len(gpus)
-            gpus.append(_Gpu(index, (gpu_label(str(index)),),
-                             self._request(nvlink=True, pcie=self._pcie_throughput)))
+            gpu = _Gpu(index, (gpu_label(str(index)),),
+                       self._request(nvlink=True, pcie=self._pcie_throughput))
+            gpus.append(gpu)
+            self._any_folded = self._any_folded or gpu.folded
         if count != self._last_count:  # GPUs went away: forget their handles
             self._last_count = count
             for gone in gpus[count:]:
                 gone.handle = None
         now = self._clock()
         rows = series.rows
+        if not self._any_folded:  # the common case: every GPU has its own label
+            for index in range(count):
+                gpu = gpus[index]
+                if not self._read_gpu(gpu, rows, now):
+                    errors.count(gpu.error_source)
+            return series
         for index in range(count):
             gpu = gpus[index]
+            before = len(rows)
             if not self._read_gpu(gpu, rows, now):
                 errors.count(gpu.error_source)
+            if gpu.folded:
+                _hold_counters(gpu, rows, len(rows) > before)
+        for gone in gpus[count:]:
+            if gone.folded:
+                _hold_counters(gone, rows, False)
         return series
 
     def _read_gpu(self, gpu: _Gpu, rows: list[GpuRow], now: float) -> bool:
@@ -307,21 +356,31 @@ class NvmlSampler:
             handle = gpu.handle
             if handle is None:
                 gpu.handle = handle = nvml.nvmlDeviceGetHandleByIndex(gpu.index)
-            busy_percent, memory_busy_percent = self._unpack_utilization(
-                nvml.nvmlDeviceGetUtilizationRates(handle))
             memory_total, memory_used = self._unpack_memory(nvml.nvmlDeviceGetMemoryInfo(handle))
         except Exception:
             gpu.handle = None  # may be stale after a reset: look it up again next poll
             return False
-        utilization = busy_percent / PERCENT
-        last_seen = gpu.last_seen
-        if last_seen is not None and 0 < now - last_seen <= MAX_SAMPLE_GAP_SECONDS:
-            gpu.busy_seconds += utilization * (now - last_seen)
-        gpu.last_seen = now
         # Optional readings: each skipped once NOT_SUPPORTED; any other failure fails this
         # GPU's poll (counted once) and the remaining readings are still taken.
         ok = True
-        power = sm_clock = nvlink_tx = nvlink_rx = pcie_tx = pcie_rx = None
+        utilization = memory_busy = power = sm_clock = None
+        nvlink_tx = nvlink_rx = pcie_tx = pcie_rx = None
+        if gpu.ask_utilization:
+            try:
+                busy_percent, memory_busy_percent = self._unpack_utilization(
+                    nvml.nvmlDeviceGetUtilizationRates(handle))
+            except Exception as exc:
+                if self._is_not_supported(exc):
+                    gpu.ask_utilization = False
+                else:
+                    ok = False
+            else:
+                utilization = busy_percent / PERCENT
+                memory_busy = memory_busy_percent / PERCENT
+                last_seen = gpu.last_seen
+                if last_seen is not None and 0 < now - last_seen <= MAX_SAMPLE_GAP_SECONDS:
+                    gpu.busy_seconds += utilization * (now - last_seen)
+                gpu.last_seen = now
         if gpu.ask_power:
             try:
                 power = nvml.nvmlDeviceGetPowerUsage(handle) / MILLIWATTS_PER_WATT
@@ -371,9 +430,11 @@ class NvmlSampler:
                         if last is not None and 0 < elapsed <= MAX_SAMPLE_GAP_SECONDS:
                             pcie_tx = (tx - last[0]) / elapsed
                             pcie_rx = (rx - last[1]) / elapsed
-        rows.append((gpu.labels, utilization, memory_busy_percent / PERCENT,
-                     float(memory_used), float(memory_total), gpu.busy_seconds, power,
-                     sm_clock, nvlink_tx, nvlink_rx, pcie_tx, pcie_rx))
+        # Busy seconds from the first utilization reading on (then frozen if it stops).
+        busy = gpu.busy_seconds if gpu.last_seen is not None else None
+        rows.append((gpu.labels, utilization, memory_busy, float(memory_used),
+                     float(memory_total), busy, power, sm_clock, nvlink_tx, nvlink_rx,
+                     pcie_tx, pcie_rx))
         return ok
 
     def _check_fields(self, gpu: _Gpu,

@@ -299,3 +299,25 @@ def test_engine_requests_are_in_flight_together(page_server: PageServer) -> None
     assert set(readings.up.values()) == {1.0}
     assert sum(value for (spec, _), value in readings.counters.items()
                if spec is mn.ENGINE_PREFIX_HIT_TOKENS) == sum(range(engines))
+
+
+@pytest.mark.parametrize("page", [
+    "<html><body>404 page not found</body></html>\n",
+    "# HELP python_gc_objects_collected_total Objects collected.\n"
+    "python_gc_objects_collected_total 12.0\n",  # a /metrics without engine series
+    "",
+])
+def test_a_200_page_without_engine_metrics_is_counted_and_down(
+        page_server: PageServer, client: httpx.Client, page: str) -> None:
+    url = page_server.url("/vllm")
+    scraper = scraper_for([url], client)
+    errors = ErrorCounts(16)
+    page_server.pages["/vllm"] = render_vllm(hits=1000)
+    assert scraper.read(errors).up[endpoint_source(url)] == 1.0
+    page_server.pages["/vllm"] = page
+    garbled = scraper.read(errors)
+    assert garbled.up[endpoint_source(url)] == 0.0
+    assert errors.get(endpoint_source(url)) == 1.0
+    # Like a dead endpoint: counters hold their totals, gauges are dropped.
+    assert garbled.counters[(mn.ENGINE_PREFIX_HIT_TOKENS, V)] == 1000
+    assert (mn.ENGINE_REQUESTS_RUNNING, V) not in garbled.gauges

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 
 import pynvml
 import pytest
@@ -393,3 +394,112 @@ def test_gpus_past_max_devices_add_up_under_other() -> None:
     used = snap.points[mn.GPU_MEMORY_USED]
     assert used[("0",)] == used[("1",)] == 2**30
     assert used[(mn.OTHER_LABEL_VALUE,)] == 2 * 2**30  # GPUs 2 and 3
+
+
+def test_a_gpu_without_utilization_keeps_its_other_readings_without_errors() -> None:
+    # MIG mode: the utilization query answers NOT_SUPPORTED on every poll.
+    clock = FakeClock()
+    nvml = FakeNvml([FakeGpu(has_utilization=False, nvlink_tx_kib=5)])
+    poller = make_poller(nvml, clock)
+    for _ in range(3):
+        clock.now += 1.0
+        snap = poller.poll()
+    assert snap.get(mn.GPU_MEMORY_USED, ("0",)) == 40 * 2**30
+    assert snap.get(mn.GPU_POWER, ("0",)) == pytest.approx(350.0)
+    assert snap.get(mn.GPU_NVLINK_TX, ("0",)) == 5 * 1024
+    assert snap.get(mn.GPU_UTILIZATION, ("0",)) is None
+    assert snap.get(mn.GPU_MEMORY_BW_UTIL, ("0",)) is None
+    assert snap.get(mn.GPU_BUSY_SECONDS, ("0",)) is None  # never measured, not 0
+    assert snap.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu0",)) is None
+    # Asked once, then skipped; the handle was never thrown away.
+    assert nvml.calls["nvmlDeviceGetUtilizationRates"] == 1
+    assert nvml.calls["nvmlDeviceGetHandleByIndex"] == 1
+
+
+def test_a_failing_utilization_reading_is_counted_and_keeps_the_row() -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu(utilization_percent=50)]
+    nvml = FakeNvml(gpus)
+    poller = make_poller(nvml, clock)
+    poller.poll()
+    clock.now += 1.0
+    gpus[0].utilization_error = NVML_ERROR_NO_PERMISSION
+    failed = poller.poll()
+    assert failed.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu0",)) == 1.0
+    assert failed.get(mn.GPU_UTILIZATION, ("0",)) is None
+    assert failed.get(mn.GPU_MEMORY_USED, ("0",)) == 40 * 2**30
+    assert failed.get(mn.GPU_BUSY_SECONDS, ("0",)) == 0.0  # stands still
+    clock.now += 1.0
+    gpus[0].utilization_error = 0
+    recovered = poller.poll()
+    assert recovered.get(mn.GPU_UTILIZATION, ("0",)) == pytest.approx(0.5)
+    # Still asked after a failure that is not NOT_SUPPORTED; the gap is integrated.
+    assert nvml.calls["nvmlDeviceGetUtilizationRates"] == 3
+    assert recovered.get(mn.GPU_BUSY_SECONDS, ("0",)) == pytest.approx(1.0)
+
+
+def folded_poller(nvml: FakeNvml, clock: FakeClock) -> NodePoller:
+    """max_devices 1: GPU 0 keeps its label, the others share "other"."""
+    sampler = NvmlSampler(nvml, clock)
+    sampler.start()
+    return NodePoller(nvml_sampler=sampler, nic_sampler=NicSampler(
+        source="sysfs", sysfs_root="/nonexistent-sysfs"),  # type: ignore[arg-type]
+        engine_scraper=None, clock=clock, wall_clock_ns=lambda: 1,
+        max_devices=1, max_sources=8)
+
+
+FOLDED_COUNTERS = (mn.GPU_NVLINK_TX, mn.GPU_NVLINK_RX, mn.GPU_BUSY_SECONDS)
+OTHER = (mn.OTHER_LABEL_VALUE,)
+
+
+def poll_folded(poller: NodePoller, clock: FakeClock, gpus: list[FakeGpu]) -> list[float]:
+    clock.now += 1.0
+    for gpu in gpus:
+        gpu.nvlink_tx_kib += 10
+        gpu.nvlink_rx_kib += 20
+    snap = poller.poll()
+    values = [snap.get(spec, OTHER) for spec in FOLDED_COUNTERS]
+    assert None not in values
+    return values  # type: ignore[return-value]
+
+
+def assert_never_backwards(history: list[list[float]]) -> None:
+    for before, after in itertools.pairwise(history):
+        for spec, old, new in zip(FOLDED_COUNTERS, before, after, strict=True):
+            assert new >= old, (spec.name, history)
+
+
+@pytest.mark.parametrize("break_gpu", ["failing", "field_error", "gone"])
+def test_other_never_goes_backwards_when_a_folded_gpu_misses_a_poll(break_gpu: str) -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu(nvlink_tx_kib=1000 * (i + 1), nvlink_rx_kib=500) for i in range(3)]
+    nvml = FakeNvml(gpus)
+    poller = folded_poller(nvml, clock)
+    history = [poll_folded(poller, clock, gpus) for _ in range(2)]
+    if break_gpu == "failing":
+        gpus[2].failing = True
+    elif break_gpu == "field_error":
+        gpus[2].field_error = NVML_ERROR_GPU_IS_LOST
+    else:
+        nvml.gpus = gpus[:2]
+    history += [poll_folded(poller, clock, gpus) for _ in range(2)]
+    # While GPU 2 misses, "other" is GPU 1's reading plus GPU 2's last one.
+    assert history[-1][0] == (gpus[1].nvlink_tx_kib + 3000 + 20) * 1024
+    gpus[2].failing = False
+    gpus[2].field_error = 0
+    nvml.gpus = gpus
+    history += [poll_folded(poller, clock, gpus) for _ in range(2)]
+    assert_never_backwards(history)
+    # Back: GPU 2's counter caught up with what it counted meanwhile.
+    assert history[-1][0] == (gpus[1].nvlink_tx_kib + gpus[2].nvlink_tx_kib) * 1024
+
+
+def test_other_never_goes_backwards_when_a_folded_gpu_loses_utilization() -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu() for _ in range(3)]
+    poller = folded_poller(FakeNvml(gpus), clock)
+    history = [poll_folded(poller, clock, gpus) for _ in range(3)]
+    gpus[2].has_utilization = False  # MIG enabled at run time
+    history += [poll_folded(poller, clock, gpus) for _ in range(2)]
+    assert_never_backwards(history)
+    assert history[-1][2] > history[-2][2]  # GPU 1 still adds busy time

@@ -75,3 +75,39 @@ def test_nan_and_label_free_lines() -> None:
 def test_garbage_is_rejected_by_both_parsers() -> None:
     with pytest.raises(ValueError):
         list(iter_samples('vllm:x{model_name="m"} not-a-number', ("vllm:",)))
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ('vllm:num_requests_running 3 # {trace_id="abc"} 7',
+     ("vllm:num_requests_running", {}, 3.0)),
+    ('vllm:num_requests_running 3 1700000000000 # {trace_id="abc"} 7 1700000000.5',
+     ("vllm:num_requests_running", {}, 3.0)),
+    ('vllm:prefix_cache_hits_total{model_name="m"} 10 # {trace_id="abc"} 1.0 1700000000.0',
+     ("vllm:prefix_cache_hits_total", {"model_name": "m"}, 10.0)),
+    # "#" and "}" inside a label value are not the marker, in the sample or the exemplar.
+    ('vllm:num_requests_running{model_name="a # {b}",x="#"} 4 # {trace_id="}#{"} 1',
+     ("vllm:num_requests_running", {"model_name": "a # {b}", "x": "#"}, 4.0)),
+])
+def test_an_exemplar_is_cut_off_before_the_fast_parser_reads_the_line(
+        line: str, expected: tuple[str, dict[str, str], float]) -> None:
+    assert parse_sample_line(line) == expected
+    assert list(iter_samples(line, ("vllm:",))) == [expected]
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.from_regex(r"vllm:[a-z_]{1,20}", fullmatch=True),
+       labels=st.dictionaries(label_names, label_values, max_size=3), value=values,
+       braces=st.booleans(),
+       exemplar=st.dictionaries(label_names, label_values, min_size=1, max_size=2))
+def test_generated_lines_with_an_exemplar_parse_like_the_line_without_it(
+        name: str, labels: dict[str, str], value: float, braces: bool,
+        exemplar: dict[str, str]) -> None:
+    body = ",".join(f'{k}="{escape(v)}"' for k, v in labels.items())
+    line = (f"{name}{{{body}}}" if labels or braces else name) + f" {render_value(value)}"
+    try:
+        [(ref_name, ref_labels, ref_value)] = reference(line)
+    except ValueError:
+        assume(False)
+    marked = line + " # {" + ",".join(f'{k}="{escape(v)}"' for k, v in exemplar.items()) + "} 1"
+    [(got_name, got_labels, got_value)] = list(iter_samples(marked, ("vllm:",)))
+    assert (got_name, got_labels) == (ref_name, ref_labels) and same(got_value, ref_value)

@@ -167,3 +167,21 @@ def test_the_fake_driver_counts_inits_like_the_driver(library_dir: str) -> None:
         pynvml.nvmlShutdown()
         with pytest.raises(pynvml.NVMLError_Uninitialized):
             pynvml.nvmlDeviceGetCount()
+
+
+def test_a_gpu_without_utilization_keeps_its_row_through_real_pynvml(
+        library_dir: str) -> None:
+    clock = StepClock()
+    with driver.real_pynvml_over_fake_library(2, no_utilization=(1,)) as (pynvml, _library):
+        poller = poller_for(pynvml, clock)
+        poller.poll()
+        clock.now += 1.0
+        second = poller.poll()
+        poller.nvml_sampler.shutdown()
+    # pynvml raises NVMLError_NotSupported: the GPU's other readings stay, no error.
+    assert second.get(mn.GPU_UTILIZATION, ("1",)) is None
+    assert second.get(mn.GPU_MEMORY_USED, ("1",)) == 2 * 2**30
+    assert second.get(mn.GPU_POWER, ("1",)) == driver.power_milliwatts(1) / 1000
+    assert second.get(mn.AGENT_SCRAPE_ERRORS, ("nvml:gpu1",)) is None
+    assert second.get(mn.GPU_UTILIZATION, ("0",)) == pytest.approx(
+        driver.utilization_percent(0) / 100)

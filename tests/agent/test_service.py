@@ -204,6 +204,19 @@ def test_precedence_argument_over_env_over_file_over_default(
     ({}, {"agent": {"bogus": 1}}, "bogus"),
     ({}, {"agent": {"engine_interval": "inf"}}, "engine_interval"),
     ({}, {"agent": {"push_interval": 0}}, "push_interval"),
+    # A file without an agent: section holds the agent's keys at the top level.
+    ({}, {"listen": "127.0.0.1:5555", "intreval": "30s"}, "intreval"),
+    # Wrong types are refused, not coerced (2.9 -> 2, true -> 1 s).
+    ({}, {"agent": {"max_devices": 2.9}}, "max_devices"),
+    ({}, {"agent": {"max_models": 4.0}}, "max_models"),
+    ({}, {"agent": {"max_sources": True}}, "max_sources"),
+    ({}, {"max_devices": True}, "max_devices"),
+    ({}, {"agent": {"interval": True}}, "interval"),
+    ({}, {"engine_timeout": True}, "engine_timeout"),
+    ({}, {"agent": {"engine_interval": True}}, "engine_interval"),
+    ({}, {"agent": {"push_timeout": True}}, "push_timeout"),
+    ({}, {"agent": {"push_interval": True}}, "push_interval"),
+    ({}, {"agent": {"nvml_retry": True}}, "nvml_retry"),
 ])
 def test_validate_names_the_key(kwargs: dict[str, object], file_values: dict[str, object] | None,
                                 key: str) -> None:
@@ -275,3 +288,15 @@ def test_settle_heap_freezes_what_start_up_left() -> None:
         assert gc.get_count()[0] < 100  # the start-up garbage was collected first
     finally:
         gc.unfreeze()
+
+
+def test_a_file_without_an_agent_section_is_read_and_checked_like_one() -> None:
+    values = {"listen": "127.0.0.1:5555", "interval": 2, "max_devices": "4", "max_models": 3,
+              "engine_timeout": 1.5}
+    config = AgentConfig.from_sources(file_values=values)
+    assert (config.listen, config.interval_seconds, config.max_devices, config.max_models,
+            config.engine_timeout_seconds) == ("127.0.0.1:5555", 2.0, 4, 3, 1.5)
+    for layout in ({**values, "intreval": "30s"}, {"agent": {**values, "intreval": "30s"}}):
+        with pytest.raises(ConfigError) as excinfo:
+            AgentConfig.from_sources(file_values=layout)
+        assert excinfo.value.key == "intreval"

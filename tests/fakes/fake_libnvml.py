@@ -27,6 +27,7 @@ ENV_GPUS = "FAKE_LIBNVML_GPUS"
 ENV_FAILING = "FAKE_LIBNVML_FAILING"
 ENV_NO_NVLINK = "FAKE_LIBNVML_NO_NVLINK"
 ENV_NO_POWER = "FAKE_LIBNVML_NO_POWER"
+ENV_NO_UTILIZATION = "FAKE_LIBNVML_NO_UTILIZATION"
 # What the C fake reports, for tests to compare against (see the C file).
 NVLINK_KIB_PER_READ = 1024
 MEMORY_TOTAL_BYTES = 80 * 2**30
@@ -73,13 +74,15 @@ def build_fake_libnvml(build_root: Path = BUILD_ROOT) -> Path:
 
 
 def driver_env(gpus: int, *, failing: tuple[int, ...] = (), no_nvlink: tuple[int, ...] = (),
-               no_power: tuple[int, ...] = ()) -> dict[str, str]:
+               no_power: tuple[int, ...] = (),
+               no_utilization: tuple[int, ...] = ()) -> dict[str, str]:
     """Environment that configures the fake driver (read at ``nvmlInit``)."""
     return {
         ENV_GPUS: str(gpus),
         ENV_FAILING: ",".join(map(str, failing)),
         ENV_NO_NVLINK: ",".join(map(str, no_nvlink)),
         ENV_NO_POWER: ",".join(map(str, no_power)),
+        ENV_NO_UTILIZATION: ",".join(map(str, no_utilization)),
     }
 
 
@@ -102,7 +105,7 @@ def real_pynvml_over_fake_library(gpus: int, **options: tuple[int, ...]) -> Iter
     saved_functions = dict(pynvml._nvmlGetFunctionPointer_cache)
     saved_refcount = pynvml._nvmlLib_refcount
     saved = {key: os.environ.get(key) for key in (ENV_GPUS, ENV_FAILING, ENV_NO_NVLINK,
-                                                  ENV_NO_POWER)}
+                                                  ENV_NO_POWER, ENV_NO_UTILIZATION)}
     os.environ.update(driver_env(gpus, **options))
     pynvml.nvmlLib = library
     pynvml._nvmlGetFunctionPointer_cache.clear()

@@ -7,8 +7,10 @@ ctypes structures (``c_nvmlUtilization_t``, ``c_nvmlMemory_t``, arrays of
 ``c_nvmlFieldValue_t``) holding values in NVML's units (percent, bytes, milliwatts, MHz,
 KiB for NVLink, bytes for the PCIe counters). Errors are ``NVMLError``
 subclasses carrying ``.value`` like pynvml's. Each :class:`FakeGpu` can fail, lack NVLink,
-lack power readings, or be reset (NVLink counters back to zero). ``calls`` counts every
-function called so tests can assert the agent never asks for expensive data.
+lack power or utilization readings (NOT_SUPPORTED, as a MIG-enabled GPU answers for
+utilization), fail its utilization reading alone, or be reset (NVLink counters back to
+zero). ``calls`` counts every function called so tests can assert the agent never asks
+for expensive data.
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ class FakeGpu:
     # NVML's value type for the NVLink and PCIe counters (a 32-bit one wraps at 2**32).
     counter_value_type: int = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
     has_power: bool = True
+    # False: the utilization query answers NOT_SUPPORTED (a GPU with MIG mode enabled).
+    has_utilization: bool = True
+    # A return code the utilization query fails with while set (0: none).
+    utilization_error: int = 0
     failing: bool = False
     # A return code every field value answers while set (0: none), as a driver does for
     # a GPU that has fallen off the bus between two calls.
@@ -167,6 +173,10 @@ class FakeNvml:
     def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> Any:
         self.calls["nvmlDeviceGetUtilizationRates"] += 1
         gpu = self._gpu(handle)
+        if not gpu.has_utilization:
+            raise NVMLError_NotSupported()
+        if gpu.utilization_error:
+            raise NVMLError(gpu.utilization_error)
         return pynvml.c_nvmlUtilization_t(gpu=gpu.utilization_percent,
                                           memory=gpu.memory_utilization_percent)
 

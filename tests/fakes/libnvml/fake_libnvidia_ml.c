@@ -15,6 +15,8 @@
  *   FAKE_LIBNVML_FAILING     comma-separated indexes that answer NVML_ERROR_GPU_IS_LOST
  *   FAKE_LIBNVML_NO_NVLINK   indexes whose NVLink fields answer NVML_ERROR_NOT_SUPPORTED
  *   FAKE_LIBNVML_NO_POWER    indexes whose power reading answers NVML_ERROR_NOT_SUPPORTED
+ *   FAKE_LIBNVML_NO_UTILIZATION  indexes whose utilization reading answers
+ *                            NVML_ERROR_NOT_SUPPORTED (as with MIG mode enabled)
  * fakeNvmlResetDevice(index) zeroes one GPU's NVLink and PCIe counters (a device reset).
  */
 #include <stdio.h>
@@ -47,6 +49,7 @@ typedef struct fake_gpu {
     int failing;
     int has_nvlink;
     int has_power;
+    int has_utilization;
     unsigned long long nvlink_tx_kib;
     unsigned long long nvlink_rx_kib;
     unsigned long long pcie_tx_bytes;
@@ -125,6 +128,7 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         gpus[i].failing = listed("FAKE_LIBNVML_FAILING", i);
         gpus[i].has_nvlink = !listed("FAKE_LIBNVML_NO_NVLINK", i);
         gpus[i].has_power = !listed("FAKE_LIBNVML_NO_POWER", i);
+        gpus[i].has_utilization = !listed("FAKE_LIBNVML_NO_UTILIZATION", i);
         gpus[i].nvlink_tx_kib = 0;
         gpus[i].nvlink_rx_kib = 0;
         gpus[i].pcie_tx_bytes = 0;
@@ -205,11 +209,15 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *rates) {
     nvmlReturn_t ret = check(device);
-    if (ret == NVML_SUCCESS) {
-        rates->gpu = (10 * (device->index + 1)) % 101;
-        rates->memory = (5 * (device->index + 1)) % 101;
+    if (ret != NVML_SUCCESS) {
+        return ret;
     }
-    return ret;
+    if (!device->has_utilization) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    rates->gpu = (10 * (device->index + 1)) % 101;
+    rates->memory = (5 * (device->index + 1)) % 101;
+    return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
