@@ -43,6 +43,7 @@ from tokenpath.instrumentation.network import (
     ResponseTally,
     derive_network_stages,
 )
+from tokenpath.instrumentation.request_ids import request_id_for
 from tokenpath.instrumentation.safety import telemetry_errors
 from tokenpath.stages import Provenance, StageId
 
@@ -153,6 +154,18 @@ def trace_headers() -> dict[str, str]:
     except Exception as exc:
         telemetry_errors.count("gateway.trace_headers", exc)
     return carrier
+
+
+def engine_request_id() -> str | None:
+    """An engine request id naming the current span's trace, to send to a vLLM engine as
+    its ``X-Request-Id`` (``request_ids.REQUEST_ID_HEADER``): tokenpath's vLLM plugin then
+    puts its annotation of the request into this trace, which keeps it with the request
+    when collectors are sharded by trace id. None outside a traced request."""
+    try:
+        return request_id_for(trace.get_current_span().get_span_context())
+    except Exception as exc:
+        telemetry_errors.count("gateway.engine_request_id", exc)
+        return None
 
 
 class TokenpathGatewayMiddleware:

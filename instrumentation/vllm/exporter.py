@@ -18,12 +18,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    TraceFlags,
+    set_span_in_context,
+)
 
 from tokenpath import attributes as attr
+from tokenpath.instrumentation.request_ids import trace_of
 from tokenpath.instrumentation.vllm.config import SERVICE_NAME as DEFAULT_SERVICE_NAME
 from tokenpath.instrumentation.vllm.config import PluginConfig
 from tokenpath.instrumentation.vllm.steps import EngineStep, StepSummary, StepWindow
@@ -211,7 +219,8 @@ class AnnotationExporter:
             **_summary_attributes(summary),
         }
         return self._span(attr.SPAN_REQUEST_ANNOTATION, request.finished_unix,
-                          request.finished_unix, attributes)
+                          request.finished_unix, attributes,
+                          parent=_request_trace(request.request_id))
 
     def _flush_interval(self, force: bool) -> None:
         end = self._clock()
@@ -232,10 +241,11 @@ class AnnotationExporter:
             self._export([span])
 
     def _span(
-        self, name: str, start_unix: float, end_unix: float, attributes: dict[str, Any]
+        self, name: str, start_unix: float, end_unix: float, attributes: dict[str, Any],
+        parent: Context | None = None,
     ) -> ReadableSpan | None:
         span = self._tracer.start_span(
-            name, kind=SpanKind.INTERNAL, attributes=attributes,
+            name, context=parent, kind=SpanKind.INTERNAL, attributes=attributes,
             start_time=int(start_unix * 1e9),
         )
         span.end(end_time=int(max(end_unix, start_unix) * 1e9))
@@ -253,6 +263,18 @@ class AnnotationExporter:
             self.exported_spans += len(spans)
         else:
             self.failed_batches += 1
+
+
+def _request_trace(request_id: str) -> Context | None:
+    """The request's own trace, when its gateway named it in the request id (a child of
+    the gateway's span); else None, and the annotation starts a trace of its own."""
+    found = trace_of(request_id)
+    if found is None:
+        return None
+    trace_id, span_id = found
+    parent = SpanContext(trace_id, span_id, is_remote=True,
+                         trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return set_span_in_context(NonRecordingSpan(parent))
 
 
 def _summary_attributes(summary: StepSummary) -> dict[str, Any]:

@@ -21,12 +21,14 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request, Response
+from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokenpath.config import parse_host_port
 from tokenpath.instrumentation.relay import relay_response
+from tokenpath.instrumentation.request_ids import REQUEST_ID_HEADER, request_id_for
 
 PROXY_SERVICE_NAME = "tokenpath-vllm-gateway"
 FORWARDED_ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -60,6 +62,11 @@ def build_proxy_app(
         body = await request.body()
         headers = {"content-type": request.headers.get("content-type", "application/json")}
         propagator.inject(headers)  # the FastAPI server span is current here
+        # vLLM's request id names this trace, so the tokenpath plugin's annotation of the
+        # request joins the trace (request_ids.py).
+        request_id = request_id_for(trace.get_current_span().get_span_context())
+        if request_id is not None:
+            headers[REQUEST_ID_HEADER] = request_id
         upstream = http.build_request(request.method, request.url.path, content=body,
                                       headers=headers)
         response = await http.send(upstream, stream=True)

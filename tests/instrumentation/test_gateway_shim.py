@@ -13,10 +13,12 @@ from tokenpath import attributes as attr
 from tokenpath.instrumentation.gateway import (
     GatewayInstrumentor,
     TokenpathGatewayMiddleware,
+    engine_request_id,
     gateway_stage,
     mark_engine_handoff,
     trace_headers,
 )
+from tokenpath.instrumentation.request_ids import trace_of
 from tokenpath.stages import StageId
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -30,7 +32,7 @@ def _app() -> FastAPI:
         with gateway_stage(StageId.AUTH_RATELIMIT):
             pass
         mark_engine_handoff()
-        return {"headers": trace_headers()}
+        return {"headers": trace_headers(), "request_id": engine_request_id()}
 
     return app
 
@@ -198,3 +200,14 @@ def test_a_stream_that_breaks_after_its_first_chunk_is_recorded_as_failed() -> N
     assert span.status.status_code is StatusCode.ERROR
     assert attributes[attr.HTTP_RESPONSE_STATUS_CODE] == 200  # what went on the wire
     assert attributes[attr.RESPONSE_CHUNKS] == 1
+
+
+def test_the_engine_request_id_names_the_gateway_span() -> None:
+    sink = SpanSink()
+    app = _app()
+    GatewayInstrumentor().instrument_app(app, tracer_provider=sink.provider)
+    body = _call(app).json()
+    (server,) = [s for s in sink.spans() if s.kind is SpanKind.SERVER]
+    assert server.context is not None
+    assert trace_of(body["request_id"]) == (server.context.trace_id, server.context.span_id)
+    assert engine_request_id() is None  # outside a request

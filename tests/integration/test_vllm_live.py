@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenpath import metric_names as mn
 from tokenpath.agent.engine_scraper import endpoint_source
 from tokenpath.agent.http_fetch import KEEP_ALIVE_REUSE_SECONDS
+from tokenpath.instrumentation.request_ids import trace_of
 from tokenpath.instrumentation.vllm.launcher import (
     LocalVllm,
     LocalVllmConfig,
@@ -232,6 +233,10 @@ def test_records_match_vllm_metrics_and_gateway_traces(stack: Stack) -> None:
         assert StageId.API_GATEWAY.value in stages, record
         assert StageId.SCHEDULER_QUEUE.value in stages, record
         assert record["complete"] is True
+        # vLLM took its request id from the gateway's X-Request-Id, which names the
+        # trace: the plugin's annotation of the request goes into that trace too.
+        found = trace_of(str(record["request_id"]))
+        assert found is not None and format(found[0], "032x") == record["trace_id"], record
 
 
 def _agent_values(agent_url: str, spec: mn.MetricSpec) -> dict[tuple[str, ...], float]:

@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanContext
 
 from tokenpath import attributes as attr
+from tokenpath.instrumentation.request_ids import request_id_for, trace_of
 from tokenpath.instrumentation.vllm.config import PluginConfig
 from tokenpath.instrumentation.vllm.exporter import (
     AnnotationExporter,
@@ -54,6 +56,34 @@ def test_finished_request_becomes_annotation_span_with_step_summary() -> None:
     assert abs(float(a[attr.STEP_SECONDS]) - 0.03) < 1e-9  # type: ignore[arg-type]
     assert a[attr.STEP_SECONDS_SOURCE] == "measured"
     assert tuple(a[attr.GEN_AI_RESPONSE_FINISH_REASONS]) == ("length",)  # type: ignore[arg-type]
+
+
+def test_an_annotation_joins_the_trace_its_request_id_names() -> None:
+    sink = InMemorySpanExporter()
+    exporter = AnnotationExporter(PluginConfig(), sink, clock=lambda: 100.0)
+    gateway = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331,
+                          is_remote=True)
+    named = request_id_for(gateway)
+    assert named is not None
+    exporter.submit(finished(f"chatcmpl-{named}", at=100.0))  # as vLLM wraps the header
+    exporter.submit(finished("chatcmpl-4f1c9e0a7b2d4c6e8f0a1b2c3d4e5f60", at=100.0))
+    exporter.shutdown()
+    joined, alone = by_name(sink.get_finished_spans(), attr.SPAN_REQUEST_ANNOTATION)
+    assert joined.context is not None and joined.parent is not None
+    assert joined.context.trace_id == gateway.trace_id
+    assert joined.parent.span_id == gateway.span_id
+    assert alone.context is not None and alone.parent is None  # a trace of its own
+    assert alone.context.trace_id != gateway.trace_id
+
+
+def test_request_ids_round_trip_and_refuse_what_names_no_trace() -> None:
+    context = SpanContext(1, 2, is_remote=False)
+    named = request_id_for(context)
+    assert named == "tp-" + "0" * 31 + "1-" + "0" * 15 + "2"
+    assert trace_of(f"cmpl-{named}-0-ab12") == (1, 2)
+    assert request_id_for(SpanContext(0, 0, is_remote=False)) is None
+    for other in ("cmpl-abc-0", "tp-" + "0" * 32 + "-" + "0" * 16, "tp-XYZ"):
+        assert trace_of(other) is None
 
 
 def test_interval_summary_span_counts_all_steps_and_drops() -> None:

@@ -9,6 +9,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from tokenpath.instrumentation.request_ids import REQUEST_ID_HEADER, trace_of
 from tokenpath.instrumentation.vllm.proxy import build_proxy_app
 
 SSE_BODY = b'data: {"choices": []}\n\ndata: [DONE]\n\n'
@@ -41,3 +42,6 @@ def test_forwards_traceparent_of_its_server_span_and_relays_stream() -> None:
     assert server.context is not None
     trace_id = forwarded.headers["traceparent"].split("-")[1]
     assert trace_id == format(server.context.trace_id, "032x")
+    # vLLM's request id will name the trace, for the plugin's annotation span.
+    assert trace_of(forwarded.headers[REQUEST_ID_HEADER]) == (server.context.trace_id,
+                                                              server.context.span_id)
