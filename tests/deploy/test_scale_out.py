@@ -96,3 +96,36 @@ def test_three_sharded_collectors_sum_to_one(collectors: list[CollectorProcess])
     stage_series = mn.STAGE_DURATION.series + mn.HISTOGRAM_COUNT_SUFFIX
     assert {dict(labels)[mn.LABEL_STAGE] for (name, labels) in expected
             if name == stage_series} == {stage.id.value for stage in STAGES}
+
+
+def test_a_vllm_annotation_naming_its_trace_is_routed_with_its_request() -> None:
+    """The plugin's annotation follows the request id's trace onto the ring: it reaches
+    the replica holding the request's llm_request span. One without falls anywhere."""
+    import os
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanContext
+
+    from tokenpath.attributes import GEN_AI_REQUEST_ID
+    from tokenpath.instrumentation.request_ids import request_id_for
+    from tokenpath.instrumentation.vllm.config import PluginConfig
+    from tokenpath.instrumentation.vllm.exporter import AnnotationExporter, FinishedRequest
+
+    ring = HashRing([f"collector-{i}:4317" for i in range(3)])
+    sink = InMemorySpanExporter()
+    exporter = AnnotationExporter(PluginConfig(), sink, clock=lambda: 100.0)
+    requests = {}
+    for i in range(300):
+        trace_id = os.urandom(16)
+        gateway = SpanContext(int.from_bytes(trace_id, "big"), i + 1, is_remote=True)
+        request_id = f"chatcmpl-{request_id_for(gateway)}"
+        requests[request_id] = trace_id
+        exporter.submit(FinishedRequest(request_id, 100.0, 0, 0, 10, 5, 0.5, "stop"))
+    exporter.shutdown()
+    annotations = sink.get_finished_spans()
+    assert len(annotations) == len(requests)
+    for span in annotations:
+        assert span.context is not None and span.attributes is not None
+        request_trace = requests[str(span.attributes[GEN_AI_REQUEST_ID])]
+        annotation_trace = span.context.trace_id.to_bytes(16, "big")
+        assert ring.endpoint_for(annotation_trace) == ring.endpoint_for(request_trace)
