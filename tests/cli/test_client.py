@@ -60,3 +60,20 @@ def test_the_api_takes_an_until_cursor_and_refuses_one_that_is_not_finite(
     assert all(r["end_unix"] <= cursor for r in older)
     assert len(older) == len([r for r in everything if r["end_unix"] <= cursor])
     assert httpx.get(url, params={"until": "nan"}, timeout=5).status_code == 400
+
+
+def test_span_text_that_looks_like_markup_is_printed_as_is(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tokenpath.cli.main import app
+
+    path = str(tmp_path / "store.db")
+    store = RecordStore(StoreConfig(path=path))
+    store.start()
+    for i, model in enumerate(("[/]x", "[bold]gpt-4o[/bold]-mini")):
+        store.consume_record(RequestRecord(trace_id=format(i + 1, "032x"), model=model,
+                                           start_unix=100.0 + i, end_unix=101.0 + i))
+    store.shutdown()
+    result = CliRunner().invoke(app, ["requests", "--store", path], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "[/]x" in result.output and "[bold]gpt-4o[/bold]-mini" in result.output

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tokenpath.records import RequestRecord
 from tokenpath.report import LONG_CONTEXT_TOKENS, Report
@@ -87,7 +88,10 @@ def render_requests(records: Sequence[RequestRecord], console: Console) -> None:
                           ("duration", "right"), ("cost", "right"), ("complete", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in records:
-        table.add_row(r.trace_id, r.model, str(r.input_tokens), str(r.cache_read_tokens),
+        # Span-derived text is printed as is: Text() keeps Rich from reading "[...]" in a
+        # model name as markup (which could also fail the whole table).
+        table.add_row(Text(r.trace_id), Text(r.model), str(r.input_tokens),
+                      str(r.cache_read_tokens),
                       str(r.output_tokens), _sec(r.ttft_seconds), _sec(r.duration_seconds),
                       _usd(r.cost_dollars), "yes" if r.complete else "no")
     console.print(table)

@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from tokenpath.cli.client import Source
 from tokenpath.cli.common import console, fail
@@ -107,7 +108,7 @@ def _render(result: dict[str, Any]) -> None:
         for column in ("fingerprint", "prefix tokens", "count", "hits", "misses", "waste $"):
             waste.add_column(column, justify="left" if column == "fingerprint" else "right")
         for p in prefixes:
-            waste.add_row(p["fingerprint"][:16], str(p["prefix_tokens"]), str(p["count"]),
+            waste.add_row(Text(p["fingerprint"][:16]), str(p["prefix_tokens"]), str(p["count"]),
                           str(p["hits"]), str(p["misses"]), f"{p['waste_dollars']:.6f}")
         console.print(waste)
     rules = result.get("rules_of_thumb")
