@@ -247,10 +247,13 @@ def _map_engine(record: RequestRecord, acc: _StageAccumulator,
     if not engine_spans:
         return
     queue = prefill = decode = 0.0
-    have_prefill = have_decode = False
+    have_queue = have_prefill = have_decode = False
     for span in engine_spans:
         attrs = span.attributes
-        queue += _seconds(attrs.get(A.VLLM_LATENCY_TIME_IN_QUEUE)) or 0.0
+        q = _seconds(attrs.get(A.VLLM_LATENCY_TIME_IN_QUEUE))
+        if q is not None:
+            queue += q
+            have_queue = True
         p = _seconds(attrs.get(A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL))
         d = _seconds(attrs.get(A.VLLM_LATENCY_TIME_IN_MODEL_DECODE))
         if p is not None:
@@ -259,9 +262,10 @@ def _map_engine(record: RequestRecord, acc: _StageAccumulator,
         if d is not None:
             decode += d
             have_decode = True
-    record.queue_seconds = queue
-    if StageId.SCHEDULER_QUEUE not in acc.stages:
-        acc.add(StageId.SCHEDULER_QUEUE, queue, Provenance.MEASURED)
+    if have_queue:  # an engine that did not say is not a measured 0 s
+        record.queue_seconds = queue
+        if StageId.SCHEDULER_QUEUE not in acc.stages:
+            acc.add(StageId.SCHEDULER_QUEUE, queue, Provenance.MEASURED)
     if have_prefill:
         record.prefill_seconds = prefill
     if have_decode:

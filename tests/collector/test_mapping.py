@@ -184,3 +184,13 @@ def test_fingerprints_keep_the_block_size_they_were_taken_with() -> None:
     assert record is not None
     assert (record.prefix_fingerprints, record.prefix_block_tokens) == (("a", "b"), 64)
     assert record.to_json()["prefix_block_tokens"] == 64
+
+
+def test_an_engine_span_without_a_queue_time_records_no_queue_stage() -> None:
+    tid = new_trace_id()
+    attributes = {k: v for k, v in VLLM_ATTRS.items() if k != A.VLLM_LATENCY_TIME_IN_QUEUE}
+    record = map_trace(trace(span(tid, A.VLLM_REQUEST_SPAN_NAME, attributes=attributes)))
+    assert record is not None
+    assert record.queue_seconds is None  # not recorded, never a measured 0 s
+    assert StageId.SCHEDULER_QUEUE not in record.stages
+    assert record.prefill_seconds == pytest.approx(0.03)
