@@ -168,6 +168,10 @@ def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT
         "cache": {
             "source": "records",
             "block_tokens": block_tokens,
+            # The block sizes the records' fingerprints were taken with (each record's
+            # own, or block_tokens for one that did not say).
+            "block_tokens_used": sorted({r.prefix_block_tokens or block_tokens
+                                         for r in records if r.prefix_fingerprints}),
             "prefix_cache_hit_ratio": token_weighted_hit_ratio(records),
             "cache_miss_waste_dollars": sum(r.cache_miss_waste_dollars for r in records),
             "requests_with_fingerprints": sum(1 for r in records if r.prefix_fingerprints),

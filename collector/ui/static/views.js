@@ -112,10 +112,10 @@
     return [
       el("a", { class: "leak", href: "#/leaks", id: "leak-cache" },
         el("div", { class: "leak-title", text: "1 · Prefix-cache misses" }),
-        cache.cache_miss_waste_dollars > 0
+        leaks.priced
           ? el("div", { class: "leak-value", text: fmtDollars(cache.cache_miss_waste_dollars) })
           : el("div", { class: "leak-value", text: `${fmtNum(cache.recomputed_prefix_tokens)} tok` }),
-        el("div", { class: "kpi-sub", text: (cache.cache_miss_waste_dollars > 0
+        el("div", { class: "kpi-sub", text: (leaks.priced
           ? "wasted on recomputed prefixes" : "prefix tokens recomputed (not priced yet)")
           + ` · hit ratio ${fmtPct(cache.prefix_cache_hit_ratio)}` }),
         el("div", { class: "kpi-sub", text: top ? `top prefix ${top.fingerprint.slice(0, 10)}… `
@@ -173,6 +173,7 @@
   async function request(route) {
     const [r, stages] = await Promise.all([
       api(`/api/requests/${encodeURIComponent(route.traceId)}`), stageList()]);
+    const isPriced = priced(r); // an unpriced record shows dashes, never $0
     const total = stages.reduce((s, st) => s + (r.stages[st.id] ? r.stages[st.id].seconds : 0), 0);
     let offset = 0;
     const rows = stages.map((st) => {
@@ -193,7 +194,8 @@
       });
       offset += seconds;
       const phaseText = phases ? ["prefill", "decode"].filter((p) => phases[p])
-        .map((p) => `${p} ${fmtSeconds(phases[p].seconds)} / ${fmtDollars(phases[p].cost_dollars)}`)
+        .map((p) => `${p} ${fmtSeconds(phases[p].seconds)}`
+          + (isPriced ? ` / ${fmtDollars(phases[p].cost_dollars)}` : ""))
         .join(" · ") : "";
       return el("tr", { class: t ? "stage-row" : "stage-row missing", "data-stage": st.id },
         td(String(st.order), "num"),
@@ -201,7 +203,7 @@
           style: `background:${tp.GROUP_COLOURS[st.group]}` }), st.title,
         el("div", { class: "sub", text: `${st.id} · bound by ${st.bound_by}` })),
         td(bar, "bar"), td(t ? fmtSeconds(seconds) : DASH, "num"),
-        td(t ? fmtDollars(t.cost_dollars) : DASH, "num"),
+        td(t && isPriced ? fmtDollars(t.cost_dollars) : DASH, "num"),
         td(t ? provenanceBadge(t.provenance) : provenanceBadge(null)), td(phaseText, "sub"));
     });
     const gpuCost = stages.filter((s) => s.gpu && r.stages[s.id])
@@ -221,9 +223,9 @@
         kpi("Output tokens", fmtNum(r.output_tokens), `TPOT ${fmtSeconds(r.tpot_seconds)}`),
         kpi("TTFT", fmtSeconds(r.ttft_seconds), `queue ${fmtSeconds(r.queue_seconds)}`),
         kpi("Duration", fmtSeconds(r.duration_seconds), `${r.span_count} spans`),
-        kpi("Cost (apportioned)", fmtDollars(r.cost_dollars), `GPU ${fmtDollars(gpuCost)}`,
-            "kpi-cost"),
-        kpi("Naive wall-clock cost", fmtDollars(r.naive_cost_dollars), naiveRatio
+        kpi("Cost (apportioned)", isPriced ? fmtDollars(r.cost_dollars) : DASH,
+            isPriced ? `GPU ${fmtDollars(gpuCost)}` : "not priced", "kpi-cost"),
+        kpi("Naive wall-clock cost", isPriced ? fmtDollars(r.naive_cost_dollars) : DASH, naiveRatio
           ? `${naiveRatio.toFixed(1)}× the apportioned cost` : "duration × $/s, for comparison",
         "kpi-naive")),
       card("Prefill vs decode",
@@ -279,7 +281,9 @@
                        title: "Token-weighted prefix-cache hit ratio per interval" })),
       card("Top repeated prefixes by waste",
         note("Salted fingerprints and lengths only: prompt content never reaches the "
-             + `collector. Computed from ${cache.source}; ${cache.block_tokens} tokens per block.`),
+             + `collector. Computed from ${cache.source}; `
+             + `${(cache.block_tokens_used.length ? cache.block_tokens_used
+               : [cache.block_tokens]).join(" or ")} tokens per block.`),
         prefixRows.length ? table("Repeated prefixes", ["fingerprint", "prefix tokens",
           "requests", "hits", "misses", "recomputed tokens", "waste"], prefixRows,
         "data prefixes-table") : note("No prefix seen twice yet.")),

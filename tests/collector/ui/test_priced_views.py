@@ -1,10 +1,10 @@
 """Dollar views in Chromium: records priced the way the cost attributor prices them.
 
-The collector on this branch has no cost model configured yet, so records arrive unpriced.
-This test takes records assembled from real OTLP spans, prices them with a simple
+The first test takes records assembled from real OTLP spans, prices them again with a simple
 apportionment (GPU seconds x $/s shared by a batch, the naive figure unshared) and stores
 them with an idle slice, then checks that the UI shows dollars by stage, modeled labels,
-the miss waste and the naive-versus-apportioned comparison.
+the miss waste and the naive-versus-apportioned comparison. The second checks that
+unpriced records show dashes, never $0, and that a priced window without waste shows $0.
 """
 
 from __future__ import annotations
@@ -113,3 +113,59 @@ def test_priced_records_show_dollars(page: tuple[Any, ConsoleLog]) -> None:
         assert console.errors == []
     finally:
         service.shutdown()
+
+
+def _unpriced(record: RequestRecord) -> RequestRecord:
+    record.cost_dollars = record.naive_cost_dollars = record.cache_miss_waste_dollars = 0.0
+    for timing in record.stages.values():
+        timing.cost_dollars = 0.0
+        for share in timing.phases.values():
+            share.cost_dollars = 0.0
+    return record
+
+
+def test_unpriced_records_show_dashes_and_priced_ones_show_zero_waste_as_dollars(
+        page: tuple[Any, ConsoleLog]) -> None:
+    browser_page, console = page
+    source = start_collector()
+    try:
+        send_workload(source.http_url, 8, seed=5)
+        raw = wait_for_records(source.http_url, 8)
+    finally:
+        source.shutdown()
+    dash = "\N{EM DASH}"
+
+    unpriced = start_collector()
+    try:
+        records = [_unpriced(RequestRecord.from_json(r)) for r in raw]
+        for record in records:
+            unpriced.store.consume_record(record)
+        unpriced.store.flush()
+        browser_page.goto(f"{unpriced.http_url}/#/requests/{records[0].trace_id}")
+        browser_page.wait_for_selector("table.waterfall")
+        assert browser_page.text_content("#kpi-cost .kpi-value") == dash
+        assert browser_page.text_content("#kpi-naive .kpi-value") == dash
+        dollars = browser_page.locator("table.waterfall tr.stage-row td:nth-child(5)")
+        assert dollars.count() > 0 and set(dollars.all_text_contents()) == {dash}
+        assert "$" not in (browser_page.text_content("table.waterfall") or "")
+        browser_page.goto(f"{unpriced.http_url}/#/")
+        browser_page.wait_for_selector("main[data-ready='true']")
+        assert "not priced yet" in (browser_page.text_content("#leak-cache") or "")
+    finally:
+        unpriced.shutdown()
+
+    priced = start_collector()
+    try:
+        for record in raw:  # priced by the collector that received them; no miss waste
+            stored = RequestRecord.from_json(record)
+            stored.cache_miss_waste_dollars = 0.0
+            priced.store.consume_record(stored)
+        priced.store.flush()
+        browser_page.goto(f"{priced.http_url}/#/")
+        browser_page.wait_for_selector("main[data-ready='true']")
+        leak = browser_page.text_content("#leak-cache") or ""
+        assert "wasted on recomputed prefixes" in leak and "not priced" not in leak
+        assert browser_page.text_content("#leak-cache .leak-value") == "$0"
+        assert console.errors == []
+    finally:
+        priced.shutdown()
