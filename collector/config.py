@@ -19,7 +19,9 @@ from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
 from tokenpath.collector.tls import ENV_TLS_CERT, ENV_TLS_CLIENT_CA, ENV_TLS_KEY, TlsConfig
 from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
 
-DEFAULT_HTTP = "127.0.0.1:4318"
+DEFAULT_HTTP_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 4318
+DEFAULT_HTTP = f"{DEFAULT_HTTP_HOST}:{DEFAULT_HTTP_PORT}"
 DEFAULT_GRPC = "127.0.0.1:4317"
 ENV_HTTP = "TOKENPATH_COLLECTOR_HTTP"
 ENV_GRPC = "TOKENPATH_COLLECTOR_GRPC"
@@ -42,8 +44,8 @@ def default_store_path() -> str:
 
 @dataclass(frozen=True, slots=True)
 class CollectorConfig:
-    http_host: str = "127.0.0.1"
-    http_port: int = 4318
+    http_host: str = DEFAULT_HTTP_HOST
+    http_port: int = DEFAULT_HTTP_PORT
     grpc_host: str = "127.0.0.1"
     grpc_port: int | None = 4317  # None: no gRPC listener
     store_path: str = ":memory:"

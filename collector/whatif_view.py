@@ -51,13 +51,18 @@ class WhatIfRequest:
 
         quantization = body.get("quantization") or "none"
         request = cls(
-            cache_hit_rate_delta=number("cache_hit_rate_delta", 0.0) or 0.0,
-            spec_decode_speedup=number("spec_decode_speedup", 1.0) or 1.0,
+            # Only an absent value takes the default: 0 is a value, and validate() judges it.
+            cache_hit_rate_delta=_given(number("cache_hit_rate_delta", 0.0), 0.0),
+            spec_decode_speedup=_given(number("spec_decode_speedup", 1.0), 1.0),
             gpu_utilization=number("gpu_utilization", None),
             quantization=str(quantization),
         )
         request.validate()
         return request
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def whatif_view(records: Sequence[RequestRecord], prices: PriceSheet,

@@ -32,6 +32,11 @@ def _demo(tmp: Path, shared_prefix: float) -> tuple[dict[str, Any], list[dict[st
     assert result.returncode == 0, result.stdout + result.stderr
     assert "simulated engine" in result.stdout
     assert "agent     http://127.0.0.1:" in result.stdout  # the node agent ran alongside
+    # A collector on a free port (0) is not one to reopen: the closing line suggests the
+    # default listener and its URL.
+    closing = " ".join(result.stdout.split())
+    assert f"tokenpath collector --store {store} and open the UI at " \
+           "http://127.0.0.1:4318/" in closing, closing[-400:]
     runner = CliRunner()
     report = runner.invoke(app, ["report", "--store", str(store), "--format", "json"])
     assert report.exit_code == 0, report.output

@@ -336,10 +336,17 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
     render_report(report, out)
     out.print()
     out.print(f"This run: {report.requests} request records, stored in {config.store_path}.")
+    # The collector suggested here listens where the demo's did, unless that was a free
+    # port picked at random (0): then on the collector's default.
+    from tokenpath.collector.config import DEFAULT_HTTP_HOST, DEFAULT_HTTP_PORT
+
+    port = config.collector_port or DEFAULT_HTTP_PORT
+    listen = ("" if (config.collector_host, port) == (DEFAULT_HTTP_HOST, DEFAULT_HTTP_PORT)
+              else f" --http {config.collector_host}:{port}")
     out.print(f"Explore all stored runs: [bold]tokenpath report --store {config.store_path}[/]"
               ", or run "
-              f"[bold]tokenpath collector --store {config.store_path}[/] and open the UI at "
-              f"http://{config.collector_host}:{config.collector_port or 4318}/")
+              f"[bold]tokenpath collector --store {config.store_path}{listen}[/] and open the UI "
+              f"at http://{config.collector_host}:{port}/")
     if config.ground_truth:
         out.print(f"Ground truth (simulated engine's GPU seconds and dollars per request): "
                   f"{config.ground_truth}")

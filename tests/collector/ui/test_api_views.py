@@ -126,6 +126,8 @@ def test_whatif_view_is_the_roofline_engine() -> None:
     ({"gpu_utilization": 2}, "gpu_utilization"),
     ({"quantization": "fp3"}, "quantization"),
     ({"spec_decode_speedup": True}, "spec_decode_speedup"),
+    ({"spec_decode_speedup": 0}, "spec_decode_speedup"),  # a value, not "absent"
+    ({"spec_decode_speedup": "nan"}, "spec_decode_speedup"),
 ])
 def test_whatif_request_errors_name_the_key(body: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as info:
