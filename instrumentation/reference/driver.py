@@ -19,6 +19,7 @@ class DriveStats:
     sent: int = 0
     ok: int = 0
     failed: int = 0
+    cancelled: int = 0  # stopped in flight (the run was interrupted); each is an error record
     output_chunks: int = 0
     in_flight: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -54,6 +55,9 @@ async def drive(client: InstrumentedClient, workload: WorkloadGenerator, model: 
                     stats.trace_ids.append(result.trace_id)
             else:
                 stats.failed += 1
+        except asyncio.CancelledError:
+            stats.cancelled += 1
+            raise
         except Exception:
             stats.failed += 1
         finally:

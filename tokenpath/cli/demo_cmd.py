@@ -106,7 +106,9 @@ def _tracer_provider(collector_url: str, token: str | None) -> TracerProvider:
 def _progress_text(stats: DriveStats, duration: float | None) -> str:
     limit = f"/{duration:.0f}s" if duration else " (Ctrl-C to stop)"
     return (f"{stats.elapsed:5.1f}s{limit}  sent {stats.sent}  ok {stats.ok}  "
-            f"failed {stats.failed}  in flight {stats.in_flight}  "
+            f"failed {stats.failed}  "
+            + (f"cancelled {stats.cancelled}  " if stats.cancelled else "")
+            + f"in flight {stats.in_flight}  "
             f"chunks streamed {stats.output_chunks}")
 
 
