@@ -133,7 +133,13 @@ function parseRoute() {
   const hash = location.hash.replace(/^#/, "") || "/";
   const parts = hash.split("/").filter(Boolean);
   if (parts[0] === "requests" && parts[1]) {
-    return { name: "request", traceId: decodeURIComponent(parts[1]), nav: "requests" };
+    let traceId;
+    try {
+      traceId = decodeURIComponent(parts[1]);
+    } catch (error) { // a malformed escape: ask for it as typed, the API answers 404
+      traceId = parts[1];
+    }
+    return { name: "request", traceId, nav: "requests" };
   }
   const name = parts[0] || "overview";
   const known = ["overview", "requests", "leaks", "whatif"];

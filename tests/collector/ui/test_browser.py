@@ -179,3 +179,14 @@ def test_auth_prompts_for_token_and_then_loads(page: PageAndLog) -> None:
         assert not browser_page.is_visible("#auth-dialog")
     finally:
         service.shutdown()
+
+
+def test_a_malformed_request_link_shows_an_error_not_the_previous_view(
+        collector: CollectorService, page: PageAndLog) -> None:
+    browser_page, console = page
+    _open(browser_page, collector.http_url, "/leaks")
+    browser_page.evaluate("location.hash = '#/requests/abc%zz'")  # not a valid escape
+    browser_page.wait_for_selector("#banner:not([hidden])")
+    assert "404" in (browser_page.text_content("#banner") or "")
+    # The failed fetch may be logged; an uncaught error may not.
+    assert [e for e in console.errors if e.startswith("pageerror")] == []
