@@ -24,6 +24,7 @@ class ConfigError(ValueError):
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"{key}: {message}")
         self.key = key
+        self.message = message
 
 
 def load_config_file(path: str | Path | None) -> dict[str, Any]:

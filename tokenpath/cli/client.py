@@ -92,7 +92,7 @@ class Source:
         try:
             return open_store_readonly(self.store or default_store_path())
         except ConfigError as exc:
-            fail(f"--store: {exc}")
+            fail(f"--store: {exc.message}")
 
 
 def _since_unix(since: str | None) -> float | None:

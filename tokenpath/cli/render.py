@@ -28,8 +28,8 @@ def _usd(value: float | None) -> str:
         return "-"
     if value == 0:
         return "$0"
-    if abs(value) < 0.01:
-        return f"${value:.6f}"
+    if abs(value) < 0.01:  # three significant digits: a tiny cost is never "$0.000000"
+        return f"${value:.3g}"
     return f"${value:,.4f}"
 
 
