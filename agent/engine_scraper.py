@@ -173,6 +173,10 @@ class EngineScraper:
             if rule is not None:
                 matched.append((base, rule, labels, value))
         if not matched:
+            # An engine that has served nothing yet may declare its labelled families
+            # without a sample (prometheus_client shows none before .labels()): up.
+            if any(f"# TYPE {prefix}" in text for prefix in SOURCE_LINE_PREFIXES):
+                return gauges
             raise EngineScrapeError("no vLLM or SGLang engine metrics on the page")
         present = {match[0] for match in matched}
         for base, rule, labels, value in matched:

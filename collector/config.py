@@ -28,9 +28,10 @@ ENV_GRPC = "TOKENPATH_COLLECTOR_GRPC"
 ENV_STORE = "TOKENPATH_STORE"
 ENV_PRICES = "TOKENPATH_PRICES"
 ENV_AUTH_TOKEN = "TOKENPATH_AUTH_TOKEN"
-# The keys a collector config file may hold (docs/operations.md).
+# The keys a collector config file may hold (docs/operations.md); "agent" is the node
+# agent's section of a file both read, which the collector leaves alone.
 FILE_KEYS = frozenset({"http", "grpc", "store", "prices", "retention", "max_buffered_spans",
-                       "assembler", "cost", "limits", "tls"})
+                       "assembler", "cost", "limits", "tls", "agent"})
 
 
 def default_store_path() -> str:

@@ -32,12 +32,13 @@ INSTRUMENTATION_NAME = "tokenpath.instrumentation"
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
-def parent_context(trace_headers: Mapping[str, Any] | None) -> otel_context.Context | None:
+def parent_context(trace_headers: Mapping[str, Any] | None) -> otel_context.Context:
     """The caller's trace context from its headers, matched in any case (``Traceparent``
-    from a case-preserving header map) and read from ``str`` or ``bytes`` values; ``None``
-    when there is none. Never raises: a failure is counted and the span starts a trace."""
+    from a case-preserving header map) and read from ``str`` or ``bytes`` values. Without
+    one, an empty context: the span starts a trace of its own rather than joining
+    whatever span is current where it ends. Never raises: a failure is counted."""
     if not trace_headers:
-        return None
+        return otel_context.Context()
     try:
         carrier = {
             str(key).lower(): value.decode("latin-1") if isinstance(value, bytes) else value
@@ -46,7 +47,7 @@ def parent_context(trace_headers: Mapping[str, Any] | None) -> otel_context.Cont
         return _PROPAGATOR.extract(carrier=carrier)
     except Exception as exc:
         telemetry_errors.count("engine_hooks.trace_headers", exc)
-        return None
+        return otel_context.Context()
 
 
 def get_tracer(tracer_provider: TracerProvider | None = None) -> Tracer:
@@ -142,11 +143,9 @@ class EngineRequestTrace:
     def trace_id(self) -> str | None:
         """The 32-hex trace id the engine span will carry (from ``trace_headers``)."""
         if self._trace_id_hex is None and self.trace_headers:
-            parent = parent_context(self.trace_headers)
-            if parent is not None:
-                ctx = trace.get_current_span(parent).get_span_context()
-                if ctx.is_valid:
-                    self._trace_id_hex = format(ctx.trace_id, "032x")
+            ctx = trace.get_current_span(parent_context(self.trace_headers)).get_span_context()
+            if ctx.is_valid:
+                self._trace_id_hex = format(ctx.trace_id, "032x")
         return self._trace_id_hex
 
     def finish(

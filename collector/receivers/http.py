@@ -30,6 +30,8 @@ from tokenpath.collector.receivers.otlp_decode import (
 from tokenpath.collector.stats import CollectorStats
 
 PROTOBUF = "application/x-protobuf"
+# Members one gzip body may hold (exporters send one; RFC 1952 allows more).
+MAX_GZIP_MEMBERS = 64
 JSON = "application/json"
 RECEIVER = "otlp_http"
 
@@ -77,11 +79,13 @@ def gunzip(body: bytes, max_decompressed: int) -> bytes:
     """A gzip body inflated, every member of it (RFC 1952 allows several, as
     ``gzip.decompress`` reads them), at most ``max_decompressed`` bytes (else 413). A
     stream that is corrupt, cut short (no end of stream, no CRC) or followed by bytes
-    that are not another member is a 400: nothing of it is taken."""
+    that are not another member is a 400: nothing of it is taken. So is a body of more
+    than MAX_GZIP_MEMBERS members: each member copies the rest of the body (zlib's
+    ``unused_data``), so thousands of tiny ones would hold the event loop for minutes."""
     out: list[bytes] = []
     size = 0
     rest = body
-    while True:
+    for _ in range(MAX_GZIP_MEMBERS):
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:
             chunk = inflater.decompress(rest, max_decompressed - size + 1)
@@ -96,6 +100,7 @@ def gunzip(body: bytes, max_decompressed: int) -> bytes:
         rest = inflater.unused_data.lstrip(b"\x00")  # zero padding, as gzip itself skips
         if not rest:
             return b"".join(out)
+    raise _BodyError(400, f"invalid gzip body: more than {MAX_GZIP_MEMBERS} members")
 
 
 def _status_response(http_status: int, code: int, message: str, kind: str | None,

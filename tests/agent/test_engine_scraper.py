@@ -321,3 +321,22 @@ def test_a_200_page_without_engine_metrics_is_counted_and_down(
     # Like a dead endpoint: counters hold their totals, gauges are dropped.
     assert garbled.counters[(mn.ENGINE_PREFIX_HIT_TOKENS, V)] == 1000
     assert (mn.ENGINE_REQUESTS_RUNNING, V) not in garbled.gauges
+
+
+def test_an_engine_that_declares_its_families_but_has_no_sample_yet_is_up(
+        page_server: PageServer, client: httpx.Client) -> None:
+    # prometheus_client shows a labelled family's HELP and TYPE but no sample until its
+    # first .labels() call: an engine that has served nothing yet.
+    url = page_server.url("/sglang")
+    page_server.pages["/sglang"] = (
+        "# HELP sglang:num_running_reqs The number of running requests.\n"
+        "# TYPE sglang:num_running_reqs gauge\n"
+        "# HELP python_gc_objects_collected_total Objects collected during gc\n"
+        "# TYPE python_gc_objects_collected_total counter\n"
+        'python_gc_objects_collected_total{generation="0"} 12.0\n')
+    scraper = scraper_for([url], client)
+    errors = ErrorCounts(16)
+    readings = scraper.read(errors)
+    assert readings.up[endpoint_source(url)] == 1.0
+    assert errors.get(endpoint_source(url)) == 0.0
+    assert readings.gauges == {}

@@ -51,3 +51,9 @@ def test_a_duration_is_finite_and_not_a_boolean(value: Any) -> None:
     with pytest.raises(ConfigError) as err:
         parse_duration(value, "since")
     assert err.value.key == "since"
+
+
+def test_a_file_shared_with_the_agent_is_read_and_its_agent_section_left_alone(
+        tmp_path: Path) -> None:
+    config = _load(tmp_path, {"http": "127.0.0.1:4318", "agent": {"interval": "2s"}})
+    assert config.http_port == 4318

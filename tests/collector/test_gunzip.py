@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenpath.collector.receivers.http import _BodyError, gunzip
+from tokenpath.collector.receivers.http import MAX_GZIP_MEMBERS, _BodyError, gunzip
 
 CAP = 1 << 20
 
@@ -51,3 +51,10 @@ def test_the_decompressed_cap_counts_every_member() -> None:
     assert gunzip(member, 1200) == b"\x00" * 600
     assert gunzip(member * 2, 1200) == b"\x00" * 1200
     assert _status(member * 3, 1200) == 413
+
+
+def test_a_body_of_more_members_than_the_cap_is_refused_before_inflating_them_all() -> None:
+    empty = gzip.compress(b"")
+    assert gunzip(empty * MAX_GZIP_MEMBERS, CAP) == b""
+    # Thousands of tiny members would each copy the rest of the body: quadratic.
+    assert _status(empty * 200_000) == 400
