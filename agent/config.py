@@ -22,6 +22,7 @@ from tokenpath.agent.nic_sampler import (
     NIC_SOURCES,
     NicSource,
 )
+from tokenpath.collector.tls import ENV_TLS_CERT, ENV_TLS_CLIENT_CA, ENV_TLS_KEY, TlsConfig
 from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
 
 DEFAULT_LISTEN: Final = "127.0.0.1:9400"
@@ -106,6 +107,8 @@ class AgentConfig:
     max_devices: int = DEFAULT_MAX_DEVICES
     max_models: int = DEFAULT_MAX_MODELS
     max_sources: int = DEFAULT_MAX_SOURCES
+    # TLS (and mTLS with a client CA) on the /metrics listener: the collector's settings.
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -142,6 +145,7 @@ class AgentConfig:
                          ("max_sources", self.max_sources)):
             if not 1 <= cap <= 10_000:
                 raise ConfigError(key, f"must be between 1 and 10000, got {cap!r}")
+        self.tls.validate()
         return self
 
     @classmethod
@@ -153,6 +157,9 @@ class AgentConfig:
         interval: str | float | None = None,
         engine_metrics_urls: list[str] | None = None,
         node: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
         file_values: Mapping[str, Any] | None = None,
     ) -> AgentConfig:
         """Resolve every field argument > environment > file > default, then validate."""
@@ -167,6 +174,19 @@ class AgentConfig:
         if unknown:
             raise ConfigError(unknown[0], "unknown agent setting")
         defaults = cls()
+        tls_section = section.get("tls") or {}
+        if not isinstance(tls_section, Mapping):
+            raise ConfigError("tls", "must be a mapping")
+        unknown_tls = sorted(str(key) for key in set(tls_section) - TLS_FILE_KEYS)
+        if unknown_tls:
+            raise ConfigError(f"tls.{unknown_tls[0]}", "unknown TLS setting")
+        tls_file = {f"tls.{k}": v for k, v in tls_section.items() if v is not None}
+        tls = TlsConfig(
+            cert=resolve("tls.cert", tls_cert, ENV_TLS_CERT, tls_file, None, str),
+            key=resolve("tls.key", tls_key, ENV_TLS_KEY, tls_file, None, str),
+            client_ca=resolve("tls.client_ca", tls_client_ca, ENV_TLS_CLIENT_CA, tls_file,
+                              None, str),
+        )
         config = cls(
             listen=resolve("listen", listen, ENV_LISTEN, section, DEFAULT_LISTEN, str),
             collector_url=resolve("collector", collector_url, ENV_COLLECTOR, section,
@@ -205,6 +225,7 @@ class AgentConfig:
                                _integer),
             max_sources=resolve("max_sources", None, None, section, DEFAULT_MAX_SOURCES,
                                 _integer),
+            tls=tls,
         )
         return config.validate()
 
@@ -214,8 +235,9 @@ KNOWN_FILE_KEYS: Final = frozenset({
     "engine_interval",
     "push_timeout", "push_interval", "nic_source", "nic_exclude", "sysfs_root",
     "pcie_throughput", "nvml_retry",
-    "max_devices", "max_models", "max_sources",
+    "max_devices", "max_models", "max_sources", "tls",
 })
+TLS_FILE_KEYS: Final = frozenset({"cert", "key", "client_ca"})
 
 
 def _boolean(value: Any) -> bool:

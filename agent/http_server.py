@@ -3,7 +3,9 @@
 A small threaded ``http.server``: no framework in the agent's hot path. When a bearer
 token is configured, ``/metrics`` requires ``Authorization: Bearer <token>`` (checked with
 the collector's constant-time ``bearer_matches`` before anything is rendered; the token is
-never logged); ``/healthz`` stays open for kubelet probes.
+never logged); ``/healthz`` stays open for kubelet probes. With a certificate and key the
+listener speaks TLS, and with a client CA it requires client certificates (mTLS); the
+handshake runs in the connection's own thread.
 
 No request body is ever read: a reply to a request that carries one (``Content-Length`` over
 0 or any ``Transfer-Encoding``) closes the connection, so the body is never parsed as the
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -113,11 +116,30 @@ class _AgentHttpServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], render: Callable[[], bytes],
-                 auth_token: str | None, idle_timeout: float) -> None:
+                 auth_token: str | None, idle_timeout: float,
+                 tls: ssl.SSLContext | None) -> None:
         super().__init__(address, _Handler)
         self.render = render
         self.idle_timeout = idle_timeout
         self._token = auth_token or None
+        self._tls = tls
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """In the connection's own thread: the TLS handshake (when TLS is on; a slow or
+        failing client never holds up accepting others), then the request."""
+        if self._tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(self.idle_timeout)
+        try:
+            secure = self._tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as exc:  # no certificate under mTLS, plain HTTP
+            logger.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+            return
+        try:
+            super().finish_request(secure, client_address)
+        finally:
+            secure.close()
 
     def authorized(self, header: str | None) -> bool:
         if self._token is None:
@@ -127,13 +149,16 @@ class _AgentHttpServer(ThreadingHTTPServer):
 
 class AgentHttpServer:
     """Serves ``render()`` (Prometheus text, e.g. ``generate_latest(registry)``) as
-    ``/metrics`` on ``host:port`` (port 0 picks a free one). A connection idle for
+    ``/metrics`` on ``host:port`` (port 0 picks a free one), over TLS with ``tls`` (a
+    server context: ``TlsConfig.server_context()``). A connection idle for
     ``idle_timeout`` seconds is closed."""
 
     def __init__(self, host: str, port: int, render: Callable[[], bytes],
                  *, auth_token: str | None = None,
-                 idle_timeout: float = IDLE_TIMEOUT_SECONDS) -> None:
-        self._server = _AgentHttpServer((host, port), render, auth_token, idle_timeout)
+                 idle_timeout: float = IDLE_TIMEOUT_SECONDS,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self._server = _AgentHttpServer((host, port), render, auth_token, idle_timeout, tls)
+        self.scheme = "http" if tls is None else "https"
         self._thread: threading.Thread | None = None
 
     @property

@@ -117,8 +117,10 @@ class AgentService:
         self.poll_once()
         if serve:
             host, port = self.config.listen_address
+            tls = self.config.tls
             self._server = AgentHttpServer(host, port, self.render_metrics,
-                                           auth_token=self._auth_token)
+                                           auth_token=self._auth_token,
+                                           tls=tls.server_context() if tls.enabled else None)
             self._server.start()
         if self._pusher is not None:
             self._pusher.start()
@@ -214,6 +216,15 @@ class AgentService:
     @property
     def listen_port(self) -> int | None:
         return self._server.port if self._server is not None else None
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where /metrics is served (``https`` with TLS), once started."""
+        if self._server is None:
+            return None
+        host = self._server.host
+        host = f"[{host}]" if ":" in host else host
+        return f"{self._server.scheme}://{host}:{self._server.port}/metrics"
 
     @property
     def pusher(self) -> OtlpMetricsPusher | None:

@@ -1,8 +1,9 @@
-"""TLS and mutual TLS for both listeners (SPEC section 8).
+"""TLS and mutual TLS for the listeners (SPEC section 8).
 
-One certificate and key serve OTLP/HTTP (with the API and UI) and OTLP/gRPC. With a
-client CA, both listeners require a client certificate signed by it (mTLS) and refuse a
-client without one during the handshake, before any request is read.
+One certificate and key serve the collector's OTLP/HTTP (with the API and UI) and
+OTLP/gRPC; the node agent's /metrics listener takes the same settings. With a client CA,
+a listener requires a client certificate signed by it (mTLS) and refuses a client
+without one during the handshake, before any request is read.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import grpc
+from typing import TYPE_CHECKING, Any
 
 from tokenpath.config import ConfigError
+
+if TYPE_CHECKING:
+    import grpc
 
 ENV_TLS_CERT = "TOKENPATH_TLS_CERT"
 ENV_TLS_KEY = "TOKENPATH_TLS_KEY"
@@ -47,31 +49,36 @@ class TlsConfig:
                           ("tls.client_ca", self.client_ca)):
             if path is not None and not Path(path).expanduser().is_file():
                 raise ConfigError(key, f"no such file: {path}")
-        if self.cert is not None and self.key is not None:
-            self._check_loadable(self.cert, self.key, self.client_ca)
+        if self.enabled:
+            self.server_context()  # loads the files as the listeners will
 
-    @staticmethod
-    def _check_loadable(cert: str, key: str, client_ca: str | None) -> None:
-        """Loads the files as the listeners will, so a bad one is an error at start that
-        names its key, not a listener thread dying after start returned."""
+    def server_context(self) -> ssl.SSLContext:
+        """A server-side TLS context from the files, requiring a client certificate from
+        ``client_ca`` when set (mTLS). A file that cannot be loaded is a ConfigError
+        naming its key, at start, not a listener failing after start returned."""
+        assert self.cert is not None and self.key is not None
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         try:
-            context.load_cert_chain(Path(cert).expanduser(), Path(key).expanduser())
+            context.load_cert_chain(Path(self.cert).expanduser(), Path(self.key).expanduser())
         except (ssl.SSLError, OSError) as exc:
-            raise ConfigError("tls.cert", f"cannot load certificate {cert} with key {key}: "
-                              f"{exc}") from exc
-        if client_ca is not None:
+            raise ConfigError("tls.cert", f"cannot load certificate {self.cert} with key "
+                              f"{self.key}: {exc}") from exc
+        if self.client_ca is not None:
             try:
-                context.load_verify_locations(cafile=Path(client_ca).expanduser())
+                context.load_verify_locations(cafile=Path(self.client_ca).expanduser())
             except (ssl.SSLError, OSError) as exc:
-                raise ConfigError("tls.client_ca",
-                                  f"cannot load CA certificates from {client_ca}: {exc}") from exc
+                raise ConfigError("tls.client_ca", f"cannot load CA certificates from "
+                                  f"{self.client_ca}: {exc}") from exc
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
 
     def _read(self, path: str) -> bytes:
         return Path(path).expanduser().read_bytes()
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
         """Server credentials for ``add_secure_port`` (requires client certs under mTLS)."""
+        import grpc  # here: the node agent uses this class and has no gRPC listener
+
         assert self.cert is not None and self.key is not None
         return grpc.ssl_server_credentials(
             [(self._read(self.key), self._read(self.cert))],

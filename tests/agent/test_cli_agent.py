@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.agent.conftest import PageServer, free_port, render_vllm
+from tests.support.certs import make_certs
 from tests.support.processes import stop_process
 from tokenpath import metric_names as mn
 from tokenpath.cli.common import AUTH_TOKEN_ENV
@@ -116,3 +119,37 @@ def test_bad_flag_value_exits_non_zero_with_the_key() -> None:
     )
     assert result.returncode == 2
     assert b"listen" in result.stderr
+
+
+def test_agent_subprocess_serves_metrics_over_mutual_tls(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tokenpath.cli.main", "agent", "--listen", f"127.0.0.1:{port}",
+         "--node", "tls-node", "--tls-cert", str(certs.server_cert), "--tls-key",
+         str(certs.server_key), "--tls-client-ca", str(certs.ca)],
+        env=agent_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    client = ssl.create_default_context(cafile=str(certs.ca))
+    client.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+    base = f"https://localhost:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            if process.poll() is not None:
+                raise AssertionError(process.communicate()[1].decode())
+            try:
+                page = httpx.get(base + "/metrics", verify=client, timeout=1.0)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert page.status_code == 200 and mn.AGENT_NVML_UP.series in page.text
+        anonymous = ssl.create_default_context(cafile=str(certs.ca))
+        with pytest.raises(httpx.HTTPError):  # no client certificate: refused
+            httpx.get(base + "/metrics", verify=anonymous, timeout=3.0)
+    finally:
+        stop_process(process)
+    stdout = process.stdout.read().decode() if process.stdout is not None else ""
+    assert f"https://127.0.0.1:{port}/metrics" in stdout  # the startup line names https

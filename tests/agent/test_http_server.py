@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 
 import httpx
 import pytest
 
+from tests.support.certs import CertFiles, make_certs
 from tokenpath.agent import http_server
 from tokenpath.agent.http_server import AgentHttpServer
 from tokenpath.collector.auth import bearer_matches
+from tokenpath.collector.tls import TlsConfig
 
 
 def test_shutdown_returns_when_no_connection_can_reach_the_listener(
@@ -141,5 +144,47 @@ def test_the_default_listener_has_a_finite_idle_timeout() -> None:
     try:
         assert server._server.idle_timeout == http_server.IDLE_TIMEOUT_SECONDS
         assert 0 < http_server.IDLE_TIMEOUT_SECONDS < float("inf")
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+def _client_context(certs: CertFiles, with_certificate: bool) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    if with_certificate:
+        context.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+    return context
+
+
+def test_tls_serves_metrics_and_refuses_plain_http(certs: CertFiles) -> None:
+    tls = TlsConfig(cert=str(certs.server_cert), key=str(certs.server_key))
+    server = AgentHttpServer("127.0.0.1", 0, lambda: b"ok\n", tls=tls.server_context())
+    server.start()
+    try:
+        assert server.scheme == "https"
+        url = f"https://localhost:{server.port}/metrics"
+        assert httpx.get(url, verify=_client_context(certs, False)).text == "ok\n"
+        with pytest.raises(httpx.HTTPError):  # plain HTTP gets no answer from a TLS port
+            httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=3)
+        # The failed handshake cost no more than its own connection.
+        assert httpx.get(url, verify=_client_context(certs, False)).text == "ok\n"
+    finally:
+        server.shutdown()
+
+
+def test_mutual_tls_requires_a_client_certificate_from_the_client_ca(certs: CertFiles) -> None:
+    tls = TlsConfig(cert=str(certs.server_cert), key=str(certs.server_key),
+                    client_ca=str(certs.ca))
+    server = AgentHttpServer("127.0.0.1", 0, lambda: b"ok\n", tls=tls.server_context())
+    server.start()
+    try:
+        url = f"https://localhost:{server.port}/metrics"
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url, verify=_client_context(certs, False), timeout=3)
+        assert httpx.get(url, verify=_client_context(certs, True)).text == "ok\n"
     finally:
         server.shutdown()

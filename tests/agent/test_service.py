@@ -24,6 +24,7 @@ from tokenpath import metric_names as mn
 from tokenpath.agent.config import ENV_INTERVAL, ENV_LISTEN, ENV_NODE, AgentConfig
 from tokenpath.agent.service import AgentService, load_pynvml
 from tokenpath.attributes import NODE
+from tokenpath.collector.tls import TlsConfig
 from tokenpath.config import ConfigError
 
 TOKEN = "s3cret-token"
@@ -300,3 +301,51 @@ def test_a_file_without_an_agent_section_is_read_and_checked_like_one() -> None:
         with pytest.raises(ConfigError) as excinfo:
             AgentConfig.from_sources(file_values=layout)
         assert excinfo.value.key == "intreval"
+
+
+def test_tls_settings_come_from_flags_environment_or_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.certs import make_certs
+    from tokenpath.collector.tls import ENV_TLS_CERT, ENV_TLS_KEY
+
+    certs = make_certs(tmp_path)
+    file_values = {"agent": {"tls": {"cert": str(certs.server_cert),
+                                     "key": str(certs.server_key)}}}
+    config = AgentConfig.from_sources(file_values=file_values)
+    assert (config.tls.cert, config.tls.client_ca) == (str(certs.server_cert), None)
+    # (the client's pair stands in for another server pair: the pair must match)
+    monkeypatch.setenv(ENV_TLS_CERT, str(certs.client_cert))
+    monkeypatch.setenv(ENV_TLS_KEY, str(certs.client_key))
+    assert AgentConfig.from_sources(file_values=file_values).tls.cert == str(certs.client_cert)
+    flagged = AgentConfig.from_sources(file_values=file_values, tls_cert=str(certs.server_cert),
+                                       tls_key=str(certs.server_key),
+                                       tls_client_ca=str(certs.ca))
+    assert (flagged.tls.cert, flagged.tls.client_ca) == (str(certs.server_cert), str(certs.ca))
+    monkeypatch.delenv(ENV_TLS_CERT)
+    monkeypatch.delenv(ENV_TLS_KEY)
+    for bad, key in (({"tls": {"cert": str(certs.server_cert)}}, "tls.key"),
+                     ({"tls": {"certificate": "x"}}, "tls.certificate"),
+                     ({"tls": {"cert": str(tmp_path / "missing.pem"),
+                               "key": str(certs.server_key)}}, "tls.cert")):
+        with pytest.raises(ConfigError) as err:
+            AgentConfig.from_sources(file_values={"agent": bad})
+        assert err.value.key == key
+
+
+def test_the_agent_serves_metrics_over_tls_when_configured(tmp_path: Path) -> None:
+    import ssl
+
+    from tests.support.certs import make_certs
+
+    certs = make_certs(tmp_path)
+    config = AgentConfig(listen="127.0.0.1:0", node="tls-node",
+                         tls=TlsConfig(cert=str(certs.server_cert), key=str(certs.server_key)))
+    service = AgentService(config, nvml=FakeNvml([FakeGpu()]), net_io_counters=lambda: {})
+    service.start()
+    try:
+        assert service.metrics_url is not None and service.metrics_url.startswith("https://")
+        url = service.metrics_url.replace("127.0.0.1", "localhost")
+        page = httpx.get(url, verify=ssl.create_default_context(cafile=str(certs.ca))).text
+        assert f"{mn.AGENT_NVML_UP.series} 1.0" in page
+    finally:
+        service.shutdown()

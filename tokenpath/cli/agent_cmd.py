@@ -36,6 +36,11 @@ def register(app: typer.Typer) -> None:
             None, help="YAML config file (settings under `agent:`)."),
         auth_token_file: Path | None = typer.Option(
             None, help="File holding the bearer token (else TOKENPATH_AUTH_TOKEN)."),
+        tls_cert: str | None = typer.Option(None, help="PEM server certificate: /metrics "
+                                            "over TLS (with --tls-key)."),
+        tls_key: str | None = typer.Option(None, help="PEM private key of --tls-cert."),
+        tls_client_ca: str | None = typer.Option(None, help="PEM CA: require client "
+                                                 "certificates signed by it (mTLS)."),
         once: bool = typer.Option(False, "--once", help="Take one poll, print it, exit."),
         output_format: str = typer.Option(
             "text", "--format", help="Output of --once: text or json."),
@@ -49,7 +54,8 @@ def register(app: typer.Typer) -> None:
         try:
             agent_config = AgentConfig.from_sources(
                 listen=listen, collector_url=collector, interval=interval,
-                engine_metrics_urls=engine_metrics, node=node,
+                engine_metrics_urls=engine_metrics, node=node, tls_cert=tls_cert,
+                tls_key=tls_key, tls_client_ca=tls_client_ca,
                 file_values=load_config_file(config),
             )
         except ConfigError as exc:
@@ -75,7 +81,7 @@ def register(app: typer.Typer) -> None:
         service.settle_heap()
         nvml = service.nvml_sampler
         console.print(
-            f"tokenpath agent on http://{agent_config.listen}/metrics "
+            f"tokenpath agent on {service.metrics_url} "
             f"(node {agent_config.node}, every {agent_config.interval_seconds:g}s, "
             f"nvml_up {1 if nvml.up else 0}"
             + (f": {nvml.init_error}" if nvml.init_error else "") + ")",
