@@ -22,7 +22,13 @@ from tokenpath.agent.nic_sampler import (
     NIC_SOURCES,
     NicSource,
 )
-from tokenpath.collector.tls import ENV_TLS_CERT, ENV_TLS_CLIENT_CA, ENV_TLS_KEY, TlsConfig
+from tokenpath.collector.tls import (
+    ENV_TLS_CERT,
+    ENV_TLS_CLIENT_CA,
+    ENV_TLS_KEY,
+    ClientTlsConfig,
+    TlsConfig,
+)
 from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
 
 DEFAULT_LISTEN: Final = "127.0.0.1:9400"
@@ -47,6 +53,9 @@ ENV_COLLECTOR: Final = "TOKENPATH_AGENT_COLLECTOR"
 ENV_INTERVAL: Final = "TOKENPATH_AGENT_INTERVAL"
 ENV_ENGINE_METRICS: Final = "TOKENPATH_AGENT_ENGINE_METRICS"
 ENV_NODE: Final = "TOKENPATH_AGENT_NODE"
+ENV_COLLECTOR_CA: Final = "TOKENPATH_AGENT_COLLECTOR_CA"
+ENV_COLLECTOR_CERT: Final = "TOKENPATH_AGENT_COLLECTOR_CERT"
+ENV_COLLECTOR_KEY: Final = "TOKENPATH_AGENT_COLLECTOR_KEY"
 # The Kubernetes downward-API convention (spec.nodeName); the default when set.
 ENV_KUBERNETES_NODE_NAME: Final = "NODE_NAME"
 FILE_SECTION: Final = "agent"
@@ -109,6 +118,9 @@ class AgentConfig:
     max_sources: int = DEFAULT_MAX_SOURCES
     # TLS (and mTLS with a client CA) on the /metrics listener: the collector's settings.
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # How the OTLP push meets an https:// collector: its CA, and a client certificate
+    # when the collector requires one (mTLS). Unset: the system's CA store.
+    collector_tls: ClientTlsConfig = field(default_factory=ClientTlsConfig)
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -146,6 +158,7 @@ class AgentConfig:
             if not 1 <= cap <= 10_000:
                 raise ConfigError(key, f"must be between 1 and 10000, got {cap!r}")
         self.tls.validate()
+        self.collector_tls.validate()
         return self
 
     @classmethod
@@ -160,6 +173,9 @@ class AgentConfig:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_client_ca: str | None = None,
+        collector_ca: str | None = None,
+        collector_cert: str | None = None,
+        collector_key: str | None = None,
         file_values: Mapping[str, Any] | None = None,
     ) -> AgentConfig:
         """Resolve every field argument > environment > file > default, then validate."""
@@ -174,13 +190,17 @@ class AgentConfig:
         if unknown:
             raise ConfigError(unknown[0], "unknown agent setting")
         defaults = cls()
-        tls_section = section.get("tls") or {}
-        if not isinstance(tls_section, Mapping):
-            raise ConfigError("tls", "must be a mapping")
-        unknown_tls = sorted(str(key) for key in set(tls_section) - TLS_FILE_KEYS)
-        if unknown_tls:
-            raise ConfigError(f"tls.{unknown_tls[0]}", "unknown TLS setting")
-        tls_file = {f"tls.{k}": v for k, v in tls_section.items() if v is not None}
+        tls_file = _file_subsection(section, "tls", TLS_FILE_KEYS)
+        push_file = _file_subsection(section, COLLECTOR_TLS, COLLECTOR_TLS_FILE_KEYS)
+        collector_tls = ClientTlsConfig(
+            ca=resolve(f"{COLLECTOR_TLS}.ca", collector_ca, ENV_COLLECTOR_CA, push_file,
+                       None, str),
+            cert=resolve(f"{COLLECTOR_TLS}.cert", collector_cert, ENV_COLLECTOR_CERT,
+                         push_file, None, str),
+            key=resolve(f"{COLLECTOR_TLS}.key", collector_key, ENV_COLLECTOR_KEY, push_file,
+                        None, str),
+            setting=COLLECTOR_TLS,
+        )
         tls = TlsConfig(
             cert=resolve("tls.cert", tls_cert, ENV_TLS_CERT, tls_file, None, str),
             key=resolve("tls.key", tls_key, ENV_TLS_KEY, tls_file, None, str),
@@ -226,6 +246,7 @@ class AgentConfig:
             max_sources=resolve("max_sources", None, None, section, DEFAULT_MAX_SOURCES,
                                 _integer),
             tls=tls,
+            collector_tls=collector_tls,
         )
         return config.validate()
 
@@ -235,9 +256,24 @@ KNOWN_FILE_KEYS: Final = frozenset({
     "engine_interval",
     "push_timeout", "push_interval", "nic_source", "nic_exclude", "sysfs_root",
     "pcie_throughput", "nvml_retry",
-    "max_devices", "max_models", "max_sources", "tls",
+    "max_devices", "max_models", "max_sources", "tls", "collector_tls",
 })
 TLS_FILE_KEYS: Final = frozenset({"cert", "key", "client_ca"})
+COLLECTOR_TLS: Final = "collector_tls"
+COLLECTOR_TLS_FILE_KEYS: Final = frozenset({"ca", "cert", "key"})
+
+
+def _file_subsection(section: Mapping[str, Any], name: str,
+                     known: frozenset[str]) -> dict[str, Any]:
+    """The ``name`` mapping of the agent's file section, keyed ``name.key`` as resolve()
+    reads it; unknown keys are errors naming them."""
+    raw = section.get(name) or {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(name, "must be a mapping")
+    unknown = sorted(str(key) for key in set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{name}.{unknown[0]}", "unknown setting")
+    return {f"{name}.{key}": value for key, value in raw.items() if value is not None}
 
 
 def _boolean(value: Any) -> bool:

@@ -16,6 +16,7 @@ complete the request at once.
 from __future__ import annotations
 
 import http.client
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -131,8 +132,10 @@ class KeepAliveHttpClient:
     that finds its kept-alive connection closed by the server is sent once more, on a new
     connection; a timeout, or a failure on a new connection, is not retried."""
 
-    def __init__(self, timeout: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, timeout: float, *, clock: Callable[[], float] = time.monotonic,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self._timeout = timeout
+        self._ssl_context = ssl_context  # for https origins; None: the system's defaults
         self._clock = clock
         # Idle connections per origin, with when their last request was sent.
         self._idle: dict[OriginKey, list[tuple[http.client.HTTPConnection, float]]] = {}
@@ -244,7 +247,8 @@ class KeepAliveHttpClient:
 
     def _connect(self, scheme: str, host: str, port: int) -> http.client.HTTPConnection:
         if scheme == "https":
-            return http.client.HTTPSConnection(host, port, timeout=self._timeout)
+            return http.client.HTTPSConnection(host, port, timeout=self._timeout,
+                                               context=self._ssl_context)
         return http.client.HTTPConnection(host, port, timeout=self._timeout)
 
     def close(self) -> None:

@@ -94,7 +94,10 @@ class AgentService:
         self._pusher: OtlpMetricsPusher | None = None
         self._push_client: HttpClient | None = None
         if config.collector_url:
-            self._push_client = KeepAliveHttpClient(config.push_timeout_seconds)
+            push_tls = config.collector_tls
+            self._push_client = KeepAliveHttpClient(
+                config.push_timeout_seconds,
+                ssl_context=push_tls.client_context() if push_tls.configured else None)
             self._pusher = OtlpMetricsPusher(
                 config.collector_url, node=config.node, start_unix_nano=wall_clock_ns(),
                 client=self._push_client,

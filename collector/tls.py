@@ -98,3 +98,47 @@ class TlsConfig:
             options["ssl_ca_certs"] = str(Path(self.client_ca).expanduser())
             options["ssl_cert_reqs"] = ssl.CERT_REQUIRED
         return options
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTlsConfig:
+    """How a tokenpath client (the agent pushing to the collector) meets a TLS server:
+    ``ca`` verifies it (else the system's CA store), ``cert`` and ``key`` are shown when
+    the server requires client certificates (mTLS). ``setting`` names it in errors."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    setting: str = "collector_tls"
+
+    @property
+    def configured(self) -> bool:
+        return self.ca is not None or self.cert is not None
+
+    def validate(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            missing = "cert" if self.cert is None else "key"
+            raise ConfigError(f"{self.setting}.{missing}", "cert and key must be given together")
+        for name, path in (("ca", self.ca), ("cert", self.cert), ("key", self.key)):
+            if path is not None and not Path(path).expanduser().is_file():
+                raise ConfigError(f"{self.setting}.{name}", f"no such file: {path}")
+        if self.configured:
+            self.client_context()
+
+    def client_context(self) -> ssl.SSLContext:
+        """A client-side context verifying the server (hostname included); a file that
+        cannot be loaded is a ConfigError naming its key."""
+        try:
+            context = ssl.create_default_context(
+                cafile=str(Path(self.ca).expanduser()) if self.ca is not None else None)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"{self.setting}.ca", f"cannot load CA certificates from "
+                              f"{self.ca}: {exc}") from exc
+        if self.cert is not None and self.key is not None:
+            try:
+                context.load_cert_chain(Path(self.cert).expanduser(),
+                                        Path(self.key).expanduser())
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError(f"{self.setting}.cert", f"cannot load certificate "
+                                  f"{self.cert} with key {self.key}: {exc}") from exc
+        return context

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+
+import pytest
 
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml
+from tests.support.certs import make_certs
 from tokenpath import metric_names as mn
 from tokenpath.agent.config import AgentConfig
 from tokenpath.agent.service import AgentService
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.service import CollectorService
+from tokenpath.collector.tls import ClientTlsConfig, TlsConfig
 
 TOKEN = "shared-token"
 NODE_NAME = "gpu-node-3"
@@ -42,3 +47,57 @@ def test_collector_receives_gpu_busy_time_and_nic_bytes_per_node() -> None:
     assert state.latest(NODE_NAME, mn.AGENT_NVML_UP.name) == {(): 1.0}
     assert state.latest(NODE_NAME, mn.NODE_NET_RX_BYTES.name)
     assert agent.pusher is not None and agent.pusher.failed == 0
+
+
+def test_the_push_reaches_a_collector_that_requires_mutual_tls(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    server_tls = TlsConfig(cert=str(certs.server_cert), key=str(certs.server_key),
+                           client_ca=str(certs.ca))
+    collector = CollectorService(CollectorConfig(http_host="127.0.0.1", http_port=0,
+                                                 grpc_port=None, tls=server_tls))
+    collector.start()
+    url = collector.http_url.replace("127.0.0.1", "localhost")  # the certificate's name
+    shown = ClientTlsConfig(ca=str(certs.ca), cert=str(certs.client_cert),
+                            key=str(certs.client_key))
+    agents = {
+        "with a client certificate": AgentService(
+            AgentConfig(listen="127.0.0.1:0", node=NODE_NAME, push_interval_seconds=0.1,
+                        collector_url=url, collector_tls=shown),
+            nvml=FakeNvml([FakeGpu()])),
+        "without one": AgentService(
+            AgentConfig(listen="127.0.0.1:0", node="other-node", push_interval_seconds=0.1,
+                        collector_url=url,
+                        collector_tls=ClientTlsConfig(ca=str(certs.ca))),
+            nvml=FakeNvml([FakeGpu()])),
+    }
+    try:
+        for agent in agents.values():
+            agent.start(serve=False)
+        deadline = time.monotonic() + 20
+        while (time.monotonic() < deadline
+               and not collector.node_metrics.latest(NODE_NAME, mn.AGENT_NVML_UP.name)):
+            time.sleep(0.05)
+    finally:
+        for agent in agents.values():
+            agent.shutdown()
+        collector.shutdown()
+    assert collector.node_metrics.latest(NODE_NAME, mn.AGENT_NVML_UP.name) == {(): 1.0}
+    assert not collector.node_metrics.latest("other-node", mn.AGENT_NVML_UP.name)
+    refused = agents["without one"].pusher
+    assert refused is not None and refused.sent == 0 and refused.failed > 0
+
+
+def test_push_tls_files_are_checked_naming_their_key(tmp_path: Path) -> None:
+    from tokenpath.config import ConfigError
+
+    certs = make_certs(tmp_path)
+    for settings, key in (({"collector_tls": {"cert": str(certs.client_cert)}},
+                           "collector_tls.key"),
+                          ({"collector_tls": {"ca": str(tmp_path / "none.pem")}},
+                           "collector_tls.ca"),
+                          ({"collector_tls": {"authority": "x"}}, "collector_tls.authority")):
+        with pytest.raises(ConfigError) as err:
+            AgentConfig.from_sources(file_values={"agent": settings})
+        assert err.value.key == key
+    flagged = AgentConfig.from_sources(collector_ca=str(certs.ca))
+    assert flagged.collector_tls.ca == str(certs.ca)

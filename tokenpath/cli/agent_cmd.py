@@ -41,6 +41,12 @@ def register(app: typer.Typer) -> None:
         tls_key: str | None = typer.Option(None, help="PEM private key of --tls-cert."),
         tls_client_ca: str | None = typer.Option(None, help="PEM CA: require client "
                                                  "certificates signed by it (mTLS)."),
+        collector_ca: str | None = typer.Option(None, help="PEM CA that signed an https "
+                                                "collector's certificate (default: the "
+                                                "system's CA store)."),
+        collector_cert: str | None = typer.Option(None, help="PEM client certificate for a "
+                                                  "collector that requires one (mTLS)."),
+        collector_key: str | None = typer.Option(None, help="PEM key of --collector-cert."),
         once: bool = typer.Option(False, "--once", help="Take one poll, print it, exit."),
         output_format: str = typer.Option(
             "text", "--format", help="Output of --once: text or json."),
@@ -55,7 +61,8 @@ def register(app: typer.Typer) -> None:
             agent_config = AgentConfig.from_sources(
                 listen=listen, collector_url=collector, interval=interval,
                 engine_metrics_urls=engine_metrics, node=node, tls_cert=tls_cert,
-                tls_key=tls_key, tls_client_ca=tls_client_ca,
+                tls_key=tls_key, tls_client_ca=tls_client_ca, collector_ca=collector_ca,
+                collector_cert=collector_cert, collector_key=collector_key,
                 file_values=load_config_file(config),
             )
         except ConfigError as exc:
