@@ -22,13 +22,7 @@ from tokenpath.agent.nic_sampler import (
     NIC_SOURCES,
     NicSource,
 )
-from tokenpath.collector.tls import (
-    ENV_TLS_CERT,
-    ENV_TLS_CLIENT_CA,
-    ENV_TLS_KEY,
-    ClientTlsConfig,
-    TlsConfig,
-)
+from tokenpath.collector.tls import ClientTlsConfig, TlsConfig
 from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
 
 DEFAULT_LISTEN: Final = "127.0.0.1:9400"
@@ -201,12 +195,7 @@ class AgentConfig:
                         None, str),
             setting=COLLECTOR_TLS,
         )
-        tls = TlsConfig(
-            cert=resolve("tls.cert", tls_cert, ENV_TLS_CERT, tls_file, None, str),
-            key=resolve("tls.key", tls_key, ENV_TLS_KEY, tls_file, None, str),
-            client_ca=resolve("tls.client_ca", tls_client_ca, ENV_TLS_CLIENT_CA, tls_file,
-                              None, str),
-        )
+        tls = TlsConfig.from_sources(tls_cert, tls_key, tls_client_ca, tls_file)
         config = cls(
             listen=resolve("listen", listen, ENV_LISTEN, section, DEFAULT_LISTEN, str),
             collector_url=resolve("collector", collector_url, ENV_COLLECTOR, section,

@@ -16,7 +16,7 @@ from tokenpath.collector.cost.attributor import AttributorConfig
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
 from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
-from tokenpath.collector.tls import ENV_TLS_CERT, ENV_TLS_CLIENT_CA, ENV_TLS_KEY, TlsConfig
+from tokenpath.collector.tls import TlsConfig
 from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
@@ -112,12 +112,7 @@ class CollectorConfig:
         limits = _section(IngestLimits, f, "limits")
         _section(TlsConfig, f, "tls")  # a mapping with known keys only
         tls_file = {f"tls.{k}": v for k, v in (f.get("tls") or {}).items() if v is not None}
-        tls = TlsConfig(
-            cert=resolve("tls.cert", tls_cert, ENV_TLS_CERT, tls_file, None, str),
-            key=resolve("tls.key", tls_key, ENV_TLS_KEY, tls_file, None, str),
-            client_ca=resolve("tls.client_ca", tls_client_ca, ENV_TLS_CLIENT_CA, tls_file,
-                              None, str),
-        )
+        tls = TlsConfig.from_sources(tls_cert, tls_key, tls_client_ca, tls_file)
         max_buffered = resolve("max_buffered_spans", None, None, f, DEFAULT_MAX_BUFFERED_SPANS,
                                lambda v: _typed_value("max_buffered_spans", "int", v))
         config = cls(

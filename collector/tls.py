@@ -9,11 +9,12 @@ without one during the handshake, before any request is read.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenpath.config import ConfigError
+from tokenpath.config import ConfigError, resolve
 
 if TYPE_CHECKING:
     import grpc
@@ -30,6 +31,18 @@ class TlsConfig:
     cert: str | None = None
     key: str | None = None
     client_ca: str | None = None
+
+    @classmethod
+    def from_sources(cls, cert: str | None, key: str | None, client_ca: str | None,
+                     file_keys: Mapping[str, Any]) -> TlsConfig:
+        """Flag > ``TOKENPATH_TLS_*`` > the file's ``tls.cert``/``tls.key``/``tls.client_ca``
+        (``file_keys`` holds them by those dotted names)."""
+        return cls(
+            cert=resolve("tls.cert", cert, ENV_TLS_CERT, file_keys, None, str),
+            key=resolve("tls.key", key, ENV_TLS_KEY, file_keys, None, str),
+            client_ca=resolve("tls.client_ca", client_ca, ENV_TLS_CLIENT_CA, file_keys,
+                              None, str),
+        )
 
     @property
     def enabled(self) -> bool:
