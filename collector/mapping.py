@@ -156,7 +156,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     """The request record of a trace, or None when the trace is not a request."""
     spans = sorted(trace.spans, key=_START)
     engine_spans = [s for s in spans if s.name == A.VLLM_REQUEST_SPAN_NAME]
-    server_spans = [s for s in spans if s.kind == SPAN_KIND_SERVER and _is_http_server(s)]
+    server_spans = [s for s in spans if _is_http_server(s)]
     acc = _StageAccumulator()
     add = acc.add
     stage_of = STAGE_BY_VALUE.get

@@ -13,8 +13,7 @@ Provenance ``derived``: arithmetic on measured counts with documented link const
   latency in the fabric between engine host and gateway.
 - Small chunks: writes carrying under ``small_packet_payload_bytes`` (64) bytes, each a
   packet of its own: the per-token streaming leak (``tokenpath.response.small_chunks``).
-  Small packets count every segment under that size, the short tail of a large write
-  included.
+  The short last segment of a large write is not one.
 
 When the node agent's NIC counters are present the collector may refine these; this
 module only needs what a gateway sees.
@@ -62,7 +61,6 @@ class ResponseTally:
     payload_bytes: int = 0
     chunks: int = 0
     packets: int = 0
-    small_packets: int = 0
     small_chunks: int = 0
     overhead_bytes: int = 0  # framing bytes on the wire beyond the payload
 
@@ -75,18 +73,11 @@ class ResponseTally:
             self.small_chunks += 1
         if size < link.mss_bytes:  # one segment: every token chunk of a stream
             self.packets += 1
-            if size < link.small_packet_payload_bytes:
-                self.small_packets += 1
             self.overhead_bytes += PACKET_OVERHEAD_BYTES
             return
         full, rest = divmod(size, link.mss_bytes)
         packets = full + (1 if rest else 0)
         self.packets += packets
-        small = link.small_packet_payload_bytes
-        if rest and rest < small:
-            self.small_packets += 1
-        elif not rest and link.mss_bytes < small:  # only with an absurdly small MSS
-            self.small_packets += packets
         # IP + TCP headers (52 B) always exceed Ethernet's 46-byte minimum payload: no padding
         self.overhead_bytes += packets * PACKET_OVERHEAD_BYTES
 

@@ -25,8 +25,7 @@ def test_chunks_become_packets_and_small_ones_are_counted() -> None:
     assert tally.chunks == 3  # empty writes are not chunks
     assert tally.payload_bytes == 2730
     assert tally.packets == 1 + 1 + 3
-    assert tally.small_packets == 1  # the 30-byte chunk (2500 ends in a 500-byte segment)
-    assert tally.small_chunks == 1
+    assert tally.small_chunks == 1  # the 30-byte chunk (2500 ends in a 500-byte segment)
     stages = derive_network_stages(tally, link)
     assert stages.nic_tx_seconds == pytest.approx(2730 * 8 / 1e9)
     overhead = 5 * (IP_TCP_HEADER_BYTES + ETHERNET_FRAMING_BYTES)
@@ -44,7 +43,6 @@ def test_token_per_packet_streaming_pays_more_framing_than_one_buffered_write() 
     b = derive_network_stages(buffered, link)
     assert a.nic_tx_seconds == pytest.approx(b.nic_tx_seconds)
     assert a.ethernet_serialize_seconds > 10 * b.ethernet_serialize_seconds
-    assert per_token.small_packets == 100 and buffered.small_packets == 0
     assert per_token.small_chunks == 100 and buffered.small_chunks == 0
 
 
@@ -53,8 +51,7 @@ def test_a_large_write_with_a_short_last_segment_is_not_a_small_chunk() -> None:
     tally = ResponseTally()
     tally.add_chunk(link.mss_bytes + 12, link)  # one JSON response, two segments
     assert (tally.chunks, tally.packets) == (1, 2)
-    assert tally.small_packets == 1  # the 12-byte tail segment
-    assert tally.small_chunks == 0  # but the write itself was not a tiny one
+    assert tally.small_chunks == 0  # its 12-byte tail segment is not a tiny write
 
 
 @given(mss=st.integers(1, 3000), small=st.integers(0, 200),
@@ -67,17 +64,9 @@ def test_tally_counts_every_chunk_as_its_tcp_segments(mss: int, small: int,
         tally.add_chunk(size, link)
     written = [size for size in sizes if size > 0]
     segments = [math.ceil(size / mss) for size in written]
-    # A chunk's last segment carries size % mss bytes (a whole mss when it divides).
-    last_segment = [size % mss or mss for size in written]
-    small_segments = sum(
-        count if size % mss == 0 else 1
-        for size, count, last in zip(written, segments, last_segment, strict=True)
-        if last < small
-    )
     assert tally.chunks == len(written)
     assert tally.payload_bytes == sum(written)
     assert tally.packets == sum(segments)
-    assert tally.small_packets == small_segments
     assert tally.small_chunks == sum(1 for size in written if size < small)
     assert tally.overhead_bytes == sum(segments) * (IP_TCP_HEADER_BYTES + ETHERNET_FRAMING_BYTES)
 

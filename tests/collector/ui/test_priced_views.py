@@ -50,14 +50,19 @@ def _price(record: RequestRecord) -> RequestRecord:
     return record
 
 
-def test_priced_records_show_dollars(page: tuple[Any, ConsoleLog]) -> None:
-    browser_page, console = page
+def _records_from_spans(requests: int, seed: int) -> list[dict[str, Any]]:
+    """Request records a collector assembled from a workload's real OTLP spans."""
     source = start_collector()
     try:
-        send_workload(source.http_url, 24, seed=21)
-        raw = wait_for_records(source.http_url, 24)
+        send_workload(source.http_url, requests, seed=seed)
+        return wait_for_records(source.http_url, requests)
     finally:
         source.shutdown()
+
+
+def test_priced_records_show_dollars(page: tuple[Any, ConsoleLog]) -> None:
+    browser_page, console = page
+    raw = _records_from_spans(24, seed=21)
 
     service = start_collector()
     try:
@@ -127,12 +132,7 @@ def _unpriced(record: RequestRecord) -> RequestRecord:
 def test_unpriced_records_show_dashes_and_priced_ones_show_zero_waste_as_dollars(
         page: tuple[Any, ConsoleLog]) -> None:
     browser_page, console = page
-    source = start_collector()
-    try:
-        send_workload(source.http_url, 8, seed=5)
-        raw = wait_for_records(source.http_url, 8)
-    finally:
-        source.shutdown()
+    raw = _records_from_spans(8, seed=5)
     dash = "\N{EM DASH}"
 
     unpriced = start_collector()
