@@ -13,7 +13,9 @@ from typing import Any
 
 from tokenpath.collector.assembler import AssemblerConfig
 from tokenpath.collector.cost.attributor import AttributorConfig
+from tokenpath.collector.forwarder import ForwarderConfig
 from tokenpath.collector.limits import IngestLimits
+from tokenpath.collector.pipeline_worker import DEFAULT_QUEUE_SIZE
 from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
 from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
 from tokenpath.collector.tls import TlsConfig
@@ -28,10 +30,12 @@ ENV_GRPC = "TOKENPATH_COLLECTOR_GRPC"
 ENV_STORE = "TOKENPATH_STORE"
 ENV_PRICES = "TOKENPATH_PRICES"
 ENV_AUTH_TOKEN = "TOKENPATH_AUTH_TOKEN"
+ENV_FORWARD_RECORDS = "TOKENPATH_FORWARD_RECORDS"
 # The keys a collector config file may hold (docs/operations.md); "agent" is the node
 # agent's section of a file both read, which the collector leaves alone.
 FILE_KEYS = frozenset({"http", "grpc", "store", "prices", "retention", "max_buffered_spans",
-                       "assembler", "cost", "limits", "tls", "agent"})
+                       "assembler", "cost", "limits", "tls", "agent", "forward_records",
+                       "pipeline_queue_size"})
 
 
 def default_store_path() -> str:
@@ -58,6 +62,14 @@ class CollectorConfig:
     cost: AttributorConfig = field(default_factory=AttributorConfig)
     limits: IngestLimits = field(default_factory=IngestLimits)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # An OTLP/HTTP logs URL: export mapped records there for pricing instead of pricing
+    # them here (the second hop of a sharded deployment, docs/deploy.md).
+    forward_records: str | None = None
+    pipeline_queue_size: int = DEFAULT_QUEUE_SIZE
+
+    @property
+    def forwarder(self) -> ForwarderConfig | None:
+        return None if self.forward_records is None else ForwarderConfig(self.forward_records)
 
     def validate(self) -> None:
         if not 0 <= self.http_port <= 65535:
@@ -70,6 +82,10 @@ class CollectorConfig:
             raise ConfigError("max_buffered_spans", "must be >= 1")
         if self.prices_path is not None and not Path(self.prices_path).is_file():
             raise ConfigError("prices", f"no such file: {self.prices_path}")
+        if self.pipeline_queue_size < 1:
+            raise ConfigError("pipeline_queue_size", "must be >= 1")
+        if self.forwarder is not None:
+            self.forwarder.validate()
         self.assembler.validate()
         self.cost.validate()
         self.limits.validate()
@@ -87,6 +103,7 @@ class CollectorConfig:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_client_ca: str | None = None,
+        forward_records: str | None = None,
         file: dict[str, Any] | None = None,
     ) -> CollectorConfig:
         """Arguments win over TOKENPATH_* variables, which win over the file's keys."""
@@ -115,11 +132,15 @@ class CollectorConfig:
         tls = TlsConfig.from_sources(tls_cert, tls_key, tls_client_ca, tls_file)
         max_buffered = resolve("max_buffered_spans", None, None, f, DEFAULT_MAX_BUFFERED_SPANS,
                                lambda v: _typed_value("max_buffered_spans", "int", v))
+        forward = resolve("forward_records", forward_records, ENV_FORWARD_RECORDS, f, None,
+                          str) or None
+        queue_size = resolve("pipeline_queue_size", None, None, f, DEFAULT_QUEUE_SIZE,
+                             lambda v: _typed_value("pipeline_queue_size", "int", v))
         config = cls(
             http_host=http_host, http_port=http_port, grpc_host=grpc_host, grpc_port=grpc_port,
             store_path=store_path, prices_path=prices_path, retention_seconds=retention,
             max_buffered_spans=max_buffered, auth_token=token, assembler=assembler, cost=cost,
-            limits=limits, tls=tls,
+            limits=limits, tls=tls, forward_records=forward, pipeline_queue_size=queue_size,
         )
         config.validate()
         return config

@@ -28,6 +28,7 @@ from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.spans import SPAN_KIND_SERVER, STATUS_CODE_ERROR, AttrValue, SpanData
 from tokenpath.collector.stats import CollectorStats
+from tokenpath.identity import ENGINE_KEYS, NODE_KEYS, identity_from
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.stages import (
     PHASE_BY_VALUE,
@@ -197,7 +198,13 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.end_unix = max(s.end_unix_nano for s in spans) / 1e9
     record.model = look.text(A.GEN_AI_REQUEST_MODEL, A.GEN_AI_RESPONSE_MODEL) or UNKNOWN_MODEL
     record.request_id = look.text(A.GEN_AI_REQUEST_ID)
-    record.node = look.text(A.NODE)
+    if engine_spans:  # the engine's own spans name its GPUs, never the gateway's host
+        identity = identity_from([*trace.annotations,
+                                  *(s.attributes for s in engine_spans),
+                                  *(s.resource for s in engine_spans)])
+        record.node, record.engine_id = identity.node, identity.engine
+    else:
+        record.node, record.engine_id = look.text(*NODE_KEYS), look.text(*ENGINE_KEYS)
     record.pool = look.text(A.POOL)
     record.engine = look.text(A.ENGINE) or ("vllm" if engine_spans else None)
     record.gpu_type = look.text(A.GPU_TYPE)

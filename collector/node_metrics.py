@@ -6,11 +6,10 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tokenpath.attributes import NODE
+from tokenpath.attributes import HOST_NAME, NODE
 from tokenpath.collector.receivers.otlp_decode import MetricPoint
 
 DEFAULT_MAX_SERIES = 50_000
-HOST_NAME_ATTR = "host.name"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +32,7 @@ class NodeMetricsState:
         accepted = 0
         with self._lock:
             for p in points:
-                node = p.resource.get(NODE) or p.resource.get(HOST_NAME_ATTR) or "unknown"
+                node = p.resource.get(NODE) or p.resource.get(HOST_NAME) or "unknown"
                 key = SeriesKey(str(node), p.name,
                                 tuple(sorted((k, str(v)) for k, v in p.attributes.items())))
                 if key not in self._latest and len(self._latest) >= self._max_series:

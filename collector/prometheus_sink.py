@@ -7,13 +7,14 @@ A sink: it consumes finished RequestRecords and IdleCost slices and owns its met
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tokenpath import metric_names as M
+from tokenpath.collector.cost.attributor import AttributorStats
 from tokenpath.collector.cost.longcontext import context_bucket_index, context_bucket_labels
 from tokenpath.collector.exposition import FastCounter, FastHistogram, render
 from tokenpath.collector.stats import CollectorStats
@@ -139,6 +140,8 @@ class _SelfTelemetry(Collector):
             (M.METRIC_POINTS_RECEIVED, s.metric_points_received),
             (M.METRIC_POINTS_DROPPED, s.metric_points_dropped),
             (M.SPAN_EVENTS_DROPPED, s.events_dropped),
+            (M.RECORDS_FORWARD_DROPPED, s.records_forward_dropped),
+            (M.RECORDS_RECEIVED, s.records_received),
             (M.LABEL_OVERFLOW, {b.name: b.overflowed for b in self._labels}),
         )
         for spec, counts in labelled:
@@ -148,8 +151,36 @@ class _SelfTelemetry(Collector):
             yield family
         for spec, value in ((M.SPANS_UNMAPPED, s.spans_unmapped),
                             (M.RECORDS_STORED, s.records_stored),
-                            (M.STORE_ERRORS, s.store_errors)):
+                            (M.STORE_ERRORS, s.store_errors),
+                            (M.RECORDS_FORWARDED, s.records_forwarded)):
             yield CounterMetricFamily(spec.name, spec.help, value=value)
         for spec, value in ((M.TRACES_IN_FLIGHT, s.traces_in_flight),
-                            (M.SPANS_BUFFERED, s.spans_buffered)):
+                            (M.SPANS_BUFFERED, s.spans_buffered),
+                            (M.PIPELINE_QUEUE_DEPTH, s.pipeline_queue_depth)):
             yield GaugeMetricFamily(spec.name, spec.help, value=value)
+
+
+class PricingSource(Protocol):
+    """What the pricing telemetry reads (the cost attributor)."""
+
+    @property
+    def stats(self) -> AttributorStats: ...
+
+    @property
+    def pending_records(self) -> int: ...
+
+
+class PricingTelemetry(Collector):
+    """The cost attributor's own counters, read at scrape time."""
+
+    def __init__(self, source: PricingSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._source.stats
+        for spec, value in ((M.RECORDS_LATE, stats.late_records),
+                            (M.RECORDS_WITHOUT_TIMELINE, stats.without_timeline),
+                            (M.PRICING_FORCED_CLOSES, stats.forced_closes)):
+            yield CounterMetricFamily(spec.name, spec.help, value=value)
+        yield GaugeMetricFamily(M.RECORDS_PENDING_PRICE.name, M.RECORDS_PENDING_PRICE.help,
+                                value=self._source.pending_records)

@@ -1,14 +1,20 @@
-"""Wires the pipeline: receivers -> assembler -> mapper -> attributor -> sinks.
+"""Wires the pipeline: receivers -> assembler -> [worker: mapper -> attributor -> sinks].
+
+Everything after the assembler runs on one thread (:mod:`.pipeline_worker`). With
+``forward_records`` the mapper's downstream is the :class:`RecordForwarder` instead of the
+attributor (records are priced by the collector the router sends them to); every
+collector prices the record logs it receives on ``/v1/logs`` (HTTP and gRPC) through its
+attributor and sinks.
 
 Start order is sinks first, receivers last; shutdown is the reverse, and flushes: the
-receivers stop taking data, the assembler hands every buffered trace on, the attributor
-and the store write what they hold.
+receivers stop taking data, the assembler hands every buffered trace on, the worker
+drains its queue, the forwarder sends what it holds, the attributor and the store write
+what they hold.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -16,10 +22,12 @@ from tokenpath.collector.assembler import Assembler
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.attributor import CostAttributor
 from tokenpath.collector.cost.prices import PriceSheet, load_price_sheet
+from tokenpath.collector.forwarder import RecordForwarder
 from tokenpath.collector.http_app import HttpListener, build_app
 from tokenpath.collector.mapping import StageMapper
 from tokenpath.collector.node_metrics import NodeMetricsState
-from tokenpath.collector.prometheus_sink import PrometheusSink
+from tokenpath.collector.pipeline_worker import PipelineWorker
+from tokenpath.collector.prometheus_sink import PricingTelemetry, PrometheusSink
 from tokenpath.collector.receivers.grpc import GrpcReceiver
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
@@ -30,18 +38,8 @@ from tokenpath.records import RequestRecord
 log = logging.getLogger(__name__)
 
 
-class Attributor(Protocol):
-    def start(self) -> None: ...
-
-    def consume_record(self, record: RequestRecord) -> None: ...
-
-    def consume_idle_cost(self, idle: IdleCost) -> None: ...
-
-    def shutdown(self) -> None: ...
-
-
 def build_attributor(downstream: RecordSink, config: CollectorConfig,
-                     prices: PriceSheet) -> Attributor:
+                     prices: PriceSheet) -> CostAttributor:
     """The cost attributor in front of the sinks: dollars per stage, idle cost per pool."""
     return CostAttributor(downstream, prices, config=config.cost)
 
@@ -64,10 +62,18 @@ class CollectorService:
         sinks = FanOut([self.prometheus, self.store])
         self.prices = load_price_sheet(config.prices_path)
         self.attributor = build_attributor(sinks, config, self.prices)
-        self.mapper = StageMapper(self.attributor, self.stats)
-        self.assembler = Assembler(self.mapper, config.assembler, self.stats)
+        self.registry.register(PricingTelemetry(self.attributor))
+        self.forwarder: RecordForwarder | None = None
+        mapped: RecordSink = self.attributor
+        if config.forwarder is not None:
+            self.forwarder = RecordForwarder(config.forwarder, self.stats, config.auth_token)
+            mapped = _ForwardThenClose(self.forwarder, self.attributor)
+        self.mapper = StageMapper(mapped, self.stats)
+        self.worker = PipelineWorker(self.mapper, self.attributor, self.attributor, self.stats,
+                                     config.pipeline_queue_size)
+        self.assembler = Assembler(self.worker, config.assembler, self.stats)
         self.ingest = OtlpIngest(self.assembler, self.node_metrics, config.limits, self.stats,
-                                 config.max_buffered_spans)
+                                 config.max_buffered_spans, records=self.worker)
         self.app = build_app(self.ingest, self.store, self.prometheus.render, self.stats,
                              self.prices, config.auth_token)
         self.http = HttpListener(self.app, config.http_host, config.http_port, config.tls)
@@ -96,7 +102,9 @@ class CollectorService:
                   config.store_path, config.retention_seconds,
                   "on" if config.auth_token else "off", config.max_buffered_spans)
         self.store.start()
-        self.attributor.start()
+        if self.forwarder is not None:
+            self.forwarder.start()
+        self.worker.start()
         self.assembler.start()
         try:
             if self.grpc is not None:
@@ -115,4 +123,25 @@ class CollectorService:
         self.http.shutdown()
         if self.grpc is not None:
             self.grpc.shutdown()
-        self.assembler.shutdown()  # flushes -> mapper -> attributor -> sinks (store closes)
+        # flushes -> worker -> mapper -> forwarder/attributor -> sinks (store closes)
+        self.assembler.shutdown()
+
+
+class _ForwardThenClose:
+    """The mapper's downstream on a forwarding replica: records go to the forwarder; at
+    shutdown the forwarder flushes, then the attributor (which priced only the records
+    other replicas forwarded here) and its sinks close."""
+
+    def __init__(self, forwarder: RecordForwarder, attributor: CostAttributor) -> None:
+        self._forwarder = forwarder
+        self._attributor = attributor
+
+    def consume_record(self, record: RequestRecord) -> None:
+        self._forwarder.consume_record(record)
+
+    def consume_idle_cost(self, idle: IdleCost) -> None:
+        self._forwarder.consume_idle_cost(idle)
+
+    def shutdown(self) -> None:
+        self._forwarder.shutdown()
+        self._attributor.shutdown()

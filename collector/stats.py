@@ -28,6 +28,10 @@ class CollectorStats:
         self.store_errors = 0
         self.traces_in_flight = 0
         self.spans_buffered = 0
+        self.pipeline_queue_depth = 0
+        self.records_forwarded = 0
+        self.records_forward_dropped: Counter[str] = Counter()  # by reason
+        self.records_received: Counter[str] = Counter()  # by receiver
 
     def add(
         self, counter: Counter[str] | Counter[tuple[str, str]], key: object, n: int = 1

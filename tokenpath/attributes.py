@@ -60,6 +60,13 @@ VLLM_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
 VLLM_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
 VLLM_REQUEST_N: Final = "gen_ai.request.n"
 
+# --- OpenTelemetry resource semantic conventions (engine identity, SPEC section 3) -------
+K8S_NODE_NAME: Final = "k8s.node.name"
+HOST_NAME: Final = "host.name"
+K8S_POD_UID: Final = "k8s.pod.uid"
+K8S_POD_NAME: Final = "k8s.pod.name"
+SERVICE_INSTANCE_ID: Final = "service.instance.id"
+
 # --- tokenpath ---------------------------------------------------------------------------
 STAGE: Final = "tokenpath.stage"
 PHASE: Final = "tokenpath.phase"
@@ -72,6 +79,7 @@ GPU_TYPE: Final = "tokenpath.gpu.type"
 TENSOR_PARALLEL: Final = "tokenpath.gpu.tensor_parallel"
 ENGINE: Final = "tokenpath.engine"  # "simulated", "vllm", ...
 ENGINE_REPLICA: Final = "tokenpath.engine.replica"
+ENGINE_ID: Final = "tokenpath.engine.id"  # the engine (GPU set) on its node: the pricing unit
 SIMULATED: Final = "tokenpath.simulated"
 STATUS: Final = "tokenpath.request.status"
 CACHED_TOKENS: Final = "tokenpath.kv.cached_tokens"

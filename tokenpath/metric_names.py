@@ -113,6 +113,24 @@ METRIC_POINTS_DROPPED = _m("collector_metric_points_dropped", "counter", (LABEL_
                            "OTLP metric data points dropped (series cap), by reason.")
 SPAN_EVENTS_DROPPED = _m("collector_span_events_dropped", "counter", (LABEL_REASON,),
                          "Span events dropped on ingest (events per span, GenAI content).")
+# The serialized stage after the assembler, pricing and the second hop (docs/deploy.md).
+PIPELINE_QUEUE_DEPTH = _m("collector_pipeline_queue_depth", "gauge", (),
+                          "Traces and record batches waiting for the pipeline worker.")
+RECORDS_FORWARDED = _m("collector_records_forwarded", "counter", (),
+                       "Records exported to the pricing collector (--forward-records).")
+RECORDS_FORWARD_DROPPED = _m("collector_records_forward_dropped", "counter", (LABEL_REASON,),
+                             "Records the forwarder gave up on, by reason.")
+RECORDS_RECEIVED = _m("collector_records_received", "counter", (LABEL_RECEIVER,),
+                      "Forwarded records accepted for pricing on /v1/logs.")
+RECORDS_LATE = _m("collector_records_late", "counter", (),
+                  "Records that arrived after their node's slices closed (priced from "
+                  "the closed slices).")
+RECORDS_WITHOUT_TIMELINE = _m("collector_records_without_timeline", "counter", (),
+                              "Records with no engine timeline: no GPU dollars apportioned.")
+PRICING_FORCED_CLOSES = _m("collector_pricing_forced_closes", "counter", (),
+                           "Times the attributor closed slices early (cost.max_pending_records).")
+RECORDS_PENDING_PRICE = _m("collector_records_pending_price", "gauge", (),
+                           "Records held until their node's slices close.")
 
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,

@@ -70,7 +70,13 @@ class RequestRecord:
     status: str = "ok"
     node: str | None = None
     pool: str | None = None
-    engine: str | None = None
+    engine: str | None = None  # the engine's kind: "vllm", "simulated", ...
+    # The engine (GPU set) on its node that served it (tokenpath.identity); with ``node``
+    # it is the pricing unit.
+    engine_id: str | None = None
+    # True when its node's GPUs come from the price sheet's inventory; False when they
+    # were assumed (its tensor-parallel GPUs of the default GPU type); None: not priced.
+    gpu_inventory: bool | None = None
     gpu_type: str | None = None
     tensor_parallel: int = 1
     simulated: bool = False
@@ -129,6 +135,8 @@ class RequestRecord:
             "node": self.node,
             "pool": self.pool,
             "engine": self.engine,
+            "engine_id": self.engine_id,
+            "gpu_inventory": self.gpu_inventory,
             "gpu_type": self.gpu_type,
             "tensor_parallel": self.tensor_parallel,
             "simulated": self.simulated,
@@ -180,6 +188,8 @@ class RequestRecord:
             node=data.get("node"),
             pool=data.get("pool"),
             engine=data.get("engine"),
+            engine_id=data.get("engine_id"),
+            gpu_inventory=data.get("gpu_inventory"),
             gpu_type=data.get("gpu_type"),
             tensor_parallel=int(data.get("tensor_parallel") or 1),
             simulated=bool(data.get("simulated", False)),

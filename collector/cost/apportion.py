@@ -6,8 +6,8 @@ steps with one batch composition. The slice's GPU dollars are split among the en
 active on the node by the GPUs they occupy (unoccupied GPUs are idle), and within a group
 among its sequences by their roofline work in the slice:
 
-- a decoding sequence does ``S`` steps of ``sequence_work(decode_flops(ctx),
-  decode_bytes(ctx), B)``: its own KV cache plus a ``1/B`` share of the weights;
+- a decoding sequence does ``S`` steps of its own decode compute and KV read at its
+  context (which grows linearly over its decode) plus a ``1/B`` share of the weights;
 - a prefilling sequence whose step count ``K`` the engine measured (chunked prefill; from
   its per-phase gpu_dispatch) does ``S`` steps of ``1/K`` of its prefill FLOPs and KV bytes
   plus a weight share; otherwise the fraction ``dt / prefill_duration`` of them, plus ``S``
@@ -20,20 +20,42 @@ among its sequences by their roofline work in the slice:
   at the smaller of their two solutions; at least one step. Without a prefill ``S``
   cancels out.
 
+Linear time. Every member's work in a slice has the form ``S * (k + m * t + ws) + r * dt``
+(``t`` the slice's midpoint, ``ws`` the weight share, ``k, m, r`` the member's own
+coefficients in its phase), so a group's total work is read from running sums of the
+coefficients, and a member's dollars over a phase from four prefix sums over the group's
+slices (``D * S / W``, ``D * S * t / W``, ``D * S * ws / W``, ``D * dt / W``) taken when it
+enters and leaves the phase. Closing a slice costs O(groups), admitting or finishing a
+request O(log n) (the event heap): CPU per request does not grow with the batch.
+
+Slices are cut only at engine events, never at the watermark while a request is active,
+so the same records give the same dollars whichever collector prices them and whenever it
+closes (the sharded pricing of docs/deploy.md relies on it).
+
 Everything here is modeled (provenance ``modeled``); the inputs are measured timestamps.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import heapq
+import math
+from collections import deque
 from dataclasses import dataclass, field
 from itertools import pairwise
 
 from tokenpath.roofline import Roofline
 from tokenpath.stages import Phase
 
-GroupKey = tuple[str, str, int]  # (model, gpu type, tensor parallel)
+GroupKey = tuple[str, str, str, int]  # (engine, model, gpu type, tensor parallel)
 IDLE_ROUNDING_FLOOR = 1e-12  # relative; below this a slice's leftover is float rounding
+MIN_IN_MODEL_FRACTION = 0.5  # below this the engine's own in-model/elapsed is not trusted
+
+# Running-sum slots of a group (and coefficient slots of a member)
+_K, _M, _R, _DC0, _DC1, _DM0, _DM1, _PC, _PM, _PNV, _DECODERS, _RATIO, _RATIOS, _COUNT = range(14)
+_SLOTS = 14
+# Prefix-sum slots of a group
+_P1, _P2, _P3, _P4, _PB, _PD = range(6)
+_PREFIXES = 6
 
 
 @dataclass(slots=True)
@@ -54,6 +76,12 @@ class EngineInterval:
     decode_batch_seconds: float = 0.0  # integral of batch size over decode time
     decode_seconds_seen: float = 0.0
     prefill_steps: float | None = None  # engine steps of its prefill, when measured
+    # Its engine's in-model seconds over its elapsed seconds (None: the engine did not say)
+    in_model_ratio: float | None = None
+    # sweep state: the phase it is in, its coefficients there, the prefix sums at entry
+    phase: Phase | None = None
+    coefficients: list[float] = field(default_factory=list)
+    entry: list[float] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -98,149 +126,285 @@ class ClosedSlice:
 
 @dataclass(slots=True)
 class SliceResult:
-    """What closing one window of a node produced."""
+    """What advancing a node's timeline produced."""
 
     node_dollars: float = 0.0
     attributed_dollars: float = 0.0
     idle_dollars: float = 0.0
     idle_spans: list[tuple[float, float, float]] = field(default_factory=list)
-    closed: list[ClosedSlice] = field(default_factory=list)
+    finished: list[EngineInterval] = field(default_factory=list)
 
 
-def _group_weights(members: list[tuple[EngineInterval, Phase]], dt: float, mid: float,
-                   in_model_fraction: float = 1.0) -> tuple[list[float], float]:
-    """Roofline work of each member of one engine group in a slice of length ``dt``, of
-    which ``in_model_fraction`` was engine steps."""
-    roofline = members[0][0].roofline
+def _coefficients(iv: EngineInterval, phase: Phase, origin: float) -> list[float]:
+    """The member's coefficients in ``phase``: work ``S * (k + m * t + ws) + r * dt`` and
+    its parts of the step-count solve (``t`` counted from ``origin``)."""
+    c = [0.0] * _SLOTS
+    c[_COUNT] = 1.0
+    if iv.in_model_ratio is not None:
+        c[_RATIO] = iv.in_model_ratio
+        c[_RATIOS] = 1.0
+    roofline = iv.roofline
     if roofline is None:
-        return [1.0] * len(members), 1.0
-    batch = len(members)
-    weight_share = roofline.memory_seconds(roofline.model.weight_bytes / batch)
-    decode_compute = decode_memory = 0.0
-    prefill_compute = prefill_memory = prefill_nvlink = 0.0
-    decoders = 0
-    per_step: list[float] = []
-    prefill_part: list[float] = []
-    for interval, phase in members:
-        if phase is Phase.DECODE:
-            ctx = int(interval.context_at(mid))
-            c = roofline.compute_seconds(roofline.decode_flops(ctx))
-            m = roofline.memory_seconds(roofline.decode_bytes(ctx))
-            decode_compute += c
-            decode_memory += m
-            decoders += 1
-            per_step.append(c + m + weight_share)
-            prefill_part.append(0.0)
-        elif interval.prefill_steps is not None:
-            # measured step count: each of its steps does 1/K of the prefill
-            n, cached = interval.new_tokens, interval.cached_tokens
-            c = roofline.compute_seconds(roofline.prefill_flops(n, cached)) / interval.prefill_steps
-            m = roofline.memory_seconds(roofline.prefill_bytes(n, cached)) / interval.prefill_steps
-            decode_compute += c  # per step, like a decoder
-            decode_memory += m
-            per_step.append(c + m + weight_share)
-            prefill_part.append(0.0)
+        c[_K] = 1.0  # equal split
+        return c
+    if phase is Phase.DECODE:
+        # decode compute and KV read per step are affine in the context, which is affine
+        # in time: read them at both ends of the decode
+        t0, t1 = iv.decode_start - origin, iv.end - origin
+        ctx0 = iv.context_at(iv.decode_start)
+        ctx1 = iv.context_at(iv.end)
+        c0 = roofline.compute_seconds(roofline.decode_flops(ctx0))  # type: ignore[arg-type]
+        m0 = roofline.memory_seconds(roofline.decode_bytes(ctx0))  # type: ignore[arg-type]
+        c1 = roofline.compute_seconds(roofline.decode_flops(ctx1))  # type: ignore[arg-type]
+        m1 = roofline.memory_seconds(roofline.decode_bytes(ctx1))  # type: ignore[arg-type]
+        span = t1 - t0
+        c_slope = (c1 - c0) / span if span > 0 else 0.0
+        m_slope = (m1 - m0) / span if span > 0 else 0.0
+        c[_DC1], c[_DC0] = c_slope, c0 - c_slope * t0
+        c[_DM1], c[_DM0] = m_slope, m0 - m_slope * t0
+        c[_M] = c_slope + m_slope
+        c[_K] = c[_DC0] + c[_DM0]
+        c[_DECODERS] = 1.0
+        return c
+    n, cached = iv.new_tokens, iv.cached_tokens
+    compute = roofline.compute_seconds(roofline.prefill_flops(n, cached))
+    memory = roofline.memory_seconds(roofline.prefill_bytes(n, cached))
+    if iv.prefill_steps is not None:
+        # measured step count: each of its steps does 1/K of the prefill, like a decoder
+        c[_DC0] = compute / iv.prefill_steps
+        c[_DM0] = memory / iv.prefill_steps
+        c[_K] = c[_DC0] + c[_DM0]
+        return c
+    duration = iv.decode_start - iv.prefill_start
+    rate = 1.0 / duration if duration > 0 else 0.0
+    c[_PC] = compute * rate
+    c[_PM] = memory * rate
+    c[_PNV] = roofline.nvlink_seconds(n) * rate  # linear in tokens
+    c[_R] = (compute + memory) * rate
+    return c
+
+
+class _GroupSweep:
+    """Running sums of one engine group's active members and its prefix sums."""
+
+    __slots__ = ("gpus", "prefix", "roofline", "sums")
+
+    def __init__(self, roofline: Roofline | None, gpus: int) -> None:
+        self.roofline = roofline
+        self.gpus = gpus
+        self.sums = [0.0] * _SLOTS
+        self.prefix = [0.0] * _PREFIXES
+
+    @property
+    def count(self) -> int:
+        return round(self.sums[_COUNT])
+
+    def enter(self, coefficients: list[float]) -> None:
+        sums = self.sums
+        for i, v in enumerate(coefficients):
+            sums[i] += v
+
+    def leave(self, coefficients: list[float]) -> None:
+        sums = self.sums
+        for i, v in enumerate(coefficients):
+            sums[i] -= v
+        if sums[_COUNT] < 0.5:  # empty: no drift carried into the next batch
+            self.sums = [0.0] * _SLOTS
+
+    def in_model_fraction(self) -> float:
+        sums = self.sums
+        if sums[_RATIOS] < 0.5:
+            return 1.0
+        return min(1.0, max(MIN_IN_MODEL_FRACTION, sums[_RATIO] / sums[_RATIOS]))
+
+    def close(self, dt: float, t: float, dollars: float, in_model_fraction: float
+              ) -> GroupSummary:
+        """Add the slice ``dt`` long, midpoint ``t``, worth ``dollars`` to the prefix sums."""
+        s = self.sums
+        batch = self.count
+        prefix = self.prefix
+        roofline = self.roofline
+        if roofline is None:
+            total, steps = float(batch), 1.0
+            prefix[_P1] += dollars / total
         else:
-            duration = interval.decode_start - interval.prefill_start
-            frac = dt / duration if duration > 0 else 1.0
-            n, cached = interval.new_tokens, interval.cached_tokens
-            c = roofline.compute_seconds(roofline.prefill_flops(n, cached)) * frac
-            m = roofline.memory_seconds(roofline.prefill_bytes(n, cached)) * frac
-            prefill_compute += c
-            prefill_memory += m
-            prefill_nvlink += roofline.nvlink_seconds(n) * frac  # linear in tokens
-            per_step.append(weight_share)
-            prefill_part.append(c + m)
-    steps = 1.0
-    if prefill_compute > 0 or prefill_memory > 0:
-        overhead = roofline.step_overhead_seconds + roofline.nvlink_seconds(decoders)
-        weights = roofline.memory_seconds(roofline.model.weight_bytes)
-        # step time in the slice; the prefill tokens' all-reduces lengthen the steps
-        busy = dt * in_model_fraction - prefill_nvlink
-        by_compute = (busy - prefill_compute) / (overhead + decode_compute)
-        by_memory = (busy - prefill_memory) / (overhead + weights + decode_memory)
-        steps = max(1.0, min(by_compute, by_memory))
-    return [steps * s + p for s, p in zip(per_step, prefill_part, strict=True)], steps
+            weight_share = roofline.memory_seconds(roofline.model.weight_bytes / batch)
+            steps = 1.0
+            if s[_PC] > 0 or s[_PM] > 0:
+                overhead = (roofline.step_overhead_seconds
+                            + roofline.nvlink_seconds(round(s[_DECODERS])))
+                weights = roofline.memory_seconds(roofline.model.weight_bytes)
+                # step time in the slice; the prefill tokens' all-reduces lengthen the steps
+                busy = dt * in_model_fraction - s[_PNV] * dt
+                by_compute = (busy - s[_PC] * dt) / (overhead + s[_DC0] + s[_DC1] * t)
+                by_memory = (busy - s[_PM] * dt) / (overhead + weights + s[_DM0] + s[_DM1] * t)
+                steps = max(1.0, min(by_compute, by_memory))
+            total = steps * (s[_K] + s[_M] * t + batch * weight_share) + s[_R] * dt
+            if total > 0:
+                q = dollars / total
+                prefix[_P1] += q * steps
+                prefix[_P2] += q * steps * t
+                prefix[_P3] += q * steps * weight_share
+                prefix[_P4] += q * dt
+        prefix[_PB] += batch * dt
+        prefix[_PD] += dt
+        return GroupSummary(total, steps, batch, dollars)
 
 
-def close_window(
-    intervals: list[EngineInterval],
-    start: float,
-    stop: float,
-    node_gpus: int,
-    dollars_per_gpu_second: float,
-    in_model_fraction: float = 1.0,
-) -> SliceResult:
-    """Apportion the node's GPU dollars over ``[start, stop)`` among ``intervals``.
+def _share(iv: EngineInterval, prefix: list[float]) -> float:
+    """The member's dollars since it entered its phase."""
+    entry, c = iv.entry, iv.coefficients
+    return (c[_K] * (prefix[_P1] - entry[_P1]) + c[_M] * (prefix[_P2] - entry[_P2])
+            + (prefix[_P3] - entry[_P3]) + c[_R] * (prefix[_P4] - entry[_P4]))
 
-    ``in_model_fraction`` is the share of the engine's elapsed time it reports as in-model
-    (its step loop's host-side gaps are GPU idle time); only that share of an active
-    slice is apportioned, the rest is idle.
 
-    Adds each interval's share to its ``cost_by_phase``; time (and GPUs) no request used
-    is returned as idle. attributed + idle == node dollars by construction.
+class NodeTimeline:
+    """One node's timeline: an event sweep over its requests' engine intervals.
+
+    ``add()`` an interval (its events enter the heap), ``advance(stop)`` closes every slice
+    that ends by ``stop``: up to the next event while a request is active, up to ``stop``
+    while the node is idle. Intervals whose last phase closed come back in
+    ``SliceResult.finished`` with their ``cost_by_phase``.
     """
-    result = SliceResult()
-    if stop <= start:
+
+    def __init__(self, dollars_per_gpu_second: float, gpu_count: int | None,
+                 max_closed_slices: int, late_horizon_seconds: float) -> None:
+        self.dollars_per_gpu_second = dollars_per_gpu_second
+        self.fixed_gpu_count = gpu_count  # from the inventory; None: its engines' GPUs
+        self.groups: dict[GroupKey, _GroupSweep] = {}
+        self._active: dict[GroupKey, _GroupSweep] = {}
+        self._events: list[tuple[float, int, EngineInterval, Phase | None]] = []
+        self._sequence = 0
+        self.window_start: float | None = None
+        self.closed_until: float | None = None
+        self.closed: deque[ClosedSlice] = deque(maxlen=max_closed_slices)
+        self._late_horizon = late_horizon_seconds
+
+    @property
+    def gpu_count(self) -> int:
+        if self.fixed_gpu_count is not None:
+            return self.fixed_gpu_count
+        return max(1, sum(g.gpus for g in self.groups.values()))
+
+    @property
+    def pending_events(self) -> int:
+        return len(self._events)
+
+    def next_event(self) -> float | None:
+        return self._events[0][0] if self._events else None
+
+    def add(self, iv: EngineInterval) -> bool:
+        """Schedule ``iv``; False when all of it lies in slices already closed (the caller
+        prices it from the closed slices and it needs nothing more here)."""
+        if iv.group not in self.groups:
+            self.groups[iv.group] = _GroupSweep(iv.roofline, iv.gpus)
+        closed = self.closed_until
+        if closed is None or iv.prefill_start >= closed:
+            self._push(iv.prefill_start, iv, Phase.PREFILL)
+            return True
+        # late: its part before ``closed`` is priced elsewhere; join at ``closed``
+        if iv.end <= closed:
+            return False
+        self._push(closed, iv, Phase.DECODE if iv.decode_start <= closed else Phase.PREFILL)
+        return True
+
+    def _push(self, t: float, iv: EngineInterval, phase: Phase | None) -> None:
+        self._sequence += 1
+        heapq.heappush(self._events, (t, self._sequence, iv, phase))
+
+    def _origin(self) -> float:
+        return self.window_start or 0.0
+
+    def _transition(self, iv: EngineInterval, phase: Phase | None, t: float,
+                    finished: list[EngineInterval]) -> None:
+        """``iv`` leaves its phase (if any) and enters ``phase`` (None: it is done)."""
+        if iv.phase is not None:
+            group = self.groups[iv.group]
+            iv.cost_by_phase[iv.phase] = (iv.cost_by_phase.get(iv.phase, 0.0)
+                                          + max(0.0, _share(iv, group.prefix)))
+            if iv.phase is Phase.DECODE:
+                iv.decode_batch_seconds += group.prefix[_PB] - iv.entry[_PB]
+                iv.decode_seconds_seen += group.prefix[_PD] - iv.entry[_PD]
+            group.leave(iv.coefficients)
+            if group.count == 0:
+                self._active.pop(iv.group, None)
+        iv.phase = phase
+        if phase is None:
+            finished.append(iv)
+            return
+        group = self.groups[iv.group]
+        iv.coefficients = _coefficients(iv, phase, self._origin())
+        iv.entry = list(group.prefix)
+        group.enter(iv.coefficients)
+        self._active[iv.group] = group
+        if phase is Phase.PREFILL:
+            self._push(max(t, iv.decode_start), iv, Phase.DECODE)
+        else:
+            self._push(max(t, iv.end), iv, None)
+
+    def flush(self) -> SliceResult:
+        """Close every slice up to the last event: every interval finishes."""
+        total = SliceResult()
+        while self._events:
+            result = self.advance(max(e[0] for e in self._events))
+            total.node_dollars += result.node_dollars
+            total.attributed_dollars += result.attributed_dollars
+            total.idle_dollars += result.idle_dollars
+            total.idle_spans.extend(result.idle_spans)
+            total.finished.extend(result.finished)
+        return total
+
+    def advance(self, stop: float) -> SliceResult:
+        """Close every slice ending by ``stop``."""
+        result = SliceResult()
+        events = self._events
+        while True:
+            if self.closed_until is None:
+                if not events or events[0][0] > stop:
+                    break
+                self.closed_until = self.window_start = events[0][0]
+            cur = self.closed_until
+            if events and events[0][0] <= stop:
+                t = events[0][0]
+                if t > cur:
+                    self._close_slice(cur, t, result)
+                    self.closed_until = t
+                while events and events[0][0] <= t:
+                    _, _, iv, phase = heapq.heappop(events)
+                    self._transition(iv, phase, t, result.finished)
+                continue
+            if not self._active and stop > cur:
+                self._close_slice(cur, stop, result)  # idle: no request to cut it
+                self.closed_until = stop
+            break
         return result
-    cuts = {start, stop}
-    for iv in intervals:
-        for t in (iv.prefill_start, iv.decode_start, iv.end):
-            if start < t < stop:
-                cuts.add(t)
-    bounds = sorted(cuts)
-    node_rate = node_gpus * dollars_per_gpu_second
-    pending = sorted(
-        (iv for iv in intervals if iv.prefill_start < stop and iv.end > start),
-        key=lambda iv: iv.prefill_start,
-    )
-    next_index = 0
-    active: list[EngineInterval] = []
-    for a, b in pairwise(bounds):
+
+    def _close_slice(self, a: float, b: float, result: SliceResult) -> None:
         dt = b - a
-        node_dollars = node_rate * dt
+        node_gpus = self.gpu_count
+        price = self.dollars_per_gpu_second
+        node_dollars = node_gpus * price * dt
         result.node_dollars += node_dollars
-        mid = a + dt / 2.0
-        closed = ClosedSlice(a, b)
-        result.closed.append(closed)
-        while next_index < len(pending) and pending[next_index].prefill_start <= mid:
-            active.append(pending[next_index])
-            next_index += 1
-        active = [iv for iv in active if iv.end > mid]
-        groups: dict[GroupKey, list[tuple[EngineInterval, Phase]]] = defaultdict(list)
-        for iv in active:
-            phase = iv.phase_at(mid)
-            if phase is not None:
-                groups[iv.group].append((iv, phase))
-        if not groups:
-            result.idle_dollars += node_dollars
-            result.idle_spans.append((a, b, node_dollars))
-            continue
-        demanded = {key: float(members[0][0].gpus) for key, members in groups.items()}
-        total_demand = sum(demanded.values())
-        scale = min(1.0, node_gpus / total_demand)
-        used_dollars = 0.0
-        for key, members in groups.items():
-            group_dollars = (node_dollars * demanded[key] * scale / node_gpus
-                             * in_model_fraction)
-            weights, steps = _group_weights(members, dt, mid, in_model_fraction)
-            total = sum(weights)
-            if total <= 0:
-                weights, total = [1.0] * len(members), float(len(members))
-            closed.groups[key] = GroupSummary(total, steps, len(members), group_dollars)
-            for (iv, phase), w in zip(members, weights, strict=True):
-                share = group_dollars * w / total
-                iv.cost_by_phase[phase] = iv.cost_by_phase.get(phase, 0.0) + share
-                if phase is Phase.DECODE:
-                    iv.decode_batch_seconds += len(members) * dt
-                    iv.decode_seconds_seen += dt
-            used_dollars += group_dollars
-        result.attributed_dollars += used_dollars
-        idle = node_dollars - used_dollars
+        piece = ClosedSlice(a, b)
+        used = 0.0
+        if self._active:
+            t = (a + b) / 2.0 - self._origin()
+            demand = sum(g.gpus for g in self._active.values())
+            scale = min(1.0, node_gpus / demand)
+            for key, group in self._active.items():
+                fraction = group.in_model_fraction()
+                dollars = price * group.gpus * scale * dt * fraction
+                piece.groups[key] = group.close(dt, t, dollars, fraction)
+                used += dollars
+        result.attributed_dollars += used
+        idle = node_dollars - used
         if idle > node_dollars * IDLE_ROUNDING_FLOOR:
             result.idle_dollars += idle
             result.idle_spans.append((a, b, idle))
-    return result
+        self.closed.append(piece)
+        horizon = b - self._late_horizon
+        while self.closed and self.closed[0].end < horizon:
+            self.closed.popleft()
 
 
 def _late_work(iv: EngineInterval, phase: Phase, summary: GroupSummary, seconds: float,
@@ -252,9 +416,10 @@ def _late_work(iv: EngineInterval, phase: Phase, summary: GroupSummary, seconds:
     weight_share = roofline.memory_seconds(roofline.model.weight_bytes / (summary.batch + 1))
     steps = summary.steps * part
     if phase is Phase.DECODE:
-        ctx = int(iv.context_at(mid))
-        return steps * (roofline.compute_seconds(roofline.decode_flops(ctx))
-                        + roofline.memory_seconds(roofline.decode_bytes(ctx)) + weight_share)
+        ctx = iv.context_at(mid)
+        return steps * (roofline.compute_seconds(roofline.decode_flops(ctx))  # type: ignore[arg-type]
+                        + roofline.memory_seconds(roofline.decode_bytes(ctx))  # type: ignore[arg-type]
+                        + weight_share)
     duration = iv.decode_start - iv.prefill_start
     n, cached = iv.new_tokens, iv.cached_tokens
     prefill = (roofline.compute_seconds(roofline.prefill_flops(n, cached))
@@ -274,8 +439,9 @@ def price_late_interval(
     there), or the full rate of its GPUs where its group was idle. Returns the dollars,
     which the other members of those slices have already been charged too."""
     charged = 0.0
+    stop = min(until, iv.end)
     for piece in closed:
-        if piece.end <= iv.prefill_start or piece.start >= min(until, iv.end):
+        if piece.end <= iv.prefill_start or piece.start >= stop:
             continue
         cuts = sorted({piece.start, piece.end, *(
             t for t in (iv.prefill_start, iv.decode_start, iv.end, until)
@@ -300,3 +466,8 @@ def price_late_interval(
             iv.cost_by_phase[phase] = iv.cost_by_phase.get(phase, 0.0) + dollars
             charged += dollars
     return charged
+
+
+def is_finite_interval(prefill_start: float, decode_start: float, end: float) -> bool:
+    return all(math.isfinite(v) for v in (prefill_start, decode_start, end)) and (
+        prefill_start <= decode_start <= end)

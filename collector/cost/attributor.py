@@ -1,13 +1,16 @@
 """``CostAttributor``: dollars onto every record, idle cost per pool (SPEC section 5).
 
-Sits between the stage mapper and the sinks (``tokenpath.pipeline``). A record arrives only
-after its request ended, so a node's slice can be apportioned once every request active in
-it has arrived. Each node's timeline is held open until a watermark ``clock() - delay``
-passes, where the delay adapts to the traffic: the longest recent arrival lag (arrival
-minus engine start) plus a margin, bounded by ``min_delay_seconds`` and
-``max_delay_seconds``. Then its slices are apportioned (:mod:`.apportion`), finished records
-get their stage dollars and go downstream, and unused GPU time goes downstream as
-:class:`tokenpath.pipeline.IdleCost`. ``shutdown()`` closes every node and flushes.
+Sits between the stage mapper and the sinks (``tokenpath.pipeline``), called from one
+thread only (the pipeline's worker, :mod:`tokenpath.collector.pipeline_worker`), so it
+holds no lock. A record arrives only after its request ended, so a node's slice can be
+apportioned once every request active in it has arrived. Each pricing unit (a node, else
+an engine: :mod:`tokenpath.identity`) keeps its own timeline (:mod:`.apportion`), held
+open until its own watermark ``clock() - delay`` passes, where the delay adapts to that
+unit's traffic: the longest recent arrival lag (arrival minus engine start) plus a margin,
+bounded by ``min_delay_seconds`` and ``max_delay_seconds``; a busy node never holds back
+another's records. Finished records get their stage dollars and go downstream, and unused
+GPU time goes downstream as :class:`tokenpath.pipeline.IdleCost`. ``shutdown()`` closes
+every node and flushes.
 
 A record that still arrives after its slices closed is priced from kept summaries of those
 slices (``late_records``, ``late_dollars``): the others in them have already paid.
@@ -18,17 +21,18 @@ equal gpu_count x $/GPU-second x the window (see ``ledger``).
 
 from __future__ import annotations
 
+import heapq
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tokenpath.collector.cost.apportion import (
-    ClosedSlice,
+    MIN_IN_MODEL_FRACTION,
     EngineInterval,
-    close_window,
+    NodeTimeline,
+    is_finite_interval,
     price_late_interval,
 )
 from tokenpath.collector.cost.cache import (
@@ -39,9 +43,10 @@ from tokenpath.collector.cost.cache import (
     PrefixCacheTracker,
 )
 from tokenpath.collector.cost.catalog import roofline_for_record
-from tokenpath.collector.cost.prices import DEFAULT_NODE_NAME, PriceSheet
+from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.collector.cost.stage_cost import land_cpu_and_network_cost, land_gpu_cost
 from tokenpath.config import ConfigError
+from tokenpath.identity import pricing_unit
 from tokenpath.pipeline import IdleCost, RecordSink
 from tokenpath.records import RequestRecord
 from tokenpath.roofline import Roofline
@@ -56,7 +61,6 @@ DEFAULT_LAG_MARGIN_SECONDS = 2.0
 DEFAULT_LATE_HORIZON_SECONDS = 120.0  # closed slices kept this long to price late records
 MAX_CLOSED_SLICES_PER_NODE = 50_000  # bounds memory: a few hundred bytes each
 DEFAULT_TICK_SECONDS = 1.0
-MIN_IN_MODEL_FRACTION = 0.5  # below this the elapsed-time estimate is not trusted
 DEFAULT_MAX_PENDING_RECORDS = 100_000
 
 
@@ -72,7 +76,7 @@ class AttributorConfig:
     recent_prefix_capacity: int = DEFAULT_RECENT_CAPACITY
     heavy_hitter_capacity: int = DEFAULT_HEAVY_HITTER_CAPACITY
     late_horizon_seconds: float = DEFAULT_LATE_HORIZON_SECONDS
-    tick_seconds: float = DEFAULT_TICK_SECONDS  # 0: no background ticker (call tick())
+    tick_seconds: float = DEFAULT_TICK_SECONDS  # 0: the worker never ticks (call tick())
 
     def validate(self) -> None:
         if not self.min_delay_seconds >= 0:
@@ -100,7 +104,7 @@ class AttributorConfig:
 
 @dataclass(slots=True)
 class NodeLedger:
-    """One node's window and where its GPU dollars went."""
+    """One pricing unit's window and where its GPU dollars went."""
 
     pool: str
     gpu_type: str
@@ -110,22 +114,20 @@ class NodeLedger:
     node_dollars: float = 0.0
     attributed_dollars: float = 0.0
     idle_dollars: float = 0.0
-    # seconds the engine reports in-model vs the wall time they took
+    # seconds the engine reports in-model vs the wall time they took (all its records)
     in_model_seconds: float = 0.0
     elapsed_seconds: float = 0.0
-    # measured gpu_dispatch seconds per engine step (decode dispatch / decode steps)
-    dispatch_seconds: float = 0.0
-    dispatch_steps: int = 0
-
-    @property
-    def dispatch_per_step(self) -> float | None:
-        return self.dispatch_seconds / self.dispatch_steps if self.dispatch_steps else None
+    # False: not in the price sheet's inventory, priced as its engines' GPUs of its type
+    in_inventory: bool = False
+    engines: set[str] = field(default_factory=set)
 
     @property
     def in_model_fraction(self) -> float:
-        """Share of the engine's wall time it reports as in-model: below 1 when its step
-        loop leaves the GPU idle between steps (a simulated engine summing step times);
-        vLLM reports the whole wall time, so 1."""
+        """Share of the engine's wall time it reports as in-model, over all its records:
+        below 1 when its step loop leaves the GPU idle between steps (a simulated engine
+        summing step times); vLLM reports the whole wall time, so 1. Slices are priced
+        with the ratio of the records active in them (deterministic whatever the order
+        records arrive in); this is the unit's overall figure."""
         if self.elapsed_seconds <= 0:
             return 1.0
         fraction = self.in_model_seconds / self.elapsed_seconds
@@ -149,16 +151,39 @@ class _Pending:
     roofline: Roofline | None
 
 
+class _LagWindow:
+    """Sliding-window maximum of a unit's recent arrival lags."""
+
+    __slots__ = ("_lags", "_sequence", "_window")
+
+    def __init__(self, window: int) -> None:
+        self._window = window
+        self._sequence = 0
+        self._lags: deque[tuple[int, float]] = deque()  # (sequence, lag), lags decreasing
+
+    def observe(self, lag: float) -> None:
+        self._sequence += 1
+        while self._lags and self._lags[-1][1] <= lag:
+            self._lags.pop()
+        self._lags.append((self._sequence, lag))
+        while self._lags[0][0] <= self._sequence - self._window:
+            self._lags.popleft()
+
+    @property
+    def maximum(self) -> float | None:
+        return self._lags[0][1] if self._lags else None
+
+
 @dataclass(slots=True)
 class _Node:
     ledger: NodeLedger
-    pending: list[_Pending] = field(default_factory=list)
-    closed: deque[ClosedSlice] = field(
-        default_factory=lambda: deque(maxlen=MAX_CLOSED_SLICES_PER_NODE))
+    timeline: NodeTimeline
+    lags: _LagWindow
+    pending: dict[int, _Pending] = field(default_factory=dict)
 
 
 class CostAttributor:
-    """Mapper -> CostAttributor -> sinks. Thread-safe; downstream called outside the lock."""
+    """Mapper -> CostAttributor -> sinks. Single-threaded: the pipeline worker calls it."""
 
     def __init__(
         self,
@@ -173,14 +198,10 @@ class CostAttributor:
         self._downstream = downstream
         self._prices = prices
         self._clock = clock
-        self._lock = threading.Lock()
         self._nodes: dict[str, _Node] = {}
         self._next_key = 0
-        # sliding-window maximum of arrival lags: (sequence number, lag), lags decreasing
-        self._lags: deque[tuple[int, float]] = deque()
+        self._pending_total = 0
         self._closed = False
-        self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
         self.stats = AttributorStats()
         self.cache = PrefixCacheTracker(
             block_tokens=self._config.prefix_block_tokens,
@@ -189,38 +210,25 @@ class CostAttributor:
             heavy_hitter_capacity=self._config.heavy_hitter_capacity,
         )
 
+    @property
+    def tick_seconds(self) -> float:
+        """How often the pipeline worker should call :meth:`tick` (0: never)."""
+        return self._config.tick_seconds
+
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the background ticker that closes slices while traffic is sparse."""
-        if self._ticker is not None or self._config.tick_seconds <= 0:
-            return
-        self._ticker = threading.Thread(target=self._tick_loop, name="tokenpath-cost-ticker",
-                                        daemon=True)
-        self._ticker.start()
-
-    def _tick_loop(self) -> None:
-        while not self._stop.wait(self._config.tick_seconds):
-            try:
-                self.tick()
-            except Exception:  # a failing sink must not kill the ticker
-                log.exception("cost: tick failed")
+        """Nothing runs here: the pipeline worker calls :meth:`tick`."""
 
     def shutdown(self) -> None:
         """Close every node's window, flush all records and idle cost, shut downstream."""
-        self._stop.set()
-        if self._ticker is not None and self._ticker is not threading.current_thread():
-            self._ticker.join(timeout=5)
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            out_records: list[RequestRecord] = []
-            out_idle: list[IdleCost] = []
-            for node in self._nodes.values():
-                ends = [p.interval.end for p in node.pending]
-                stop = max([*ends, node.ledger.closed_until or 0.0])
-                self._close_node(node, stop, out_records, out_idle, flush_all=True)
+        if self._closed:
+            return
+        self._closed = True
+        out_records: list[RequestRecord] = []
+        out_idle: list[IdleCost] = []
+        for node in self._nodes.values():
+            self._close_node(node, None, out_records, out_idle)
         self._emit(out_records, out_idle)
         self._downstream.shutdown()
 
@@ -229,14 +237,16 @@ class CostAttributor:
     def consume_record(self, record: RequestRecord) -> None:
         out_records: list[RequestRecord] = []
         out_idle: list[IdleCost] = []
-        with self._lock:
-            self.stats.records_in += 1
-            self._price_record_basics(record)
-            pending = None if self._closed else self._admit(record)
-            if pending is None:
+        self.stats.records_in += 1
+        self._price_record_basics(record)
+        node = None if self._closed else self._admit(record, out_records)
+        if node is None:
+            if not out_records:  # not held: nothing to apportion
                 record.cost_dollars = sum(t.cost_dollars for t in record.stages.values())
                 out_records.append(record)
-            self._advance(self._watermark(), out_records, out_idle)
+        else:
+            self._close_node(node, self._watermark(node), out_records, out_idle)
+        self._force_if_over_capacity(out_records, out_idle)
         self._emit(out_records, out_idle)
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
@@ -244,36 +254,43 @@ class CostAttributor:
         self._downstream.consume_idle_cost(idle)
 
     def tick(self) -> None:
-        """Close whatever the watermark allows; call periodically when traffic is sparse."""
+        """Close whatever each unit's watermark allows; the pipeline worker calls it while
+        traffic is sparse."""
+        if self._closed:
+            return
         out_records: list[RequestRecord] = []
         out_idle: list[IdleCost] = []
-        with self._lock:
-            if not self._closed:
-                self._advance(self._watermark(), out_records, out_idle)
+        for node in self._nodes.values():
+            self._close_node(node, self._watermark(node), out_records, out_idle)
         self._emit(out_records, out_idle)
+
+    def delay_for(self, unit: str) -> float:
+        """How far behind the clock ``unit``'s slices are closed now."""
+        node = self._nodes.get(unit)
+        return self._delay(node) if node is not None else self._config.min_delay_seconds
 
     @property
     def delay_seconds(self) -> float:
-        """How far behind the clock slices are closed now."""
+        """The longest delay of any unit now."""
+        return max((self._delay(n) for n in self._nodes.values()),
+                   default=self._config.min_delay_seconds)
+
+    def _delay(self, node: _Node) -> float:
         cfg = self._config
-        lag = self._lags[0][1] + cfg.lag_margin_seconds if self._lags else 0.0
+        lag = node.lags.maximum
+        lag = 0.0 if lag is None else lag + cfg.lag_margin_seconds
         return min(cfg.max_delay_seconds, max(cfg.min_delay_seconds, lag))
 
-    def _watermark(self) -> float:
-        return self._clock() - self.delay_seconds
+    def _watermark(self, node: _Node) -> float:
+        return self._clock() - self._delay(node)
 
-    def _observe_lag(self, lag: float) -> None:
-        sequence = self._next_key
-        while self._lags and self._lags[-1][1] <= lag:
-            self._lags.pop()
-        self._lags.append((sequence, lag))
-        while self._lags[0][0] <= sequence - self._config.lag_window:
-            self._lags.popleft()
+    @property
+    def pending_records(self) -> int:
+        return self._pending_total
 
     @property
     def ledger(self) -> dict[str, NodeLedger]:
-        with self._lock:
-            return {name: node.ledger for name, node in self._nodes.items()}
+        return {name: node.ledger for name, node in self._nodes.items()}
 
     # -- internals ------------------------------------------------------------------------
 
@@ -284,21 +301,24 @@ class CostAttributor:
         for item in idle:
             self._downstream.consume_idle_cost(item)
 
-    def _node_for(self, record: RequestRecord) -> tuple[str, _Node]:
-        name = record.node or DEFAULT_NODE_NAME
+    def _node_for(self, record: RequestRecord) -> _Node:
+        name = pricing_unit(record.node, record.engine_id)
         node = self._nodes.get(name)
-        spec = self._prices.node_spec(record.node)
         if node is None:
+            in_inventory = record.node is not None and record.node in self._prices.nodes
+            spec = self._prices.node_spec(record.node)
             gpu_type = spec.gpu_type or record.gpu_type or self._prices.default_gpu_type
             if gpu_type not in self._prices.gpus:
                 gpu_type = self._prices.default_gpu_type
-            count = spec.gpu_count or max(1, record.tensor_parallel)
-            node = _Node(NodeLedger(pool=record.pool or spec.pool, gpu_type=gpu_type,
-                                    gpu_count=count))
+            price = self._prices.gpu_price(gpu_type).dollars_per_second
+            timeline = NodeTimeline(price, spec.gpu_count, MAX_CLOSED_SLICES_PER_NODE,
+                                    self._config.late_horizon_seconds)
+            ledger = NodeLedger(pool=record.pool or spec.pool, gpu_type=gpu_type,
+                                gpu_count=timeline.gpu_count,
+                                in_inventory=in_inventory and spec.gpu_count is not None)
+            node = _Node(ledger, timeline, _LagWindow(self._config.lag_window))
             self._nodes[name] = node
-        elif spec.gpu_count is None:
-            node.ledger.gpu_count = max(node.ledger.gpu_count, record.tensor_parallel)
-        return name, node
+        return node
 
     def _price_record_basics(self, record: RequestRecord) -> None:
         land_cpu_and_network_cost(record, self._prices.cpu_dollars_per_core_second,
@@ -308,20 +328,20 @@ class CostAttributor:
         gpus = max(1, record.tensor_parallel)
         record.naive_cost_dollars = record.duration_seconds * price.dollars_per_second * gpus
 
-    def _admit(self, record: RequestRecord) -> _Pending | None:
+    def _admit(self, record: RequestRecord, out_records: list[RequestRecord]) -> _Node | None:
         ps, ds, end = record.prefill_start_unix, record.decode_start_unix, record.engine_end_unix
-        if ps is None or ds is None or end is None or not ps <= ds <= end:
+        if ps is None or ds is None or end is None or not is_finite_interval(ps, ds, end):
             self.stats.without_timeline += 1
             return None
-        _, node = self._node_for(record)
-        roofline = roofline_for_record(record, node.ledger.gpu_type)
-        self._observe_lag(self._clock() - ps)
-        self._observe_in_model(node.ledger, record)
-        closed = node.ledger.closed_until
-        late = closed is not None and ps < closed
+        node = self._node_for(record)
+        ledger = node.ledger
+        record.gpu_inventory = ledger.in_inventory
+        roofline = roofline_for_record(record, ledger.gpu_type)
+        node.lags.observe(self._clock() - ps)
+        gpus = max(1, record.tensor_parallel)
         interval = EngineInterval(
             key=self._next_key,
-            group=(record.model, node.ledger.gpu_type, max(1, record.tensor_parallel)),
+            group=(record.engine_id or "", record.model, ledger.gpu_type, gpus),
             roofline=roofline,
             prefill_start=ps,
             decode_start=ds,
@@ -329,54 +349,46 @@ class CostAttributor:
             input_tokens=max(0, record.input_tokens),
             cached_tokens=max(0, record.cache_read_tokens),
             output_tokens=max(0, record.output_tokens),
-            gpus=max(1, record.tensor_parallel),
+            gpus=gpus,
+            prefill_steps=_prefill_steps(record),
+            in_model_ratio=self._observe_in_model(ledger, record),
         )
-        interval.prefill_steps = self._prefill_steps(node.ledger, record)
         self._next_key += 1
-        if late and closed is not None:
+        ledger.engines.add(record.engine_id or "")
+        closed = node.timeline.closed_until
+        if closed is not None and ps < closed:
             self._price_late(node, interval, closed, record.trace_id)
-        pending = _Pending(record, interval, roofline)
-        node.pending.append(pending)
-        return pending
+        item = _Pending(record, interval, roofline)
+        if not node.timeline.add(interval):  # all of it was in closed slices
+            self._finish(item)
+            out_records.append(item.record)
+            return None
+        ledger.gpu_count = node.timeline.gpu_count
+        node.pending[interval.key] = item
+        self._pending_total += 1
+        return node
 
     @staticmethod
-    def _prefill_steps(ledger: NodeLedger, record: RequestRecord) -> float | None:
-        """Engine steps of the prefill from the measured per-phase gpu_dispatch: the decode
-        phase has one step per output token after the first, which gives the dispatch time
-        of one step on this node; the prefill's dispatch divided by it counts its chunks."""
-        timing = record.stages.get(StageId.GPU_DISPATCH)
-        if timing is None or timing.provenance is Provenance.MODELED or not timing.phases:
-            return None
-        decode = timing.phases.get(Phase.DECODE)
-        if decode is not None and decode.seconds > 0 and record.output_tokens >= 2:
-            ledger.dispatch_seconds += decode.seconds
-            ledger.dispatch_steps += record.output_tokens - 1
-        prefill = timing.phases.get(Phase.PREFILL)
-        unit = ledger.dispatch_per_step
-        if prefill is None or prefill.seconds <= 0 or unit is None or unit <= 0:
-            return None
-        return float(max(1, round(prefill.seconds / unit)))
-
-    @staticmethod
-    def _observe_in_model(ledger: NodeLedger, record: RequestRecord) -> None:
+    def _observe_in_model(ledger: NodeLedger, record: RequestRecord) -> float | None:
         """GPU step seconds vs the engine's in-model wall time: the engine's own step sum
         (tokenpath.engine.step_seconds) when it reports one, else in-model seconds vs
-        scheduled (engine span start + queue) to end."""
+        scheduled (engine span start + queue) to end. None when the record cannot say."""
         end = record.engine_end_unix
         prefill, decode = record.prefill_seconds, record.decode_seconds
         if end is None or prefill is None or decode is None:
-            return
+            return None
         if record.engine_step_seconds is not None:
             in_model, elapsed = record.engine_step_seconds, prefill + decode
         elif record.engine_start_unix is not None:
             in_model = prefill + decode
             elapsed = end - (record.engine_start_unix + (record.queue_seconds or 0.0))
         else:
-            return
+            return None
         if elapsed <= 0 or in_model <= 0 or in_model > elapsed * (1 + 1e-6):
-            return
+            return None
         ledger.in_model_seconds += in_model
         ledger.elapsed_seconds += elapsed
+        return min(1.0, in_model / elapsed)
 
     def _price_late(self, node: _Node, interval: EngineInterval, closed: float,
                     trace_id: str) -> None:
@@ -387,53 +399,45 @@ class CostAttributor:
             log.warning("cost: record %s arrived after its node's slices closed; priced from "
                         "the closed slices (cost.max_delay_seconds bounds the wait); "
                         "further ones are only counted", trace_id)
-        price = self._prices.gpu_price(node.ledger.gpu_type).dollars_per_second
-        self.stats.late_dollars += price_late_interval(interval, list(node.closed), closed,
-                                                       price)
+        self.stats.late_dollars += price_late_interval(
+            interval, list(node.timeline.closed), closed, node.timeline.dollars_per_gpu_second)
 
-    def _advance(self, watermark: float, out_records: list[RequestRecord],
-                 out_idle: list[IdleCost]) -> None:
-        total = sum(len(node.pending) for node in self._nodes.values())
-        excess = total - self._config.max_pending_records
-        if excess > 0:
-            ends = sorted(p.interval.end for node in self._nodes.values() for p in node.pending)
-            watermark = max(watermark, ends[excess - 1])
-            self.stats.forced_closes += 1
+    def _force_if_over_capacity(self, out_records: list[RequestRecord],
+                                out_idle: list[IdleCost]) -> None:
+        """Over ``max_pending_records`` held, close the oldest ends early (counted)."""
+        excess = self._pending_total - self._config.max_pending_records
+        if excess <= 0:
+            return
+        self.stats.forced_closes += 1
+        ends = heapq.nsmallest(excess, (p.interval.end for node in self._nodes.values()
+                                        for p in node.pending.values()))
+        stop = ends[-1]
         for node in self._nodes.values():
-            self._close_node(node, watermark, out_records, out_idle, flush_all=False)
+            self._close_node(node, max(stop, self._watermark(node)), out_records, out_idle)
 
-    def _close_node(self, node: _Node, stop: float, out_records: list[RequestRecord],
-                    out_idle: list[IdleCost], flush_all: bool) -> None:
+    def _close_node(self, node: _Node, stop: float | None, out_records: list[RequestRecord],
+                    out_idle: list[IdleCost]) -> None:
+        """Close ``node``'s slices up to ``stop`` (None: all of them, at shutdown)."""
+        timeline = node.timeline
+        if stop is None:
+            result = timeline.flush()
+        elif timeline.closed_until is not None and stop < timeline.closed_until:
+            return
+        else:
+            result = timeline.advance(stop)
         ledger = node.ledger
-        start = ledger.closed_until
-        if start is None:
-            if not node.pending:
-                return
-            start = min(p.interval.prefill_start for p in node.pending)
-            ledger.window_start = start
-        if stop > start:
-            price = self._prices.gpu_price(ledger.gpu_type).dollars_per_second
-            result = close_window([p.interval for p in node.pending], start, stop,
-                                  ledger.gpu_count, price, ledger.in_model_fraction)
-            ledger.node_dollars += result.node_dollars
-            ledger.attributed_dollars += result.attributed_dollars
-            ledger.idle_dollars += result.idle_dollars
-            ledger.closed_until = stop
-            node.closed.extend(result.closed)
-            horizon = stop - self._config.late_horizon_seconds
-            while node.closed and node.closed[0].end < horizon:
-                node.closed.popleft()
-            out_idle.extend(_merge_idle(ledger.pool, result.idle_spans))
-        closed_until = ledger.closed_until
-        if closed_until is None:
-            return
-        done = [p for p in node.pending if flush_all or p.interval.end <= closed_until]
-        if not done:
-            return
-        node.pending = [p for p in node.pending if not (flush_all or
-                                                         p.interval.end <= closed_until)]
-        done.sort(key=lambda p: p.interval.prefill_start)
-        for item in done:
+        ledger.window_start = timeline.window_start
+        ledger.closed_until = timeline.closed_until
+        ledger.node_dollars += result.node_dollars
+        ledger.attributed_dollars += result.attributed_dollars
+        ledger.idle_dollars += result.idle_dollars
+        ledger.gpu_count = timeline.gpu_count
+        out_idle.extend(_merge_idle(ledger.pool, result.idle_spans))
+        for interval in result.finished:
+            item = node.pending.pop(interval.key, None)
+            if item is None:
+                continue
+            self._pending_total -= 1
             self._finish(item)
             out_records.append(item.record)
 
@@ -453,6 +457,22 @@ class CostAttributor:
         record.cache_miss_waste_dollars = self.cache.observe(
             record, iv.cost_by_phase.get(Phase.PREFILL, 0.0), item.roofline)
         record.cost_dollars = sum(t.cost_dollars for t in record.stages.values())
+
+
+def _prefill_steps(record: RequestRecord) -> float | None:
+    """Engine steps of the prefill from the record's own measured per-phase gpu_dispatch:
+    its decode phase has one step per output token after the first, which gives the
+    dispatch time of one step; the prefill's dispatch divided by it counts its chunks."""
+    timing = record.stages.get(StageId.GPU_DISPATCH)
+    if timing is None or timing.provenance is Provenance.MODELED or not timing.phases:
+        return None
+    decode = timing.phases.get(Phase.DECODE)
+    prefill = timing.phases.get(Phase.PREFILL)
+    if (decode is None or decode.seconds <= 0 or record.output_tokens < 2
+            or prefill is None or prefill.seconds <= 0):
+        return None
+    unit = decode.seconds / (record.output_tokens - 1)
+    return float(max(1, round(prefill.seconds / unit)))
 
 
 def _merge_idle(pool: str, spans: list[tuple[float, float, float]]) -> list[IdleCost]:

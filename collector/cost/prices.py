@@ -20,7 +20,6 @@ from tokenpath.config import ConfigError
 SECONDS_PER_HOUR = 3600.0
 BYTES_PER_GB = 1e9
 DEFAULT_POOL = "default"
-DEFAULT_NODE_NAME = "unknown"
 DEFAULT_GPU_TYPE = "H100-SXM"
 DEFAULT_PRICES_RESOURCE = "data/prices.yaml"
 

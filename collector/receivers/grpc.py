@@ -1,4 +1,5 @@
-"""OTLP/gRPC receiver: TraceService and MetricsService on a grpcio server.
+"""OTLP/gRPC receiver: TraceService, MetricsService and LogsService (forwarded request
+records, collector/record_logs.py) on a grpcio server.
 
 The methods are registered as generic handlers that take the raw request bytes and parse
 them here, so a malformed message answers INVALID_ARGUMENT as the OTLP spec requires
@@ -19,6 +20,7 @@ import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
@@ -28,6 +30,7 @@ from tokenpath.collector.auth import bearer_matches
 from tokenpath.collector.receivers.ingest import OtlpIngest, Overloaded, partial_success
 from tokenpath.collector.receivers.otlp_decode import (
     MalformedPayload,
+    parse_logs_request,
     parse_metrics_request,
     parse_trace_request,
 )
@@ -44,6 +47,7 @@ DEFAULT_WORKERS = 4
 DEFAULT_MAX_CONCURRENT_RPCS = 64
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 EXPORT_METHOD = "Export"
 
 
@@ -96,6 +100,18 @@ class _OtlpServices:
                                                RECEIVER)
         except MalformedPayload as exc:
             self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
+    def export_logs(self, body: bytes, context: grpc.ServicerContext
+                    ) -> ExportLogsServiceResponse:
+        try:
+            message = parse_logs_request(body, "protobuf")
+            self._ingest.admit_logs()
+            return self._ingest.export_logs(message, RECEIVER)
+        except MalformedPayload as exc:
+            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Overloaded as exc:
+            self._shed(context, exc)
 
 
 def _serialize(message: Any) -> bytes:
@@ -159,6 +175,7 @@ class GrpcReceiver:
         self._server.add_generic_rpc_handlers((
             _handler(TRACE_SERVICE, services.export_traces),
             _handler(METRICS_SERVICE, services.export_metrics),
+            _handler(LOGS_SERVICE, services.export_logs),
         ))
         self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._host = host

@@ -1,4 +1,5 @@
-"""OTLP/HTTP receiver routes: POST /v1/traces and /v1/metrics (protobuf or JSON, gzip).
+"""OTLP/HTTP receiver routes: POST /v1/traces, /v1/metrics and /v1/logs (forwarded
+request records, collector/record_logs.py), protobuf or JSON, gzip.
 
 Status codes follow the OTLP/HTTP spec: 200 with an Export*ServiceResponse (partial
 success when spans were refused), 400 with a google.rpc.Status body for malformed data,
@@ -16,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from google.protobuf import any_pb2, duration_pb2, json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
@@ -24,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from tokenpath.collector.receivers.ingest import OtlpIngest, Overloaded, partial_success
 from tokenpath.collector.receivers.otlp_decode import (
     MalformedPayload,
+    parse_logs_request,
     parse_metrics_request,
     parse_trace_request,
 )
@@ -173,5 +176,12 @@ def otlp_router(ingest: OtlpIngest, stats: CollectorStats) -> APIRouter:
     @router.post("/v1/metrics")
     async def metrics(request: Request) -> Response:
         return await handle(request, export_metrics)
+
+    def export_logs(body: bytes, kind: str) -> ExportLogsServiceResponse:
+        return ingest.export_logs(parse_logs_request(body, kind), RECEIVER)
+
+    @router.post("/v1/logs")
+    async def logs(request: Request) -> Response:
+        return await handle(request, export_logs, ingest.admit_logs)
 
     return router

@@ -9,6 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -16,6 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tokenpath.collector.limits import IngestLimits
+from tokenpath.collector.record_logs import decode_records
 from tokenpath.collector.receivers.otlp_decode import (
     DecodedSpans,
     MetricPoint,
@@ -24,6 +29,7 @@ from tokenpath.collector.receivers.otlp_decode import (
 )
 from tokenpath.collector.spans import SpanData
 from tokenpath.collector.stats import CollectorStats
+from tokenpath.records import RequestRecord
 
 DEFAULT_MAX_BUFFERED_SPANS = 2_000_000
 RETRY_AFTER_SECONDS = 2
@@ -47,6 +53,15 @@ class MetricsConsumer(Protocol):
     def consume_points(self, points: list[MetricPoint]) -> int: ...
 
 
+class RecordBatchConsumer(Protocol):
+    """The pipeline worker's side for forwarded records (records to price)."""
+
+    @property
+    def overloaded(self) -> bool: ...
+
+    def offer_records(self, records: list[RequestRecord]) -> bool: ...
+
+
 class OtlpIngest:
     def __init__(
         self,
@@ -55,18 +70,45 @@ class OtlpIngest:
         limits: IngestLimits,
         stats: CollectorStats,
         max_buffered_spans: int = DEFAULT_MAX_BUFFERED_SPANS,
+        records: RecordBatchConsumer | None = None,
     ) -> None:
         self._spans = spans
         self._metrics = metrics
+        self._records = records
         self.limits = limits
         self._stats = stats
         self._max_buffered_spans = max_buffered_spans
 
     def admit_traces(self) -> None:
-        """Raise :class:`Overloaded` when the buffer is full: receivers call this before
-        reading a body, so shedding costs no parsing."""
+        """Raise :class:`Overloaded` when the buffer is full or the pipeline behind it is
+        backed up: receivers call this before reading a body, so shedding costs no
+        parsing."""
         if self._stats.spans_buffered >= self._max_buffered_spans:
             raise Overloaded()
+        if self._records is not None and self._records.overloaded:
+            raise Overloaded()
+
+    def admit_logs(self) -> None:
+        if self._records is not None and self._records.overloaded:
+            raise Overloaded()
+
+    def export_logs(self, message: ExportLogsServiceRequest, receiver: str
+                    ) -> ExportLogsServiceResponse:
+        """Forwarded request records (collector/record_logs.py) to price here; other log
+        records are refused as partial success."""
+        decoded = decode_records(message)
+        response = ExportLogsServiceResponse()
+        if self._records is None:
+            decoded.rejected += len(decoded.records)
+            decoded.reasons.append("this collector prices no forwarded records")
+        elif decoded.records:
+            if not self._records.offer_records(decoded.records):
+                raise Overloaded()
+            self._stats.add(self._stats.records_received, receiver, len(decoded.records))
+        if decoded.rejected:
+            response.partial_success.rejected_log_records = decoded.rejected
+            response.partial_success.error_message = decoded.error_message
+        return response
 
     def export_traces(self, message: ExportTraceServiceRequest, receiver: str) -> DecodedSpans:
         self.admit_traces()

@@ -16,6 +16,7 @@ from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -304,6 +305,12 @@ def _read_events(raw_events: Any, reader: _AttributeReader, max_events: int,
 
 
 # --- metrics -----------------------------------------------------------------------------
+
+
+def parse_logs_request(body: bytes, content_type: str) -> ExportLogsServiceRequest:
+    message = ExportLogsServiceRequest()
+    _parse_into(body, content_type, message)
+    return message
 
 
 def parse_metrics_request(body: bytes, content_type: str) -> ExportMetricsServiceRequest:

@@ -26,6 +26,7 @@ def span(
     kind: int = 1,
     attributes: Attributes | None = None,
     events: list[SpanEvent] | None = None,
+    resource: Attributes | None = None,
 ) -> SpanData:
     return SpanData(
         trace_id=trace_id,
@@ -37,6 +38,7 @@ def span(
         end_unix_nano=int(end * 1e9),
         attributes=dict(attributes or {}),
         events=list(events or []),
+        resource=dict(resource or {}),
     )
 
 

@@ -31,6 +31,9 @@ def register(app: typer.Typer) -> None:
         tls_key: str | None = typer.Option(None, help="PEM private key of --tls-cert."),
         tls_client_ca: str | None = typer.Option(None, help="PEM CA: require client "
                                                  "certificates signed by it (mTLS)."),
+        forward_records: str | None = typer.Option(
+            None, help="OTLP/HTTP logs URL (.../v1/logs): export mapped records there to be "
+                       "priced (sharded collectors, docs/deploy.md) instead of pricing here."),
         log_level: str = typer.Option("info", help="Logging level."),
     ) -> None:
         """Run the collector until interrupted (SIGINT/SIGTERM flush and exit cleanly)."""
@@ -43,7 +46,8 @@ def register(app: typer.Typer) -> None:
             cfg = CollectorConfig.from_sources(
                 http=http, grpc=grpc, store=store, prices=prices,
                 auth_token=auth_token(auth_token_file), tls_cert=tls_cert, tls_key=tls_key,
-                tls_client_ca=tls_client_ca, file=load_config_file(config),
+                tls_client_ca=tls_client_ca, forward_records=forward_records,
+                file=load_config_file(config),
             )
             if cfg.store_path != ":memory:":
                 Path(cfg.store_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +57,9 @@ def register(app: typer.Typer) -> None:
             fail(str(exc))
         console.print(f"tokenpath collector: OTLP/HTTP, API and UI on {service.http_url}"
                       + (f", OTLP/gRPC on {service.grpc_endpoint}" if service.grpc else "")
-                      + f"; store {cfg.store_path}", highlight=False)
+                      + f"; store {cfg.store_path}"
+                      + (f"; forwarding records to {cfg.forward_records}"
+                         if cfg.forward_records else ""), highlight=False)
         stop = threading.Event()
 
         def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -218,29 +218,6 @@ def test_node_inventory_charges_unused_gpus_as_idle() -> None:
     assert {i.pool for i in sink.idle} == {"prod"}
 
 
-def test_background_ticker_flushes_without_new_traffic() -> None:
-    import threading
-
-    sink = RecordingSink()
-    clock = FakeClock(0.0)
-    cost = CostAttributor(sink, PRICES, clock=clock,
-                          config=AttributorConfig(min_delay_seconds=0, max_delay_seconds=0,
-                                                  tick_seconds=0.01))
-    delivered = threading.Event()
-    original = sink.consume_record
-
-    def consume(record):  # type: ignore[no-untyped-def]
-        original(record)
-        delivered.set()
-
-    sink.consume_record = consume  # type: ignore[method-assign]
-    cost.start()
-    cost.consume_record(engine_record(0, 0.0, 0.1, 0.9))
-    clock.now = 5.0
-    assert delivered.wait(timeout=10)
-    cost.shutdown()
-
-
 def test_engine_step_gaps_reported_out_of_model_become_idle() -> None:
     """An engine that reports in-model time below its wall time (a simulated engine summing
     its step times) leaves the GPU idle between steps: that share is idle, not charged."""

@@ -1,0 +1,168 @@
+"""The one serialized stage after the assembler: mapping, pricing and the sinks.
+
+The assembler (its own thread, and receiver threads when they evict a trace), the
+record-log receiver (records forwarded by other replicas) and a periodic tick all feed one
+bounded queue; one worker thread drains it through the stage mapper, the cost attributor
+(or the record forwarder) and the sinks. Everything downstream of the queue therefore runs
+on a single thread: the attributor holds no lock, and the Prometheus sink's counters,
+written by that thread alone, never lose an update.
+
+Backpressure: the assembler waits while the queue is full (it holds no lock then), and
+the receivers answer 429 / RESOURCE_EXHAUSTED while the queue is over its high-water mark
+(``overloaded``), so the queue never grows without bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from tokenpath.collector.assembler import AssembledTrace, TraceConsumer
+from tokenpath.collector.stats import CollectorStats
+from tokenpath.config import ConfigError
+from tokenpath.records import RequestRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_QUEUE_SIZE = 20_000  # assembled traces or record batches
+HIGH_WATER_FRACTION = 0.5  # receivers shed load past this share of the queue
+
+
+class Ticking(Protocol):
+    @property
+    def tick_seconds(self) -> float: ...
+
+    def tick(self) -> None: ...
+
+
+class RecordConsumer(Protocol):
+    def consume_record(self, record: RequestRecord) -> None: ...
+
+
+_STOP = object()
+
+
+class PipelineWorker:
+    """TraceConsumer for the assembler; runs ``traces`` (the mapper, whose downstream is
+    the attributor or the forwarder), ``records`` (forwarded records to price) and
+    ``ticker.tick()`` on one thread."""
+
+    def __init__(self, traces: TraceConsumer, records: RecordConsumer | None,
+                 ticker: Ticking | None, stats: CollectorStats | None = None,
+                 queue_size: int = DEFAULT_QUEUE_SIZE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if queue_size < 1:
+            raise ConfigError("pipeline.queue_size", "must be >= 1")
+        self._traces = traces
+        self._records = records
+        self._ticker = ticker
+        self._stats = stats or CollectorStats()
+        self._queue: queue.Queue[object] = queue.Queue(queue_size)
+        self._high_water = max(1, int(queue_size * HIGH_WATER_FRACTION))
+        self._clock = clock
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # --- feeding -------------------------------------------------------------------------
+
+    def consume_trace(self, trace: AssembledTrace) -> None:
+        """From the assembler: waits while the queue is full (backpressure)."""
+        if self._thread is None:
+            self._run_trace(trace)
+            return
+        self._queue.put(trace)
+
+    def offer_records(self, records: list[RequestRecord]) -> bool:
+        """From the record-log receiver: False (nothing taken) while overloaded."""
+        if self._records is None:
+            raise RuntimeError("this collector does not price forwarded records")
+        if self._thread is None:
+            self._run_records(records)
+            return True
+        if self.overloaded:
+            return False
+        self._queue.put(records)
+        return True
+
+    @property
+    def overloaded(self) -> bool:
+        return self._queue.qsize() >= self._high_water
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="tokenpath-pipeline",
+                                        daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Drain the queue, stop the worker, then shut downstream (which flushes).
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join()
+        self._traces.shutdown()
+
+    # --- the worker ----------------------------------------------------------------------
+
+    def _tick_interval(self) -> float | None:
+        if self._ticker is None or self._ticker.tick_seconds <= 0:
+            return None
+        return self._ticker.tick_seconds
+
+    def _run(self) -> None:
+        interval = self._tick_interval()
+        next_tick = self._clock() + interval if interval is not None else None
+        while True:
+            timeout = None if next_tick is None else max(0.0, next_tick - self._clock())
+            try:
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                return
+            if isinstance(item, AssembledTrace):
+                self._run_trace(item)
+            elif isinstance(item, list):
+                self._run_records(item)
+            if next_tick is not None and interval is not None and self._clock() >= next_tick:
+                self._tick()
+                next_tick = self._clock() + interval
+            self._stats.pipeline_queue_depth = self._queue.qsize()
+
+    def _run_trace(self, trace: AssembledTrace) -> None:
+        try:
+            self._traces.consume_trace(trace)
+        except Exception:
+            log.exception("pipeline: trace %s failed downstream", trace.trace_id)
+            self._stats.add(self._stats.traces_evicted, "downstream_error")
+
+    def _run_records(self, records: list[RequestRecord]) -> None:
+        assert self._records is not None
+        for record in records:
+            try:
+                self._records.consume_record(record)
+            except Exception:
+                log.exception("pipeline: forwarded record %s failed downstream",
+                              record.trace_id)
+                self._stats.add(self._stats.traces_evicted, "downstream_error")
+
+    def _tick(self) -> None:
+        assert self._ticker is not None
+        try:
+            self._ticker.tick()
+        except Exception:  # a failing sink must not kill the worker
+            log.exception("pipeline: tick failed")

@@ -1,0 +1,105 @@
+"""The serialized stage after the assembler (collector/pipeline_worker.py): one thread
+maps, prices and writes the sinks; ticks close slices without traffic; producers on
+several threads never lose a counter update."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.collector.cost.helpers import FakeClock, RecordingSink, engine_record
+from tests.fakes.spans import new_trace_id, span
+from tokenpath import attributes as A
+from tokenpath.collector.assembler import AssembledTrace, Assembler, AssemblerConfig
+from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
+from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.collector.mapping import StageMapper
+from tokenpath.collector.pipeline_worker import PipelineWorker
+from tokenpath.collector.prometheus_sink import PrometheusSink
+from tokenpath.collector.spans import SPAN_KIND_SERVER
+from tokenpath.collector.stats import CollectorStats
+from tokenpath import metric_names as M
+from tokenpath.pipeline import FanOut
+
+PRICES = load_price_sheet()
+
+
+def test_the_worker_ticks_the_attributor_without_new_traffic() -> None:
+    sink = RecordingSink()
+    clock = FakeClock(0.0)
+    cost = CostAttributor(sink, PRICES, clock=clock,
+                          config=AttributorConfig(min_delay_seconds=0, max_delay_seconds=0,
+                                                  tick_seconds=0.01))
+    delivered = threading.Event()
+    original = sink.consume_record
+
+    def consume(record):  # type: ignore[no-untyped-def]
+        original(record)
+        delivered.set()
+
+    sink.consume_record = consume  # type: ignore[method-assign]
+    worker = PipelineWorker(StageMapper(cost), cost, cost)
+    worker.start()
+    assert worker.offer_records([engine_record(0, 0.0, 0.1, 0.9)])
+    clock.now = 5.0
+    assert delivered.wait(timeout=30)
+    worker.shutdown()
+    assert sink.shutdowns == 1
+
+
+def _engine_trace(index: int, rng: random.Random) -> AssembledTrace:
+    tid = new_trace_id()
+    start = 1_000.0 + index * 0.01
+    attributes = {
+        A.GEN_AI_REQUEST_MODEL: "llama-3.1-8b",
+        A.VLLM_USAGE_PROMPT_TOKENS: rng.randint(10, 2000),
+        A.VLLM_USAGE_COMPLETION_TOKENS: 7,
+        A.VLLM_LATENCY_TIME_IN_QUEUE: 0.001,
+        A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL: 0.02,
+        A.VLLM_LATENCY_TIME_IN_MODEL_DECODE: 0.3,
+    }
+    engine = span(tid, A.VLLM_REQUEST_SPAN_NAME, kind=SPAN_KIND_SERVER, start=start,
+                  end=start + 0.33, attributes=attributes,
+                  resource={A.SERVICE_INSTANCE_ID: f"engine-{index % 3}"})
+    return AssembledTrace(tid, [engine], True, [])
+
+
+def test_producers_on_many_threads_lose_no_counter_update() -> None:
+    """Eight threads push spans into an assembler that evicts on capacity (so records are
+    emitted from the producers' threads), while its own thread and the pricing tick run:
+    every request and every output token is counted exactly once on /metrics."""
+    producers, per_producer = 8, 400
+    stats = CollectorStats()
+    prometheus = PrometheusSink(stats=stats)
+    cost = CostAttributor(FanOut([prometheus]), PRICES,
+                          config=AttributorConfig(min_delay_seconds=0, max_delay_seconds=0,
+                                                  tick_seconds=0.001))
+    worker = PipelineWorker(StageMapper(cost, stats), cost, cost, stats, queue_size=64)
+    assembler = Assembler(worker, AssemblerConfig(max_traces=16, root_grace_seconds=0,
+                                                  tick_seconds=0.001), stats)
+    worker.start()
+    assembler.start()
+    barrier = threading.Barrier(producers)
+
+    def produce(seed: int) -> None:
+        rng = random.Random(seed)
+        barrier.wait()
+        for i in range(per_producer):
+            trace = _engine_trace(seed * per_producer + i, rng)
+            assembler.consume_spans(trace.spans)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(producers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assembler.shutdown()  # flushes through the worker, which shuts the attributor
+    total = producers * per_producer
+    samples = [sample for family in text_string_to_metric_families(prometheus.render())
+               for sample in family.samples]
+    assert sum(s.value for s in samples if s.name == M.REQUESTS.series) == total
+    assert sum(s.value for s in samples if s.name == M.TOKENS.series
+               and s.labels[M.LABEL_KIND] == M.TOKEN_KIND_OUTPUT) == total * 7
+    assert cost.stats.records_out == total
