@@ -103,6 +103,10 @@ TARGETS = (
     Target("attribution", "median error vs ground truth", ("median_rel_error",), "<=", 0.05),
     Target("attribution", "error vs naive wall-clock error", ("error_ratio_to_naive",),
            "<=", 0.1, "x"),
+    Target("attribution", "attribution CPU/request, 1,024 vs 16 in flight",
+           ("in_flight", "ratio_1024_to_16"), "<=", 1.5, "x",
+           beside=(("at 16", ("in_flight", "cpu_us_per_request_16"), "µs"),
+                   ("at 1,024", ("in_flight", "cpu_us_per_request_1024"), "µs"))),
 )
 
 

@@ -14,6 +14,7 @@ forwarded log.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -48,10 +49,8 @@ def _log_record(record: RequestRecord) -> LogRecord:
     log = LogRecord(time_unix_nano=int(record.end_unix * 1e9), event_name=RECORD_EVENT_NAME,
                     body=AnyValue(string_value=body))
     log.attributes.append(_kv(RECORD_SCHEMA_ATTRIBUTE, RECORD_SCHEMA_VERSION))
-    try:
+    with contextlib.suppress(ValueError):  # 32 hex; anything else stays in the body alone
         log.trace_id = bytes.fromhex(record.trace_id)
-    except ValueError:
-        pass  # a record's trace id is 32 hex; anything else stays in the body alone
     return log
 
 

@@ -20,13 +20,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tokenpath.collector.limits import IngestLimits
-from tokenpath.collector.record_logs import decode_records
 from tokenpath.collector.receivers.otlp_decode import (
     DecodedSpans,
     MetricPoint,
     decode_metrics,
     decode_traces,
 )
+from tokenpath.collector.record_logs import decode_records
 from tokenpath.collector.spans import SpanData
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.records import RequestRecord

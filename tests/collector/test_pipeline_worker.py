@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.collector.cost.helpers import FakeClock, RecordingSink, engine_record
 from tests.fakes.spans import new_trace_id, span
 from tokenpath import attributes as A
+from tokenpath import metric_names as M
 from tokenpath.collector.assembler import AssembledTrace, Assembler, AssemblerConfig
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
 from tokenpath.collector.cost.prices import load_price_sheet
@@ -20,7 +21,6 @@ from tokenpath.collector.pipeline_worker import PipelineWorker
 from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.collector.spans import SPAN_KIND_SERVER
 from tokenpath.collector.stats import CollectorStats
-from tokenpath import metric_names as M
 from tokenpath.pipeline import FanOut
 
 PRICES = load_price_sheet()

@@ -78,19 +78,29 @@ def export_spans(http_url: str, spans: list[Span]) -> None:
 class CollectorProcess:
     """`tokenpath collector` as a subprocess on a free loopback port (gRPC off)."""
 
-    def __init__(self, workdir: Path, name: str) -> None:
+    def __init__(self, workdir: Path, name: str, *, settings: dict[str, object] | None = None,
+                 extra_args: tuple[str, ...] = (), start: bool = True) -> None:
         self.http_url = f"http://127.0.0.1:{free_port()}"
         config = workdir / f"{name}.yaml"
         config.write_text(yaml.safe_dump({"assembler": {"root_grace_seconds": 0.2,
-                                                        "tick_seconds": 0.05}}), "utf-8")
+                                                        "tick_seconds": 0.05},
+                                          **(settings or {})}), "utf-8")
         self.log = workdir / f"{name}.log"
-        argv = [sys.executable, "-m", "tokenpath.cli.main", "collector", "--grpc", "off",
-                "--http", self.http_url.removeprefix("http://"),
-                "--store", str(workdir / f"{name}.db"), "--config", str(config)]
+        self.store = workdir / f"{name}.db"
+        self._argv = [sys.executable, "-m", "tokenpath.cli.main", "collector", "--grpc", "off",
+                      "--http", self.http_url.removeprefix("http://"),
+                      "--store", str(self.store), "--config", str(config), *extra_args]
+        self.process: subprocess.Popen[bytes] | None = None
+        if start:
+            self.start()
+
+    def start(self, extra_args: tuple[str, ...] = ()) -> None:
+        argv = [*self._argv, *extra_args]
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 
     def wait_ready(self) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text(errors="replace")
@@ -102,7 +112,7 @@ class CollectorProcess:
         raise AssertionError(f"collector not ready: {self.log.read_text(errors='replace')}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(timeout=15)

@@ -197,3 +197,21 @@ def engine_traffic(now: float, per_engine: int = 100, rps: float = 30.0,
     window = (min(r.prefill_start_unix or 0.0 for t in timelines for r in t),
               max(r.engine_end_unix or 0.0 for t in timelines for r in t))
     return EngineTraffic(encode_spans(spans), ids, window, len(timelines))
+
+
+def burst_traffic(now: float, count: int, seed: int = 5) -> ExportTraceServiceRequest:
+    """``count`` requests on one vLLM engine, all in flight together: scheduled within
+    two seconds, decoding for about ten, done a second before ``now``."""
+    rng = random.Random(seed)
+    engine = _Exporter.make({"service.name": "vllm", A.SERVICE_INSTANCE_ID: "vllm-burst"},
+                            rng)
+    for i in range(count):
+        start = now - 13.0 + 2.0 * i / count
+        decode_start = start + rng.uniform(0.05, 0.3)
+        end = now - 1.0 - rng.uniform(0.0, 0.5)
+        record = RequestRecord(
+            trace_id=rng.randbytes(16).hex(), model=MODEL, input_tokens=rng.randint(64, 4096),
+            output_tokens=rng.randint(100, 600), queue_seconds=0.01,
+            prefill_start_unix=start, decode_start_unix=decode_start, engine_end_unix=end)
+        _vllm_span(engine, record, None)
+    return encode_spans(engine.spans())

@@ -1,101 +1,168 @@
-"""Scale-out: three `tokenpath collector` processes fed spans routed by trace id (as the
-loadbalancing exporter routes them) expose metrics that sum to one collector's on the same
-input."""
+"""Scale-out, priced exactly: three `tokenpath collector` processes behind a router that
+does what the OpenTelemetry Collector's loadbalancing exporter does (spans by trace id,
+record logs by their resource), each forwarding its mapped records (--forward-records),
+price the same engine traffic to the dollar of one collector: overlapping engine
+timelines at real batch sizes, from two vLLM engines known only by their resource and the
+demo's engine (tests/deploy/engine_traffic.py)."""
 
 from __future__ import annotations
 
-import random
+import math
+import sqlite3
 import time
 import urllib.request
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.dashboards.otlp_workload import CollectorProcess, export_spans, request_trace
+from tests.dashboards.otlp_workload import CollectorProcess
+from tests.deploy.engine_traffic import engine_traffic
 from tests.deploy.hash_ring import HashRing
+from tests.deploy.router import LoadBalancingRouter
 from tokenpath import metric_names as mn
-from tokenpath.stages import STAGES
+from tokenpath.collector.store import decode_body
+from tokenpath.records import RequestRecord
 
 pytestmark = pytest.mark.integration
 
-TRACES = 90
 SHARDS = 3
-MODELS = ("model-a", "model-b")
-START_UNIX_NANO = 1_700_000_000_000_000_000
-SETTLE_TIMEOUT_SECONDS = 60.0
-REQUEST_METRIC_NAMES = {spec.name for spec in mn.COLLECTOR_METRICS}
+PER_ENGINE = 100
+MIN_PEAK_IN_FLIGHT = 32
+SETTLE_TIMEOUT_SECONDS = 180.0
+# Every record of the burst reaches its pricing collector before its slices close: the
+# burst is sent at once, so a slice waits out the whole timeline, not one request's lag.
+PRICING = {"cost": {"min_delay_seconds": 20}}
 
 
-def _request_samples(http_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def _samples(http_url: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{http_url}/metrics", timeout=10) as response:
         text = response.read().decode()
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name not in REQUEST_METRIC_NAMES:
-            continue
         for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
 
 
-def _requests_seen(http_url: str) -> float:
-    return sum(v for (name, _), v in _request_samples(http_url).items()
-               if name == mn.REQUESTS.series)
+def _post(url: str, body: bytes) -> None:
+    request = urllib.request.Request(url, data=body,
+                                     headers={"Content-Type": "application/x-protobuf"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
+
+
+def _stored(store: Path) -> tuple[dict[str, RequestRecord], list[tuple[float, float, float]]]:
+    db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    try:
+        records = {r.trace_id: r for r in (
+            RequestRecord.from_json(decode_body(body))
+            for (body,) in db.execute("SELECT body FROM requests"))}
+        idle = [tuple(row) for row in db.execute(
+            "SELECT start_unix, end_unix, dollars FROM idle_cost")]
+    finally:
+        db.close()
+    return records, idle  # type: ignore[return-value]
+
+
+def _peak_in_flight(records: list[RequestRecord]) -> int:
+    events = sorted([(r.prefill_start_unix or 0.0, 1) for r in records]
+                    + [(r.engine_end_unix or 0.0, -1) for r in records])
+    peak = running = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def _idle_within(idle: list[tuple[float, float, float]], start: float, end: float) -> float:
+    """Idle dollars of the traffic's window: a slice past its end (idle time that grows
+    with the clock, at a rate that does not depend on who prices it) counted pro rata."""
+    total = 0.0
+    for a, b, dollars in idle:
+        overlap = min(b, end) - max(a, start)
+        if overlap > 0 and b > a:
+            total += dollars * overlap / (b - a)
+    return total
 
 
 @pytest.fixture
-def collectors(tmp_path: Path) -> Iterator[list[CollectorProcess]]:
-    processes = [CollectorProcess(tmp_path, f"collector-{i}") for i in range(SHARDS + 1)]
+def cluster(tmp_path: Path) -> Iterator[tuple[CollectorProcess, list[CollectorProcess],
+                                               LoadBalancingRouter]]:
+    single = CollectorProcess(tmp_path, "single", settings=PRICING)
+    shards = [CollectorProcess(tmp_path, f"replica-{i}", settings=PRICING, start=False)
+              for i in range(SHARDS)]
+    router = LoadBalancingRouter([s.http_url for s in shards])
+    router.start()
     try:
-        for process in processes:
+        for shard in shards:
+            shard.start(("--forward-records", f"{router.url}/v1/logs"))
+        for process in (single, *shards):
             process.wait_ready()
-        yield processes
+        yield single, shards, router
     finally:
-        for process in processes:
+        for process in (single, *shards):
             process.stop()
+        router.stop()
 
 
-def test_three_sharded_collectors_sum_to_one(collectors: list[CollectorProcess]) -> None:
-    single, shards = collectors[0], collectors[1:]
-    ring = HashRing([f"collector-{i}:4317" for i in range(len(shards))])
-    endpoint_index = {f"collector-{i}:4317": i for i in range(len(shards))}
-    rng = random.Random(7)
-    routed: dict[int, list[Span]] = defaultdict(list)
-    everything: list[Span] = []
-    for index in range(TRACES):
-        trace_id, spans = request_trace(rng, MODELS[index % len(MODELS)],
-                                        START_UNIX_NANO + index * 10_000_000)
-        routed[endpoint_index[ring.endpoint_for(trace_id)]].extend(spans)
-        everything.extend(spans)
-    assert len(routed) == len(shards) and all(routed.values())
-    export_spans(single.http_url, everything)
-    for index, spans in routed.items():
-        export_spans(shards[index].http_url, spans)
+def test_three_forwarding_collectors_price_like_one(
+        cluster: tuple[CollectorProcess, list[CollectorProcess], LoadBalancingRouter]) -> None:
+    single, shards, router = cluster
+    traffic = engine_traffic(time.time(), per_engine=PER_ENGINE)
+    total = len(traffic.trace_ids)
+    body = traffic.request.SerializeToString()
+    _post(f"{single.http_url}/v1/traces", body)
+    _post(f"{router.url}/v1/traces", body)
 
+    requests = mn.REQUESTS.series
     deadline = time.monotonic() + SETTLE_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        if (_requests_seen(single.http_url) == TRACES
-                and sum(_requests_seen(s.http_url) for s in shards) == TRACES):
+        if (_samples(single.http_url).get(requests) == total
+                and sum(_samples(s.http_url).get(requests, 0.0) for s in shards) == total):
             break
-        time.sleep(0.2)
-    expected = _request_samples(single.http_url)
-    assert sum(v for (n, _), v in expected.items() if n == mn.REQUESTS.series) == TRACES
-    summed: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
+        time.sleep(0.5)
+    late = mn.RECORDS_LATE.series
+    assert _samples(single.http_url).get(late) == 0
+    assert all(_samples(s.http_url).get(late) == 0 for s in shards)
+    forwarded = sum(_samples(s.http_url).get(mn.RECORDS_FORWARDED.series, 0.0)
+                    for s in shards)
+    assert forwarded == total
+    # the pricing work is spread: records of one unit land on one replica, units differ
+    assert len(router.logs_routed) >= 2, router.logs_routed
+
+    for process in (single, *shards):
+        process.stop()  # flush; the stores then hold everything
+    alone, alone_idle = _stored(single.store)
+    sharded: dict[str, RequestRecord] = {}
+    sharded_idle: list[tuple[float, float, float]] = []
     for shard in shards:
-        for key, value in _request_samples(shard.http_url).items():
-            summed[key] += value
-    assert set(summed) == set(expected)
-    for key, value in expected.items():
-        assert summed[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
-    stage_series = mn.STAGE_DURATION.series + mn.HISTOGRAM_COUNT_SUFFIX
-    assert {dict(labels)[mn.LABEL_STAGE] for (name, labels) in expected
-            if name == stage_series} == {stage.id.value for stage in STAGES}
+        records, idle = _stored(shard.store)
+        assert not set(records) & set(sharded)  # priced once, on one replica
+        sharded.update(records)
+        sharded_idle.extend(idle)
+    assert set(alone) == set(sharded) == set(traffic.trace_ids)
+
+    # the hard path was exercised: GPU dollars on every record, three engines told apart
+    # by what they sent, each with dozens of requests in flight at once
+    assert all(r.gpu_cost_dollars > 0 for r in alone.values())
+    units = {r.node or r.engine_id for r in alone.values()}
+    assert len(units) == 3 and "gpu-node-1" in units
+    for unit in units:
+        assert _peak_in_flight([r for r in alone.values()
+                                if (r.node or r.engine_id) == unit]) >= MIN_PEAK_IN_FLIGHT
+    for trace_id, record in alone.items():
+        assert math.isclose(sharded[trace_id].gpu_cost_dollars, record.gpu_cost_dollars,
+                            rel_tol=1e-6), trace_id
+    gpu_alone = sum(r.gpu_cost_dollars for r in alone.values())
+    gpu_sharded = sum(r.gpu_cost_dollars for r in sharded.values())
+    start, end = traffic.window
+    idle_alone = _idle_within(alone_idle, start, end)
+    idle_sharded = _idle_within(sharded_idle, start, end)
+    assert idle_alone > 0
+    assert math.isclose(gpu_sharded + idle_sharded, gpu_alone + idle_alone, rel_tol=1e-6)
+    assert math.isclose(idle_sharded, idle_alone, rel_tol=1e-6)
 
 
 def test_a_vllm_annotation_naming_its_trace_is_routed_with_its_request() -> None:
