@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenpath.identity import pricing_unit
 from tokenpath.records import RequestRecord
 from tokenpath.stages import STAGES, Phase, Provenance, StageId
 
@@ -101,6 +102,9 @@ class Report:
     long_context_share_of_cost: float | None
     models: list[str]
     simulated: bool
+    # Pricing units (nodes, else engines) with no inventory entry in the price sheet:
+    # priced as their engines' tensor-parallel GPUs of the default GPU type.
+    units_without_inventory: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -130,6 +134,7 @@ class Report:
             "long_context_share_of_cost": self.long_context_share_of_cost,
             "models": self.models,
             "simulated": self.simulated,
+            "units_without_inventory": self.units_without_inventory,
         }
 
 
@@ -201,4 +206,6 @@ def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.
         long_context_share_of_cost=long_context_cost / cost if cost > 0 else None,
         models=sorted({r.model for r in records}),
         simulated=any(r.simulated for r in records),
+        units_without_inventory=sorted({pricing_unit(r.node, r.engine_id) for r in records
+                                        if r.gpu_inventory is False}),
     )

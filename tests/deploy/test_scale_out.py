@@ -7,12 +7,16 @@ demo's engine (tests/deploy/engine_traffic.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -44,6 +48,14 @@ def _samples(http_url: str) -> dict[str, float]:
         for sample in family.samples:
             out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
+
+
+def _report(collectors: str) -> dict[str, Any]:
+    """`tokenpath report --collector URL[,URL...] --format json`, as a user runs it."""
+    done = subprocess.run([sys.executable, "-m", "tokenpath.cli.main", "report", "--collector",
+                           collectors, "--format", "json"], capture_output=True, text=True,
+                          timeout=120, check=True)
+    return dict(json.loads(done.stdout))
 
 
 def _post(url: str, body: bytes) -> None:
@@ -131,6 +143,13 @@ def test_three_forwarding_collectors_price_like_one(
     assert forwarded == total
     # the pricing work is spread: records of one unit land on one replica, units differ
     assert len(router.logs_routed) >= 2, router.logs_routed
+
+    merged = _report(",".join(s.http_url for s in shards))
+    alone_report = _report(single.http_url)
+    assert merged["requests"] == alone_report["requests"] == total
+    assert math.isclose(merged["cost_dollars"], alone_report["cost_dollars"], rel_tol=1e-6)
+    # none of these engines is in the price sheet's inventory, and the report says so
+    assert len(merged["units_without_inventory"]) == 3
 
     for process in (single, *shards):
         process.stop()  # flush; the stores then hold everything

@@ -19,20 +19,26 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Source:
+    """``collector`` may name several replicas, comma-separated: their records are merged
+    (each record lives on the one replica that priced it) and their idle cost summed."""
+
     store: str | None
     collector: str | None
 
-    def _get(self, path: str, params: dict[str, Any]) -> Any:
-        assert self.collector is not None
+    @property
+    def collectors(self) -> list[str]:
+        return [u.strip() for u in (self.collector or "").split(",") if u.strip()]
+
+    def _get(self, base: str, path: str, params: dict[str, Any]) -> Any:
         headers = {}
         token = auth_token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        url = self.collector.rstrip("/") + path
+        url = base.rstrip("/") + path
         try:
             response = httpx.get(url, params=params, headers=headers, timeout=30)
         except httpx.HTTPError as exc:
-            fail(f"--collector: cannot reach {self.collector}: {exc}")
+            fail(f"--collector: cannot reach {base}: {exc}")
         if response.status_code == 401:
             fail("--collector: unauthorized (set TOKENPATH_AUTH_TOKEN)")
         if response.status_code != 200:
@@ -42,15 +48,22 @@ class Source:
     def records(self, limit: int | None, since: str | None) -> list[RequestRecord]:
         """The newest ``limit`` records (all with ``None``), from the store or, page by
         page, from the collector."""
-        if self.collector:
-            return [RequestRecord.from_json(r) for r in self._collector_records(limit, since)]
+        if self.collectors:
+            merged: dict[str, dict[str, Any]] = {}
+            for base in self.collectors:
+                for r in self._collector_records(base, limit, since):
+                    merged.setdefault(r["trace_id"], r)
+            newest = sorted(merged.values(), key=lambda r: r.get("end_unix") or 0.0,
+                            reverse=True)
+            return [RequestRecord.from_json(r) for r in
+                    (newest if limit is None else newest[:limit])]
         store = self._open()
         try:
             return store.records(limit=limit, since_unix=_since_unix(since))
         finally:
             store.shutdown()
 
-    def _collector_records(self, limit: int | None, since: str | None
+    def _collector_records(self, base: str, limit: int | None, since: str | None
                            ) -> list[dict[str, Any]]:
         """Pages of at most MAX_API_LIMIT, each of records that ended at or before the
         oldest of the page before (``until``); records seen twice at a page boundary
@@ -64,7 +77,7 @@ class Source:
             # One more than still wanted after the first page: the boundary record again.
             wanted = MAX_API_LIMIT if limit is None else limit - len(out) + (1 if out else 0)
             params["limit"] = min(MAX_API_LIMIT, wanted)
-            page = self._get("/api/requests", params)
+            page = self._get(base, "/api/requests", params)
             fresh = [r for r in page if r["trace_id"] not in seen]
             seen.update(r["trace_id"] for r in fresh)
             out.extend(fresh)
@@ -76,9 +89,9 @@ class Source:
         return out if limit is None else out[:limit]
 
     def idle_cost(self, since: str | None) -> float:
-        if self.collector:
-            return float(self._get("/api/summary", {"since": since} if since else {})
-                         .get("idle_cost_dollars") or 0.0)
+        if self.collectors:
+            return sum(float(self._get(base, "/api/summary", {"since": since} if since else {})
+                             .get("idle_cost_dollars") or 0.0) for base in self.collectors)
         store = self._open()
         try:
             return store.idle_cost_dollars(_since_unix(since))

@@ -19,7 +19,8 @@ class OutputFormat(StrEnum):
 
 
 STORE_HELP = "Store path (default $TOKENPATH_STORE or ~/.local/share/tokenpath/store.db)."
-COLLECTOR_HELP = "Read from a running collector instead, e.g. http://127.0.0.1:4318."
+COLLECTOR_HELP = ("Read from a running collector instead, e.g. http://127.0.0.1:4318; "
+                  "several replicas, comma-separated, are merged.")
 
 
 def register(app: typer.Typer) -> None:

@@ -78,6 +78,12 @@ def render_report(report: Report, console: Console) -> None:
                   f"{_usd(report.long_context_cost_dollars)} "
                   f"({_pct(report.long_context_share_of_cost)} of cost; attention is O(n^2))")
     facts.add_row("leak 3: small-packet share of streamed chunks", _pct(report.small_packet_share))
+    if report.units_without_inventory:
+        units = report.units_without_inventory
+        shown = ", ".join(units[:5]) + (f" and {len(units) - 5} more" if len(units) > 5 else "")
+        facts.add_row("GPUs assumed (no inventory entry)",
+                      Text(f"{len(units)} units priced as their engines' tensor-parallel GPUs "
+                           f"of the default GPU type: {shown}"))
     console.print(facts)
 
 
