@@ -115,6 +115,7 @@ def decode_records(request: ExportLogsServiceRequest) -> DecodedRecords:
                     if not isinstance(data, dict):
                         raise TypeError("not an object")
                     out.records.append(RequestRecord.from_json(data))
-                except (orjson.JSONDecodeError, TypeError, ValueError, KeyError) as exc:
+                except (orjson.JSONDecodeError, TypeError, ValueError, KeyError,
+                        AttributeError) as exc:
                     out.reject(f"malformed record body: {exc}")
     return out

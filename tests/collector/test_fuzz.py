@@ -245,3 +245,22 @@ def test_grpc(channel: grpc.Channel, request: ExportTraceServiceRequest,
     _check_grpc(channel, data.draw(mutated_bytes(body)))
     _check_grpc(channel, random)
     _check_grpc(channel, random, METRICS_SERVICE)
+
+
+def _record_logs_body(draw_records: list[int]) -> bytes:
+    from tests.collector.cost.helpers import engine_record
+    from tokenpath.collector.record_logs import encode_records
+
+    records = [engine_record(i, 1e9 + i, 0.1, float(n % 5)) for i, n in enumerate(draw_records)]
+    return encode_records(records).SerializeToString()
+
+
+@FUZZ
+@given(sizes=st.lists(st.integers(0, 50), min_size=1, max_size=5), data=st.data())
+def test_http_record_logs(client: TestClient, sizes: list[int], data: st.DataObject) -> None:
+    """Forwarded record logs, whole and mutated: 200 (priced or refused as partial
+    success) or 400 with a Status, never a 500 or a crash downstream."""
+    body = _record_logs_body(sizes)
+    for payload in (body, data.draw(mutated_bytes(body))):
+        response = client.post("/v1/logs", content=payload, headers=PROTOBUF_HEADERS)
+        assert response.status_code in (200, 400), response.text

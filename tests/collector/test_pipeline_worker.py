@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.collector.conftest import wait_for
 from tests.collector.cost.helpers import FakeClock, RecordingSink, engine_record
 from tests.fakes.spans import new_trace_id, span
 from tokenpath import attributes as A
@@ -103,3 +105,51 @@ def test_producers_on_many_threads_lose_no_counter_update() -> None:
     assert sum(s.value for s in samples if s.name == M.TOKENS.series
                and s.labels[M.LABEL_KIND] == M.TOKEN_KIND_OUTPUT) == total * 7
     assert cost.stats.records_out == total
+
+
+class _Blocked:
+    """A mapper stand-in that holds the worker until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.seen = 0
+
+    def consume_trace(self, trace: AssembledTrace) -> None:
+        self.release.wait(30)
+        self.seen += 1
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_backed_up_worker_sheds_load_at_the_receivers() -> None:
+    from tokenpath.collector.limits import IngestLimits
+    from tokenpath.collector.node_metrics import NodeMetricsState
+    from tokenpath.collector.receivers.ingest import OtlpIngest, Overloaded
+
+    blocked = _Blocked()
+    stats = CollectorStats()
+    worker = PipelineWorker(blocked, RecordingSink(), None, stats, queue_size=4)
+    ingest = OtlpIngest(Assembler(worker), NodeMetricsState(), IngestLimits(), stats,
+                        records=worker)
+    worker.start()
+    rng = random.Random(3)
+    for i in range(3):  # one held by the worker, two queued: the high-water mark
+        worker.consume_trace(_engine_trace(i, rng))
+    wait_for_condition(lambda: worker.overloaded)
+    try:
+        ingest.admit_traces()
+    except Overloaded as exc:
+        assert exc.retry_after > 0
+    else:
+        raise AssertionError("admitted while the pipeline is backed up")
+    assert not worker.offer_records([])  # forwarded records are refused too
+    blocked.release.set()
+    wait_for_condition(lambda: not worker.overloaded)
+    ingest.admit_traces()
+    worker.shutdown()
+    assert blocked.seen == 3
+
+
+def wait_for_condition(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    wait_for(predicate, timeout)
