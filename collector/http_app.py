@@ -96,6 +96,7 @@ def build_app(
     stats: CollectorStats,
     prices: PriceSheet,
     auth_token: str | None = None,
+    forward_records: str | None = None,
 ) -> FastAPI:
     app = FastAPI(title="tokenpath collector", docs_url=None, redoc_url=None,
                   openapi_url="/api/openapi.json")
@@ -131,7 +132,9 @@ def build_app(
         since_unix = _since(since)
         report = build_report(store.records(since_unix=since_unix),
                               store.idle_cost_dollars(since_unix))
-        return report.to_json()
+        # Which records these are: a replica holds the records it priced; with
+        # forward_records the ones it maps are priced (and shown) elsewhere.
+        return {**report.to_json(), "collector": {"forward_records": forward_records}}
 
     @app.get("/api/stages")
     def stages() -> list[dict[str, Any]]:

@@ -75,7 +75,7 @@ class CollectorService:
         self.ingest = OtlpIngest(self.assembler, self.node_metrics, config.limits, self.stats,
                                  config.max_buffered_spans, records=self.worker)
         self.app = build_app(self.ingest, self.store, self.prometheus.render, self.stats,
-                             self.prices, config.auth_token)
+                             self.prices, config.auth_token, config.forward_records)
         self.http = HttpListener(self.app, config.http_host, config.http_port, config.tls)
         self.grpc: GrpcReceiver | None = None
         if config.grpc_port is not None:

@@ -46,6 +46,15 @@
 
   // --- overview ---------------------------------------------------------------------------
 
+  // Which records this page shows: the ones this collector priced. A replica that forwards
+  // what it maps shows only records other replicas forwarded to it.
+  function scopeText(collector) {
+    const forward = collector && collector.forward_records;
+    return forward
+      ? `records priced by this collector; those it maps are priced at ${forward}`
+      : "records priced by this collector (merge replicas: tokenpath report --collector A,B)";
+  }
+
   async function overview() {
     const [summary, leaks, series, stages] = await Promise.all([
       api(withWindow("/api/summary")), api(withWindow("/api/leaks?limit=5")), api(withWindow("/api/timeseries?buckets=20")),
@@ -59,7 +68,8 @@
       el("p", { class: "lede",
                 text: `${fmtNum(summary.requests)} requests over ${fmtSeconds(summary.window_seconds)}`
                   + ` · models: ${summary.models.join(", ") || DASH}${modeledTag}`
-                  + ` · window: ${tpApp.timeWindow()}` }),
+                  + ` · window: ${tpApp.timeWindow()}`
+                  + ` · ${scopeText(summary.collector)}` }),
       el("div", { class: "kpis", id: "kpis" },
         kpi("Prefix-cache hit ratio", fmtPct(summary.prefix_cache_hit_ratio),
             `${fmtNum(summary.cache_read_tokens)} of ${fmtNum(summary.input_tokens)} input tokens`,

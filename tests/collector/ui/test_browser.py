@@ -39,6 +39,8 @@ def test_views_render_workload_in_chromium(collector: CollectorService,
     hit_ratio = browser_page.text_content("#kpi-hit-ratio .kpi-value")
     assert hit_ratio == f"{summary['prefix_cache_hit_ratio'] * 100:.1f}%"
     assert f"{WORKLOAD_REQUESTS} requests" in browser_page.text_content(".lede")
+    # it says whose records these are (a replica shows those it priced)
+    assert "records priced by this collector" in browser_page.text_content(".lede")
     # The workload's TTFTs are 10 ms to 1 s, which the page shows as "12.3 ms".
     ttft = browser_page.text_content("#kpi-ttft .kpi-value")
     assert ttft == f"{summary['ttft_p50_seconds'] * 1000:.1f} ms"
