@@ -281,6 +281,10 @@ def _map_engine(record: RequestRecord, acc: _StageAccumulator,
     end = last.end_unix_nano / 1e9
     record.engine_end_unix = end
     record.engine_start_unix = min(s.start_unix_nano for s in engine_spans) / 1e9
+    step_counts = [_num(s.attributes.get(A.STEP_COUNT)) for s in engine_spans]
+    if any(v is not None for v in step_counts):
+        record.engine_steps = int(min(MAX_COUNT, sum(max(0.0, v) for v in step_counts
+                                                     if v is not None)))
     step_seconds = [_seconds(s.attributes.get(A.STEP_SECONDS)) for s in engine_spans]
     if any(v is not None for v in step_seconds):
         record.engine_step_seconds = sum(v for v in step_seconds if v is not None)

@@ -111,6 +111,8 @@ class RequestRecord:
     engine_start_unix: float | None = None
     # Sum of the engine steps the request took part in (tokenpath.engine.step_seconds).
     engine_step_seconds: float | None = None
+    # How many engine steps it took part in, prefill and decode (tokenpath.engine.steps).
+    engine_steps: int | None = None
 
     @property
     def duration_seconds(self) -> float:
@@ -167,6 +169,7 @@ class RequestRecord:
             "span_count": self.span_count,
             "engine_start_unix": self.engine_start_unix,
             "engine_step_seconds": self.engine_step_seconds,
+            "engine_steps": self.engine_steps,
         }
 
     @classmethod
@@ -219,4 +222,5 @@ class RequestRecord:
             span_count=int(data.get("span_count", 0)),
             engine_start_unix=opt_float("engine_start_unix"),
             engine_step_seconds=opt_float("engine_step_seconds"),
+            engine_steps=None if data.get("engine_steps") is None else int(data["engine_steps"]),
         )

@@ -460,19 +460,25 @@ class CostAttributor:
 
 
 def _prefill_steps(record: RequestRecord) -> float | None:
-    """Engine steps of the prefill from the record's own measured per-phase gpu_dispatch:
-    its decode phase has one step per output token after the first, which gives the
-    dispatch time of one step; the prefill's dispatch divided by it counts its chunks."""
+    """Engine steps of the prefill, from the record's own measurements: its measured
+    per-phase gpu_dispatch (its decode phase has one step per output token after the
+    first, which gives the dispatch time of one step; the prefill's dispatch divided by it
+    counts its chunks), else the engine's step count (``tokenpath.engine.steps``) less its
+    decode steps. None when neither was measured. Only the record's own figures are used,
+    so the count does not depend on which other records arrived first."""
     timing = record.stages.get(StageId.GPU_DISPATCH)
     if timing is None or timing.provenance is Provenance.MODELED or not timing.phases:
         return None
-    decode = timing.phases.get(Phase.DECODE)
     prefill = timing.phases.get(Phase.PREFILL)
-    if (decode is None or decode.seconds <= 0 or record.output_tokens < 2
-            or prefill is None or prefill.seconds <= 0):
+    if prefill is None or prefill.seconds <= 0:
         return None
-    unit = decode.seconds / (record.output_tokens - 1)
-    return float(max(1, round(prefill.seconds / unit)))
+    decode = timing.phases.get(Phase.DECODE)
+    if decode is not None and decode.seconds > 0 and record.output_tokens >= 2:
+        unit = decode.seconds / (record.output_tokens - 1)
+        return float(max(1, round(prefill.seconds / unit)))
+    if record.engine_steps is not None:
+        return float(max(1, record.engine_steps - max(0, record.output_tokens - 1)))
+    return None
 
 
 def _merge_idle(pool: str, spans: list[tuple[float, float, float]]) -> list[IdleCost]:

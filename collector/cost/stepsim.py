@@ -141,6 +141,7 @@ def simulate(
             record.stages[StageId.GPU_DISPATCH] = StageTiming(
                 StageId.GPU_DISPATCH, sum(p.seconds for p in phases.values()),
                 Provenance.MEASURED, phases=phases)
+            record.engine_steps = req.prefill_steps + req.decode_steps  # as the hook counts
     truth = [{"trace_id": r.trace_id, "gpu_seconds": r.gpu_seconds,
               "gpu_cost_dollars": r.gpu_seconds * price} for r in requests]
     return SimResult(records, truth, busy, (start, now), steps, batch_sizes, step_starts)

@@ -82,8 +82,8 @@ def render_report(report: Report, console: Console) -> None:
         units = report.units_without_inventory
         shown = ", ".join(units[:5]) + (f" and {len(units) - 5} more" if len(units) > 5 else "")
         facts.add_row("GPUs assumed (no inventory entry)",
-                      Text(f"{len(units)} units priced as their engines' tensor-parallel GPUs "
-                           f"of the default GPU type: {shown}"))
+                      Text(f"{len(units)} units priced as their engines' tensor-parallel GPUs: "
+                           f"{shown}"))
     console.print(facts)
 
 

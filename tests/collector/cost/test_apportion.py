@@ -147,7 +147,7 @@ def _close(a: dict[int, dict[Phase, float]], b: dict[int, dict[Phase, float]]) -
     for key in set(a) | set(b):
         for phase in set(a.get(key, {})) | set(b.get(key, {})):
             x, y = a.get(key, {}).get(phase, 0.0), b.get(key, {}).get(phase, 0.0)
-            assert math.isclose(x, y, rel_tol=1e-7, abs_tol=1e-15), (key, phase, x, y)
+            assert math.isclose(x, y, rel_tol=1e-7, abs_tol=1e-12), (key, phase, x, y)
 
 
 @settings(max_examples=80, deadline=None)

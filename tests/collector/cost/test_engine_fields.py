@@ -47,6 +47,29 @@ def test_mapper_keeps_engine_start_and_step_seconds() -> None:
     assert again.engine_start_unix == pytest.approx(100.0)
 
 
+def test_mapper_keeps_the_engine_step_count() -> None:
+    record = _map({**ATTRS, A.STEP_COUNT: 14})
+    assert record.engine_steps == 14
+    assert RequestRecord.from_json(record.to_json()).engine_steps == 14
+    assert _map(ATTRS).engine_steps is None
+
+
+def test_a_one_token_request_counts_its_prefill_steps_from_the_step_count() -> None:
+    """No decode to time one step by: the engine's step count, less decode steps (none),
+    gives its chunked prefill's steps, as its own measured dispatch would."""
+    from tokenpath.collector.cost.attributor import _prefill_steps
+    from tokenpath.records import PhaseShare, StageTiming
+    from tokenpath.stages import Phase, Provenance, StageId
+
+    record = _map({**ATTRS, A.VLLM_USAGE_COMPLETION_TOKENS: 1, A.STEP_COUNT: 3})
+    record.stages[StageId.GPU_DISPATCH] = StageTiming(
+        StageId.GPU_DISPATCH, 0.0045, Provenance.MEASURED,
+        phases={Phase.PREFILL: PhaseShare(0.0045)})
+    assert _prefill_steps(record) == 3.0
+    record.engine_steps = None
+    assert _prefill_steps(record) is None
+
+
 def test_steps_shorter_than_in_model_time_leave_the_gap_idle() -> None:
     record = _map({**ATTRS, A.STEP_SECONDS: 0.23 * 0.75})
     sink = RecordingSink()
