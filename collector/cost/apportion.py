@@ -49,6 +49,13 @@ from tokenpath.stages import Phase
 GroupKey = tuple[str, str, str, int]  # (engine, model, gpu type, tensor parallel)
 IDLE_ROUNDING_FLOOR = 1e-12  # relative; below this a slice's leftover is float rounding
 MIN_IN_MODEL_FRACTION = 0.5  # below this the engine's own in-model/elapsed is not trusted
+# A decode shorter than this is priced at its midpoint context (a slope over a span near
+# zero would be ill-conditioned; the context cannot change by more than its tokens).
+DECODE_SLOPE_MIN_SECONDS = 1e-3
+# Every this many slices a node's prefix sums and time origin are moved to the present,
+# each active member banking its share so far: the sums stay short and well-conditioned
+# however long the node runs.
+REBASE_SLICES = 1024
 
 # Running-sum slots of a group (and coefficient slots of a member)
 _K, _M, _R, _DC0, _DC1, _DM0, _DM1, _PC, _PM, _PNV, _DECODERS, _RATIO, _RATIOS, _COUNT = range(14)
@@ -153,6 +160,8 @@ def _coefficients(iv: EngineInterval, phase: Phase, origin: float) -> list[float
         t0, t1 = iv.decode_start - origin, iv.end - origin
         ctx0 = iv.context_at(iv.decode_start)
         ctx1 = iv.context_at(iv.end)
+        if t1 - t0 < DECODE_SLOPE_MIN_SECONDS:
+            ctx0 = ctx1 = iv.context_at((iv.decode_start + iv.end) / 2.0)
         c0 = roofline.compute_seconds(roofline.decode_flops(ctx0))  # type: ignore[arg-type]
         m0 = roofline.memory_seconds(roofline.decode_bytes(ctx0))  # type: ignore[arg-type]
         c1 = roofline.compute_seconds(roofline.decode_flops(ctx1))  # type: ignore[arg-type]
@@ -187,29 +196,50 @@ def _coefficients(iv: EngineInterval, phase: Phase, origin: float) -> list[float
 class _GroupSweep:
     """Running sums of one engine group's active members and its prefix sums."""
 
-    __slots__ = ("gpus", "prefix", "roofline", "sums")
+    __slots__ = ("gpus", "members", "prefix", "roofline", "sums")
 
     def __init__(self, roofline: Roofline | None, gpus: int) -> None:
         self.roofline = roofline
         self.gpus = gpus
         self.sums = [0.0] * _SLOTS
         self.prefix = [0.0] * _PREFIXES
+        self.members: dict[int, EngineInterval] = {}
 
     @property
     def count(self) -> int:
-        return round(self.sums[_COUNT])
+        return len(self.members)
 
-    def enter(self, coefficients: list[float]) -> None:
+    def enter(self, iv: EngineInterval) -> None:
+        self.members[iv.key] = iv
         sums = self.sums
-        for i, v in enumerate(coefficients):
+        for i, v in enumerate(iv.coefficients):
             sums[i] += v
 
-    def leave(self, coefficients: list[float]) -> None:
-        sums = self.sums
-        for i, v in enumerate(coefficients):
-            sums[i] -= v
-        if sums[_COUNT] < 0.5:  # empty: no drift carried into the next batch
+    def leave(self, iv: EngineInterval) -> None:
+        del self.members[iv.key]
+        if not self.members:  # empty: no drift carried into the next batch
             self.sums = [0.0] * _SLOTS
+            self.prefix = [0.0] * _PREFIXES
+            return
+        sums = self.sums
+        for i, v in enumerate(iv.coefficients):
+            sums[i] -= v
+
+    def rebase(self, shift: float) -> None:
+        """Bank every member's share so far, move the time origin ``shift`` seconds
+        forward, and start the sums afresh (exact, not drifted)."""
+        sums = [0.0] * _SLOTS
+        for iv in self.members.values():
+            _bank(iv, self.prefix)
+            c = iv.coefficients
+            c[_K] += c[_M] * shift
+            c[_DC0] += c[_DC1] * shift
+            c[_DM0] += c[_DM1] * shift
+            iv.entry = [0.0] * _PREFIXES
+            for i, v in enumerate(c):
+                sums[i] += v
+        self.sums = sums
+        self.prefix = [0.0] * _PREFIXES
 
     def in_model_fraction(self) -> float:
         sums = self.sums
@@ -252,10 +282,20 @@ class _GroupSweep:
 
 
 def _share(iv: EngineInterval, prefix: list[float]) -> float:
-    """The member's dollars since it entered its phase."""
+    """The member's dollars since it entered its phase (or since the last rebase)."""
     entry, c = iv.entry, iv.coefficients
     return (c[_K] * (prefix[_P1] - entry[_P1]) + c[_M] * (prefix[_P2] - entry[_P2])
             + (prefix[_P3] - entry[_P3]) + c[_R] * (prefix[_P4] - entry[_P4]))
+
+
+def _bank(iv: EngineInterval, prefix: list[float]) -> None:
+    """Add what ``iv`` accrued since its entry snapshot to its totals."""
+    assert iv.phase is not None
+    iv.cost_by_phase[iv.phase] = (iv.cost_by_phase.get(iv.phase, 0.0)
+                                  + max(0.0, _share(iv, prefix)))
+    if iv.phase is Phase.DECODE:
+        iv.decode_batch_seconds += prefix[_PB] - iv.entry[_PB]
+        iv.decode_seconds_seen += prefix[_PD] - iv.entry[_PD]
 
 
 class NodeTimeline:
@@ -279,6 +319,8 @@ class NodeTimeline:
         self.closed_until: float | None = None
         self.closed: deque[ClosedSlice] = deque(maxlen=max_closed_slices)
         self._late_horizon = late_horizon_seconds
+        self._origin = 0.0  # times in the sums count from here (moved by _rebase)
+        self._slices_since_rebase = 0
 
     @property
     def gpu_count(self) -> int:
@@ -312,20 +354,13 @@ class NodeTimeline:
         self._sequence += 1
         heapq.heappush(self._events, (t, self._sequence, iv, phase))
 
-    def _origin(self) -> float:
-        return self.window_start or 0.0
-
     def _transition(self, iv: EngineInterval, phase: Phase | None, t: float,
                     finished: list[EngineInterval]) -> None:
         """``iv`` leaves its phase (if any) and enters ``phase`` (None: it is done)."""
         if iv.phase is not None:
             group = self.groups[iv.group]
-            iv.cost_by_phase[iv.phase] = (iv.cost_by_phase.get(iv.phase, 0.0)
-                                          + max(0.0, _share(iv, group.prefix)))
-            if iv.phase is Phase.DECODE:
-                iv.decode_batch_seconds += group.prefix[_PB] - iv.entry[_PB]
-                iv.decode_seconds_seen += group.prefix[_PD] - iv.entry[_PD]
-            group.leave(iv.coefficients)
+            _bank(iv, group.prefix)
+            group.leave(iv)
             if group.count == 0:
                 self._active.pop(iv.group, None)
         iv.phase = phase
@@ -333,9 +368,9 @@ class NodeTimeline:
             finished.append(iv)
             return
         group = self.groups[iv.group]
-        iv.coefficients = _coefficients(iv, phase, self._origin())
+        iv.coefficients = _coefficients(iv, phase, self._origin)
         iv.entry = list(group.prefix)
-        group.enter(iv.coefficients)
+        group.enter(iv)
         self._active[iv.group] = group
         if phase is Phase.PREFILL:
             self._push(max(t, iv.decode_start), iv, Phase.DECODE)
@@ -362,7 +397,7 @@ class NodeTimeline:
             if self.closed_until is None:
                 if not events or events[0][0] > stop:
                     break
-                self.closed_until = self.window_start = events[0][0]
+                self.closed_until = self.window_start = self._origin = events[0][0]
             cur = self.closed_until
             if events and events[0][0] <= stop:
                 t = events[0][0]
@@ -388,7 +423,7 @@ class NodeTimeline:
         piece = ClosedSlice(a, b)
         used = 0.0
         if self._active:
-            t = (a + b) / 2.0 - self._origin()
+            t = (a + b) / 2.0 - self._origin
             demand = sum(g.gpus for g in self._active.values())
             scale = min(1.0, node_gpus / demand)
             for key, group in self._active.items():
@@ -405,6 +440,16 @@ class NodeTimeline:
         horizon = b - self._late_horizon
         while self.closed and self.closed[0].end < horizon:
             self.closed.popleft()
+        self._slices_since_rebase += 1
+        if self._slices_since_rebase >= REBASE_SLICES or not self._active:
+            self._rebase(b)
+
+    def _rebase(self, t: float) -> None:
+        shift = t - self._origin
+        for group in self._active.values():
+            group.rebase(shift)
+        self._origin = t
+        self._slices_since_rebase = 0
 
 
 def _late_work(iv: EngineInterval, phase: Phase, summary: GroupSummary, seconds: float,

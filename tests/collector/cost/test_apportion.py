@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpath.collector.cost.apportion import (
+    DECODE_SLOPE_MIN_SECONDS,
     MIN_IN_MODEL_FRACTION,
     EngineInterval,
     GroupKey,
@@ -64,7 +65,8 @@ def _weights(members: list[tuple[EngineInterval, Phase]], dt: float, mid: float,
     decoders = 0
     for iv, phase in members:
         if phase is Phase.DECODE:
-            ctx = iv.context_at(mid)
+            short = iv.end - iv.decode_start < DECODE_SLOPE_MIN_SECONDS
+            ctx = iv.context_at((iv.decode_start + iv.end) / 2 if short else mid)
             c = roofline.compute_seconds(roofline.decode_flops(ctx))  # type: ignore[arg-type]
             m = roofline.memory_seconds(roofline.decode_bytes(ctx))  # type: ignore[arg-type]
             dc, dm, decoders = dc + c, dm + m, decoders + 1
@@ -170,3 +172,39 @@ def test_dollars_do_not_depend_on_arrival_order_or_when_slices_close(
     # another collector's clock would place them
     again, _, _ = _sweep(shuffled, sorted(stops), 4)
     _close(ordered, again)
+
+
+@settings(max_examples=40, deadline=None)
+@given(intervals_strategy, st.integers(1, 5))
+def test_rebasing_the_sums_changes_no_dollar(spec: list, every: int) -> None:
+    """The prefix sums are moved to the present every REBASE_SLICES slices (members bank
+    their share so far): doing it every few slices gives the same dollars."""
+    import tokenpath.collector.cost.apportion as apportion
+
+    unrebased, _, _ = _sweep(_build(spec), [], 4)
+    saved = apportion.REBASE_SLICES
+    apportion.REBASE_SLICES = every
+    try:
+        rebased, _, _ = _sweep(_build(spec), [], 4)
+    finally:
+        apportion.REBASE_SLICES = saved
+    _close(unrebased, rebased)
+
+
+def test_a_long_busy_timeline_prices_the_same_request_the_same() -> None:
+    """A node busy without a break (its group never empties, so the sums are only ever
+    rebased, never emptied): in steady state a request late in the run pays what the same
+    request paid earlier, to rounding."""
+    period, count = 7, 6000
+    timeline = NodeTimeline(PRICE, 1, 1000, 1e9)
+    for key in range(count):  # ~200 in flight at once, a request every 10 ms
+        start = 1_700_000_000.0 + key * 0.01
+        assert timeline.add(EngineInterval(
+            key=key, group=("e0", "llama-3.1-8b", "H100-SXM", 1),
+            roofline=ROOFLINES["llama-3.1-8b"], prefill_start=start,
+            decode_start=start + 0.05, end=start + 2.05, input_tokens=800 + key % period,
+            cached_tokens=100, output_tokens=100, gpus=1))
+    dollars = {iv.key: sum(iv.cost_by_phase.values()) for iv in timeline.flush().finished}
+    early, late = 1000, 1000 + period * 600
+    for j in range(period):
+        assert math.isclose(dollars[early + j], dollars[late + j], rel_tol=1e-7)
