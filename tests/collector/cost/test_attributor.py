@@ -239,3 +239,19 @@ def test_engine_step_gaps_reported_out_of_model_become_idle() -> None:
                         rel_tol=1e-9)
     gpu_seconds = sum(out.stages[s].seconds for s in GPU_STAGES)
     assert math.isclose(gpu_seconds, 8.5)  # stage seconds stay the measured in-model time
+
+
+def test_a_busy_node_never_holds_back_another_nodes_records() -> None:
+    """Each pricing unit waits out its own arrival lag: node-a's long requests (a 200 s
+    lag) do not hold node-b's short one past node-b's own watermark."""
+    sink = RecordingSink()
+    clock = FakeClock(1000.0)
+    cost = attributor(sink, clock, AttributorConfig(tick_seconds=0))
+    cost.consume_record(engine_record(0, 800.0, 1.0, 195.0, node="node-a"))  # lag 200 s
+    cost.consume_record(engine_record(1, 996.0, 0.1, 1.0, node="node-b"))  # lag 4 s
+    assert cost.delay_for("node-a") > 200 and cost.delay_for("node-b") < 10
+    clock.now = 1000.0 + cost.delay_for("node-b") + 1.0
+    cost.tick()
+    assert [r.node for r in sink.records] == ["node-b"]
+    cost.shutdown()
+    assert sorted(r.node or "" for r in sink.records) == ["node-a", "node-b"]
