@@ -18,15 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fastapi import Body, FastAPI, HTTPException, Query
+from fastapi import Body, FastAPI, HTTPException, Query, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenpath.collector import api_views
 from tokenpath.collector.auth import bearer_matches
 from tokenpath.collector.cost.prices import PriceSheet
-from tokenpath.collector.receivers.http import otlp_router
+from tokenpath.collector.receivers.http import method_not_allowed, otlp_router
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore
@@ -184,6 +186,14 @@ def build_app(
     @app.exception_handler(ConfigError)
     async def config_error(_: Any, exc: ConfigError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            answer = method_not_allowed(request, (exc.headers or {}).get("Allow"))
+            if answer is not None:
+                return answer
+        return await http_exception_handler(request, exc)
 
     if auth_token:
         app.add_middleware(BearerAuthMiddleware, token=auth_token)

@@ -4,7 +4,8 @@ request records, collector/record_logs.py), protobuf or JSON, gzip.
 Status codes follow the OTLP/HTTP spec: 200 with an Export*ServiceResponse (partial
 success when spans were refused), 400 with a google.rpc.Status body for malformed data,
 413 past the body cap (on the wire and after decompression), 415 for other content types
-or encodings, 429 with Retry-After when shedding load; 405 comes from the router.
+or encodings (identity, gzip and zstd are read), 429 with Retry-After when shedding load;
+405 (a google.rpc.Status too) comes from the app's handler for the router's refusal.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+import zstandard
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from google.protobuf import any_pb2, duration_pb2, json_format
@@ -37,6 +39,10 @@ PROTOBUF = "application/x-protobuf"
 MAX_GZIP_MEMBERS = 64
 JSON = "application/json"
 RECEIVER = "otlp_http"
+# Frames one zstd body may hold, and the compressed bytes fed per step (at most ~8 MiB
+# of output each: zstd's densest block is a few bytes for 128 KiB).
+MAX_ZSTD_FRAMES = 64
+ZSTD_FEED_BYTES = 256
 
 
 class _BodyError(Exception):
@@ -73,9 +79,42 @@ async def _read_body(request: Request, max_wire: int, max_decompressed: int) -> 
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
-    if encoding != "gzip":
-        raise _BodyError(415, f"unsupported Content-Encoding {encoding!r}")
-    return gunzip(body, max_decompressed)
+    if encoding == "gzip":
+        return gunzip(body, max_decompressed)
+    if encoding == "zstd":
+        return unzstd(body, max_decompressed)
+    raise _BodyError(415, f"unsupported Content-Encoding {encoding!r}")
+
+
+def unzstd(body: bytes, max_decompressed: int) -> bytes:
+    """A zstd body decompressed, every frame of it (at most MAX_ZSTD_FRAMES), at most
+    ``max_decompressed`` bytes (else 413). A corrupt stream, a frame cut short or bytes
+    after the last frame that are not another frame are a 400: nothing of it is taken.
+    The compressed input is fed in small pieces and the output checked after each, so a
+    bomb (zstd expands a few bytes into a 128 KiB block) is refused before it is held."""
+    decompressor = zstandard.ZstdDecompressor()
+    out: list[bytes] = []
+    size = 0
+    rest = body
+    for _ in range(MAX_ZSTD_FRAMES):
+        frame = decompressor.decompressobj()
+        pos = 0
+        try:
+            while not frame.eof and pos < len(rest):
+                chunk = frame.decompress(rest[pos:pos + ZSTD_FEED_BYTES])
+                pos += ZSTD_FEED_BYTES
+                size += len(chunk)
+                if size > max_decompressed:
+                    raise _BodyError(413, f"decompressed body over {max_decompressed} bytes")
+                out.append(chunk)
+        except zstandard.ZstdError as exc:
+            raise _BodyError(400, f"invalid zstd body: {exc}") from exc
+        if not frame.eof:
+            raise _BodyError(400, "invalid zstd body: truncated (no end of frame)")
+        rest = frame.unused_data + rest[pos:]
+        if not rest:
+            return b"".join(out)
+    raise _BodyError(400, f"invalid zstd body: more than {MAX_ZSTD_FRAMES} frames")
 
 
 def gunzip(body: bytes, max_decompressed: int) -> bytes:
@@ -130,6 +169,20 @@ def _ok_response(message: Any, kind: str) -> Response:
 
 _HTTP_TO_RPC = {400: code_pb2.INVALID_ARGUMENT, 413: code_pb2.RESOURCE_EXHAUSTED,
                 415: code_pb2.INVALID_ARGUMENT}
+
+
+OTLP_PATHS = frozenset({"/v1/traces", "/v1/metrics", "/v1/logs"})
+
+
+def method_not_allowed(request: Request, allow: str | None) -> Response | None:
+    """The 405 of an OTLP path as the spec has it: a google.rpc.Status body (in the
+    request's encoding, protobuf by default) and the Allow header. None elsewhere."""
+    if request.url.path not in OTLP_PATHS:
+        return None
+    headers = {"Allow": allow} if allow else None
+    return _status_response(405, code_pb2.UNIMPLEMENTED,
+                            f"{request.method} is not allowed on {request.url.path}; use POST",
+                            _content_kind(request), headers)
 
 
 def otlp_router(ingest: OtlpIngest, stats: CollectorStats) -> APIRouter:

@@ -86,12 +86,35 @@ def test_unknown_content_type_is_415(make_service: ServiceFactory) -> None:
     assert _rejected(service.http_url, "415") == 2
 
 
-def test_wrong_method_is_405(make_service: ServiceFactory) -> None:
+def test_wrong_method_is_405_with_a_status(make_service: ServiceFactory) -> None:
     service = make_service()
-    for method in ("GET", "PUT", "DELETE"):
-        response = httpx.request(method, f"{service.http_url}/v1/traces", timeout=5)
-        assert response.status_code == 405
-        assert "POST" in response.headers["allow"]
+    for path in ("/v1/traces", "/v1/metrics", "/v1/logs"):
+        for method in ("GET", "PUT", "DELETE"):
+            response = httpx.request(method, f"{service.http_url}{path}", timeout=5)
+            assert response.status_code == 405
+            assert "POST" in response.headers["allow"]
+            status = status_pb2.Status.FromString(response.content)
+            assert status.code == code_pb2.UNIMPLEMENTED and "POST" in status.message
+    as_json = httpx.get(f"{service.http_url}/v1/traces", headers=JSON_HEADERS, timeout=5)
+    assert json.loads(as_json.text)["code"] == code_pb2.UNIMPLEMENTED
+    # elsewhere the API keeps FastAPI's JSON errors
+    api = httpx.post(f"{service.http_url}/api/requests", timeout=5)
+    assert api.status_code == 405 and "detail" in api.json()
+
+
+def test_zstd_bodies_are_read_and_bad_ones_refused(make_service: ServiceFactory) -> None:
+    import zstandard
+
+    service = make_service()
+    body = export_request([request_span()]).SerializeToString()
+    packed = zstandard.ZstdCompressor().compress(body)
+    ok = _post(service.http_url, packed, {**PROTOBUF_HEADERS, "Content-Encoding": "zstd"})
+    assert ok.status_code == 200
+    wait_for(lambda: service.store.count() == 1)
+    for bad in (packed[: len(packed) // 2], packed + b"trailing", b"not zstd"):
+        refused = _post(service.http_url, bad, {**PROTOBUF_HEADERS, "Content-Encoding": "zstd"})
+        assert refused.status_code == 400
+        assert status_pb2.Status.FromString(refused.content).code == code_pb2.INVALID_ARGUMENT
 
 
 def test_body_over_cap_is_413_on_the_wire(make_service: ServiceFactory) -> None:
@@ -250,3 +273,13 @@ def test_json_hex_ids_and_unknown_fields(make_service: ServiceFactory) -> None:
     wait_for(lambda: service.store.record(trace_id.hex()) is not None)
     got = httpx.get(f"{service.http_url}/api/requests/{trace_id.hex()}", timeout=5).json()
     assert got["trace_id"] == trace_id.hex()
+
+
+def test_zstd_bomb_is_413_after_decompression(make_service: ServiceFactory) -> None:
+    import zstandard
+
+    service = make_service(limits=IngestLimits(max_decompressed_bytes=1 << 20))
+    bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (64 << 20))
+    assert len(bomb) < 16_384  # a few KiB on the wire
+    response = _post(service.http_url, bomb, {**PROTOBUF_HEADERS, "Content-Encoding": "zstd"})
+    assert response.status_code == 413
