@@ -50,6 +50,16 @@ UNKNOWN_MODEL = "unknown"
 MAX_COUNT = 2**63 - 1
 HTTP_SERVER_MARKERS = ("http.route", "http.method", "http.request.method", "http.target",
                        "url.path")
+HTTP_ROUTE_KEYS = ("http.route", A.URL_PATH, "http.target")
+# A plain HTTP server span is a request when its route is an LLM API's (OpenAI, Anthropic,
+# SGLang/TGI, SageMaker-style) or when any span of its trace carries a gen_ai.* attribute;
+# health checks, docs pages and the like are not (docs/architecture.md).
+LLM_ROUTE_MARKERS = ("completions", "/chat", "/generate", "/responses", "/messages",
+                     "/embeddings", "/invocations", "/infer")
+GEN_AI_PREFIX = "gen_ai."
+ERROR_STATUS = "error"
+CLIENT_ERROR_STATUS = "client_error"
+OK_STATUS = "ok"
 
 
 class RecordConsumer(Protocol):
@@ -142,6 +152,59 @@ class _StageAccumulator:
 _RANK = {Provenance.MEASURED: 0, Provenance.DERIVED: 1, Provenance.MODELED: 2}
 
 
+def _route(span: SpanData) -> str:
+    for key in HTTP_ROUTE_KEYS:
+        value = span.attributes.get(key)
+        if isinstance(value, str):
+            return value.lower()
+    return ""
+
+
+def _route_class(spans: list[SpanData]) -> str:
+    """A bounded label for an HTTP call that was not an LLM call."""
+    for span in spans:
+        code = _num(span.attributes.get(A.HTTP_RESPONSE_STATUS_CODE,
+                                        span.attributes.get(A.HTTP_STATUS_CODE_OLD)))
+        if code is not None and code >= 400:
+            return f"{int(code) // 100}xx"
+    return "other_route"
+
+
+def _is_llm_call(spans: list[SpanData], server_spans: list[SpanData]) -> bool:
+    """Whether a trace of plain HTTP server spans is an LLM call (not a health check)."""
+    if any(marker in _route(s) for s in server_spans for marker in LLM_ROUTE_MARKERS):
+        return True
+    return any(key.startswith(GEN_AI_PREFIX) for s in spans for key in s.attributes)
+
+
+def _http_status(spans: list[SpanData]) -> str | None:
+    """From the outermost server span's HTTP status code: 5xx error, 4xx client_error."""
+    for span in spans:
+        code = _num(span.attributes.get(A.HTTP_RESPONSE_STATUS_CODE,
+                                        span.attributes.get(A.HTTP_STATUS_CODE_OLD)))
+        if code is not None:
+            if code >= 500:
+                return ERROR_STATUS
+            if code >= 400:
+                return CLIENT_ERROR_STATUS
+            return OK_STATUS
+    return None
+
+
+def _first_count(layers: list[dict[str, AttrValue]], *keys: str) -> int | None:
+    """A count from the first layer (span) that has any of ``keys``: the span nearest the
+    engine wins, then the key order (a client's gen_ai.usage.input_tokens never overrides
+    the engine's prompt_tokens)."""
+    for layer in layers:
+        for key in keys:
+            value = layer.get(key)
+            if value is not None:
+                f = _num(value)
+                if f is not None:
+                    return int(min(max(0.0, f), MAX_COUNT))
+    return None
+
+
 def _is_http_server(span: SpanData) -> bool:
     return (
         span.kind == SPAN_KIND_SERVER
@@ -181,7 +244,8 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
             acc.add(ev_stage, ev_seconds,
                     parse_provenance(event.attributes.get(A.PROVENANCE), Provenance.MEASURED),
                     parse_phase(event.attributes.get(A.PHASE)))
-    if not engine_spans and not server_spans and not acc.stages:
+    if not engine_spans and not acc.stages and (
+            not server_spans or not _is_llm_call(spans, server_spans)):
         return None
 
     roots = [s for s in spans if s.is_root]
@@ -210,14 +274,20 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.gpu_type = look.text(A.GPU_TYPE)
     record.tensor_parallel = look.count(A.TENSOR_PARALLEL) or 1
     record.simulated = look.get(A.SIMULATED) is True
-    record.input_tokens = look.count(A.GEN_AI_USAGE_INPUT_TOKENS, A.VLLM_USAGE_PROMPT_TOKENS) or 0
-    record.output_tokens = (
-        look.count(A.GEN_AI_USAGE_OUTPUT_TOKENS, A.VLLM_USAGE_COMPLETION_TOKENS) or 0
-    )
-    record.cache_read_tokens = min(
-        record.input_tokens,
-        look.count(A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, A.CACHED_TOKENS) or 0,
-    )
+    # Tokens: engine > gateway > client (by span, then by key): annotations and engine
+    # spans, then server spans, then the rest nearest the engine first (latest start).
+    token_layers: list[dict[str, AttrValue]] = [
+        *trace.annotations, *(s.attributes for s in engine_spans),
+        *(s.attributes for s in server_spans), *(s.attributes for s in reversed(spans))]
+    record.input_tokens = _first_count(token_layers, A.GEN_AI_USAGE_INPUT_TOKENS,
+                                       A.VLLM_USAGE_PROMPT_TOKENS,
+                                       A.OPENINFERENCE_PROMPT_TOKENS) or 0
+    record.output_tokens = _first_count(token_layers, A.GEN_AI_USAGE_OUTPUT_TOKENS,
+                                        A.VLLM_USAGE_COMPLETION_TOKENS,
+                                        A.OPENINFERENCE_COMPLETION_TOKENS) or 0
+    record.cache_read_tokens = min(record.input_tokens, _first_count(
+        token_layers, A.CACHED_TOKENS, A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+        A.GEN_AI_USAGE_CACHED_TOKENS, A.OPENINFERENCE_CACHE_READ_TOKENS) or 0)
     record.response_bytes = look.count(A.RESPONSE_BYTES) or 0
     record.response_chunks = look.count(A.RESPONSE_CHUNKS) or 0
     record.small_chunks = look.count(A.RESPONSE_SMALL_CHUNKS) or 0
@@ -226,8 +296,10 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
         record.prefix_fingerprints = tuple(str(f) for f in fingerprints)
         record.prefix_block_tokens = look.count(A.PREFIX_BLOCK_TOKENS) or 0
     status = look.text(A.STATUS)
+    if status is None and any(s.status_code == STATUS_CODE_ERROR for s in roots):
+        status = ERROR_STATUS
     if status is None:
-        status = "error" if any(s.status_code == STATUS_CODE_ERROR for s in roots) else "ok"
+        status = _http_status(server_spans) or OK_STATUS
     record.status = status
 
     _map_engine(record, acc, engine_spans)
@@ -332,6 +404,8 @@ class StageMapper:
             return
         if record is None:
             self._stats.incr("spans_unmapped", len(trace.spans))
+            if any(_is_http_server(s) for s in trace.spans):  # a health check, a docs page
+                self._stats.add(self._stats.http_calls_not_llm, _route_class(trace.spans))
             return
         self._downstream.consume_record(record)
 

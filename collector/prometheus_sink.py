@@ -142,6 +142,7 @@ class _SelfTelemetry(Collector):
             (M.SPAN_EVENTS_DROPPED, s.events_dropped),
             (M.RECORDS_FORWARD_DROPPED, s.records_forward_dropped),
             (M.RECORDS_RECEIVED, s.records_received),
+            (M.HTTP_CALLS_NOT_LLM, s.http_calls_not_llm),
             (M.LABEL_OVERFLOW, {b.name: b.overflowed for b in self._labels}),
         )
         for spec, counts in labelled:

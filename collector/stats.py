@@ -32,6 +32,8 @@ class CollectorStats:
         self.records_forwarded = 0
         self.records_forward_dropped: Counter[str] = Counter()  # by reason
         self.records_received: Counter[str] = Counter()  # by receiver
+        # HTTP server traces that were not LLM calls (health checks, docs, 404s), by class
+        self.http_calls_not_llm: Counter[str] = Counter()
 
     def add(
         self, counter: Counter[str] | Counter[tuple[str, str]], key: object, n: int = 1

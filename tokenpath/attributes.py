@@ -15,6 +15,12 @@ GEN_AI_REQUEST_ID: Final = "gen_ai.request.id"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+# Other spellings of the cached input tokens: SGLang's spans, OpenInference's.
+GEN_AI_USAGE_CACHED_TOKENS: Final = "gen_ai.usage.cached_tokens"
+OPENINFERENCE_CACHE_READ_TOKENS: Final = "llm.token_count.prompt_details.cache_read"
+OPENINFERENCE_PROMPT_TOKENS: Final = "llm.token_count.prompt"
+OPENINFERENCE_COMPLETION_TOKENS: Final = "llm.token_count.completion"
+HTTP_STATUS_CODE_OLD: Final = "http.status_code"  # pre-1.21 HTTP semantic conventions
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
 
@@ -27,6 +33,12 @@ GEN_AI_CONTENT_PREFIXES: Final = (
     "gen_ai.system_instructions",
     "gen_ai.tool.call.arguments",
     "gen_ai.tool.call.result",
+    # the same content under other instrumentations' keys
+    "llm.openai.messages", "llm.openai.choices",  # LiteLLM's OpenTelemetry callback
+    "traceloop.entity.input", "traceloop.entity.output",  # Traceloop / OpenLLMetry
+    "llm.prompts", "llm.completions",  # OpenLLMetry's older names
+    "input.value", "output.value", "llm.input_messages", "llm.output_messages",
+    "llm.prompt_template",  # OpenInference
 )
 # GenAI span events whose attributes or body carry message content: dropped whole on ingest
 # unless content is explicitly opted in (older event-based GenAI conventions).

@@ -113,6 +113,9 @@ METRIC_POINTS_DROPPED = _m("collector_metric_points_dropped", "counter", (LABEL_
                            "OTLP metric data points dropped (series cap), by reason.")
 SPAN_EVENTS_DROPPED = _m("collector_span_events_dropped", "counter", (LABEL_REASON,),
                          "Span events dropped on ingest (events per span, GenAI content).")
+HTTP_CALLS_NOT_LLM = _m("collector_http_calls_not_llm", "counter", (LABEL_REASON,),
+                        "HTTP server traces that were not LLM calls (health checks, docs "
+                        "pages, 4xx/5xx on other routes): not requests.")
 # The serialized stage after the assembler, pricing and the second hop (docs/deploy.md).
 PIPELINE_QUEUE_DEPTH = _m("collector_pipeline_queue_depth", "gauge", (),
                           "Traces and record batches waiting for the pipeline worker.")

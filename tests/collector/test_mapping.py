@@ -194,3 +194,64 @@ def test_an_engine_span_without_a_queue_time_records_no_queue_stage() -> None:
     assert record.queue_seconds is None  # not recorded, never a measured 0 s
     assert StageId.SCHEDULER_QUEUE not in record.stages
     assert record.prefill_seconds == pytest.approx(0.03)
+
+
+def test_health_checks_docs_and_404s_are_not_requests() -> None:
+    from tokenpath.collector.mapping import StageMapper
+    from tokenpath.collector.stats import CollectorStats
+
+    class Keep:
+        records: list = []
+
+        def consume_record(self, record):  # type: ignore[no-untyped-def]
+            self.records.append(record)
+
+        def shutdown(self) -> None:
+            pass
+
+    stats = CollectorStats()
+    keep = Keep()
+    mapper = StageMapper(keep, stats)
+    for route, status in (("/healthz", 200), ("/docs", 200), ("/nope", 404)):
+        tid = new_trace_id()
+        mapper.consume_trace(trace(span(tid, f"GET {route}", kind=SPAN_KIND_SERVER,
+                                        attributes={"http.route": route,
+                                                    "http.response.status_code": status})))
+    assert keep.records == []
+    assert stats.http_calls_not_llm == {"other_route": 2, "4xx": 1}
+    # an LLM route is a request, and a gen_ai attribute makes one of any route
+    for route, attributes in (("/v1/chat/completions", {}),
+                              ("/api/ask", {A.GEN_AI_REQUEST_MODEL: "m"})):
+        tid = new_trace_id()
+        mapper.consume_trace(trace(span(tid, "POST", kind=SPAN_KIND_SERVER,
+                                        attributes={"http.route": route, **attributes})))
+    assert len(keep.records) == 2
+
+
+def test_status_follows_the_http_status_code() -> None:
+    for code, status in ((200, "ok"), (429, "client_error"), (503, "error")):
+        tid = new_trace_id()
+        record = map_trace(trace(span(tid, "POST", kind=SPAN_KIND_SERVER, attributes={
+            "http.route": "/v1/completions", "http.response.status_code": code})))
+        assert record is not None and record.status == status
+
+
+def test_engine_tokens_win_over_a_clients_whatever_the_key() -> None:
+    tid = new_trace_id()
+    client = span(tid, "chat m", start=0.0, end=1.0,
+                  attributes={A.GEN_AI_USAGE_INPUT_TOKENS: 7, A.GEN_AI_USAGE_OUTPUT_TOKENS: 3})
+    engine = span(tid, A.VLLM_REQUEST_SPAN_NAME, parent=client.span_id, start=0.1, end=0.9,
+                  attributes=VLLM_ATTRS)
+    record = map_trace(trace(client, engine))
+    assert record is not None
+    assert record.input_tokens == VLLM_ATTRS[A.VLLM_USAGE_PROMPT_TOKENS]
+    assert record.output_tokens == VLLM_ATTRS[A.VLLM_USAGE_COMPLETION_TOKENS]
+
+
+def test_cached_tokens_in_every_spelling() -> None:
+    for key in (A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, A.GEN_AI_USAGE_CACHED_TOKENS,
+                A.OPENINFERENCE_CACHE_READ_TOKENS, A.CACHED_TOKENS):
+        tid = new_trace_id()
+        record = map_trace(trace(span(tid, A.VLLM_REQUEST_SPAN_NAME,
+                                      attributes={**VLLM_ATTRS, key: 40})))
+        assert record is not None and record.cache_read_tokens == 40, key

@@ -44,3 +44,20 @@ def test_equal_sets_of_strings_and_numbers_are_shared_between_spans() -> None:
         [make_span(trace_id, attrs=common) for _ in range(3)]), IngestLimits())
     first, second, third = (span.attributes for span in decoded.spans)
     assert first is second is third  # one dict for the three spans
+
+
+def test_content_under_other_instrumentations_keys_is_dropped_and_counted() -> None:
+    """LiteLLM's, Traceloop's and OpenInference's prompt and completion attributes are
+    content as gen_ai.* content is: dropped on ingest, counted, never held."""
+    keys = ("llm.openai.messages", "llm.openai.choices", "traceloop.entity.input",
+            "traceloop.entity.output", "input.value", "output.value",
+            "llm.input_messages.0.message.content", "llm.prompts.0.content")
+    span = make_span(new_trace_id(), attrs={**{k: "secret prompt" for k in keys},
+                                            "llm.token_count.prompt": 12})
+    decoded = decode_traces(export_request([span]), IngestLimits())
+    (kept,) = decoded.spans
+    assert not any(k in kept.attributes for k in keys)
+    assert kept.attributes["llm.token_count.prompt"] == 12  # counts are not content
+    assert decoded.content_attributes_dropped == len(keys)
+    opted_in = decode_traces(export_request([span]), IngestLimits(keep_content_attributes=True))
+    assert opted_in.spans[0].attributes["traceloop.entity.input"] == "secret prompt"
