@@ -122,12 +122,20 @@ def build_app(
         return [r.to_json() for r in store.records(limit=limit, since_unix=_since(since),
                                                    until_unix=until)]
 
-    @app.get("/api/requests/{trace_id}")
-    def request(trace_id: str) -> dict[str, Any]:
-        record = store.record(trace_id.lower())
+    @app.get("/api/requests/{record_id}")
+    def request(record_id: str) -> dict[str, Any]:
+        record = store.record(record_id.lower())
         if record is None:
-            raise HTTPException(404, f"no request with trace id {trace_id}")
+            raise HTTPException(404, f"no request with record or trace id {record_id}")
         return record.to_json()
+
+    @app.get("/api/traces/{trace_id}")
+    def trace_calls(trace_id: str) -> list[dict[str, Any]]:
+        """The workflow view: every LLM call of one trace, oldest first."""
+        records = store.records_of_trace(trace_id.lower())
+        if not records:
+            raise HTTPException(404, f"no request with trace id {trace_id}")
+        return [r.to_json() for r in records]
 
     @app.get("/api/summary")
     def summary(since: str | None = None) -> dict[str, Any]:

@@ -26,7 +26,14 @@ from typing import Protocol
 
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
-from tokenpath.collector.spans import SPAN_KIND_SERVER, STATUS_CODE_ERROR, AttrValue, SpanData
+from tokenpath.collector.calls import (
+    has_gen_ai,
+    is_call_span,
+    is_engine_span,
+    is_http_server,
+    split_calls,
+)
+from tokenpath.collector.spans import STATUS_CODE_ERROR, AttrValue, SpanData
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.identity import ENGINE_KEYS, NODE_KEYS, identity_from
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
@@ -48,15 +55,6 @@ UNKNOWN_MODEL = "unknown"
 # The largest token or byte count a record takes from an attribute (a signed 64-bit
 # integer, as OTLP's int_value and the store's JSON encoder hold).
 MAX_COUNT = 2**63 - 1
-HTTP_SERVER_MARKERS = ("http.route", "http.method", "http.request.method", "http.target",
-                       "url.path")
-HTTP_ROUTE_KEYS = ("http.route", A.URL_PATH, "http.target")
-# A plain HTTP server span is a request when its route is an LLM API's (OpenAI, Anthropic,
-# SGLang/TGI, SageMaker-style) or when any span of its trace carries a gen_ai.* attribute;
-# health checks, docs pages and the like are not (docs/architecture.md).
-LLM_ROUTE_MARKERS = ("completions", "/chat", "/generate", "/responses", "/messages",
-                     "/embeddings", "/invocations", "/infer")
-GEN_AI_PREFIX = "gen_ai."
 ERROR_STATUS = "error"
 CLIENT_ERROR_STATUS = "client_error"
 OK_STATUS = "ok"
@@ -152,14 +150,6 @@ class _StageAccumulator:
 _RANK = {Provenance.MEASURED: 0, Provenance.DERIVED: 1, Provenance.MODELED: 2}
 
 
-def _route(span: SpanData) -> str:
-    for key in HTTP_ROUTE_KEYS:
-        value = span.attributes.get(key)
-        if isinstance(value, str):
-            return value.lower()
-    return ""
-
-
 def _route_class(spans: list[SpanData]) -> str:
     """A bounded label for an HTTP call that was not an LLM call."""
     for span in spans:
@@ -168,13 +158,6 @@ def _route_class(spans: list[SpanData]) -> str:
         if code is not None and code >= 400:
             return f"{int(code) // 100}xx"
     return "other_route"
-
-
-def _is_llm_call(spans: list[SpanData], server_spans: list[SpanData]) -> bool:
-    """Whether a trace of plain HTTP server spans is an LLM call (not a health check)."""
-    if any(marker in _route(s) for s in server_spans for marker in LLM_ROUTE_MARKERS):
-        return True
-    return any(key.startswith(GEN_AI_PREFIX) for s in spans for key in s.attributes)
 
 
 def _http_status(spans: list[SpanData]) -> str | None:
@@ -205,22 +188,14 @@ def _first_count(layers: list[dict[str, AttrValue]], *keys: str) -> int | None:
     return None
 
 
-def _is_http_server(span: SpanData) -> bool:
-    return (
-        span.kind == SPAN_KIND_SERVER
-        and span.name != A.VLLM_REQUEST_SPAN_NAME
-        and any(key in span.attributes for key in HTTP_SERVER_MARKERS)
-    )
-
-
 _START = attrgetter("start_unix_nano")
 
 
 def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     """The request record of a trace, or None when the trace is not a request."""
     spans = sorted(trace.spans, key=_START)
-    engine_spans = [s for s in spans if s.name == A.VLLM_REQUEST_SPAN_NAME]
-    server_spans = [s for s in spans if _is_http_server(s)]
+    engine_spans = [s for s in spans if is_engine_span(s)]
+    server_spans = [s for s in spans if is_http_server(s)]
     acc = _StageAccumulator()
     add = acc.add
     stage_of = STAGE_BY_VALUE.get
@@ -244,9 +219,9 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
             acc.add(ev_stage, ev_seconds,
                     parse_provenance(event.attributes.get(A.PROVENANCE), Provenance.MEASURED),
                     parse_phase(event.attributes.get(A.PHASE)))
-    if not engine_spans and not acc.stages and (
-            not server_spans or not _is_llm_call(spans, server_spans)):
-        return None
+    if not engine_spans and not acc.stages and not any(is_call_span(s) for s in spans) and not (
+            server_spans and any(has_gen_ai(s) for s in spans)):
+        return None  # not an LLM call: startup spans, health checks, docs pages
 
     roots = [s for s in spans if s.is_root]
     layers: list[dict[str, AttrValue]] = list(trace.annotations)
@@ -388,6 +363,26 @@ def _split_gpu_time(record: RequestRecord, acc: _StageAccumulator) -> None:
         acc.add(stage, in_model - dispatch, Provenance.MODELED, phase)
 
 
+def map_calls(trace: AssembledTrace) -> list[RequestRecord]:
+    """A record per LLM call of the trace (collector/calls.py): the whole trace when it
+    holds one call (or none, by the stage rules), else one per call, each with its own
+    spans and annotations and a record id ``<trace id>-<span id of its top>``."""
+    calls = split_calls(trace.spans)
+    if calls is None:
+        record = map_trace(trace)
+        return [] if record is None else [record]
+    records: list[RequestRecord] = []
+    for call in calls:
+        ids = {s.attributes.get(A.GEN_AI_REQUEST_ID) for s in call.spans if is_engine_span(s)}
+        annotations = [a for a in trace.annotations if a.get(A.GEN_AI_REQUEST_ID) in ids]
+        record = map_trace(AssembledTrace(trace.trace_id, call.spans, trace.complete,
+                                          annotations))
+        if record is not None:
+            record.record_id = f"{trace.trace_id}-{call.top.span_id}"
+            records.append(record)
+    return records
+
+
 class StageMapper:
     """Pipeline component: assembled traces in, request records out."""
 
@@ -397,17 +392,18 @@ class StageMapper:
 
     def consume_trace(self, trace: AssembledTrace) -> None:
         try:
-            record = map_trace(trace)
+            records = map_calls(trace)
         except Exception:
             log.exception("mapping failed for trace %s", trace.trace_id)
             self._stats.add(self._stats.spans_dropped, "mapping_error", len(trace.spans))
             return
-        if record is None:
+        if not records:
             self._stats.incr("spans_unmapped", len(trace.spans))
-            if any(_is_http_server(s) for s in trace.spans):  # a health check, a docs page
+            if any(is_http_server(s) for s in trace.spans):  # a health check, a docs page
                 self._stats.add(self._stats.http_calls_not_llm, _route_class(trace.spans))
             return
-        self._downstream.consume_record(record)
+        for record in records:
+            self._downstream.consume_record(record)
 
     def shutdown(self) -> None:
         self._downstream.shutdown()

@@ -13,6 +13,7 @@ AttrValue = str | bool | int | float | tuple[object, ...]
 Attributes = dict[str, AttrValue]
 
 SPAN_KIND_SERVER = 2
+SPAN_KIND_CLIENT = 3
 STATUS_CODE_ERROR = 2
 
 

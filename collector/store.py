@@ -42,6 +42,9 @@ DEFAULT_RETENTION_CHECK_SECONDS = 60.0
 DEFAULT_QUEUE_SIZE = 100_000
 MEMORY = ":memory:"
 
+# The requests table's key column, named trace_id in the first schema, holds the record id
+# (the trace id itself for a trace with one LLM call, "<trace id>-<span id>" per call of a
+# trace with several), so stores written before records were per call read unchanged.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
     trace_id TEXT PRIMARY KEY,
@@ -222,7 +225,7 @@ class RecordStore:
         rows = []
         for r in records:
             try:
-                rows.append((r.trace_id, r.end_unix, r.model, int(r.complete), encode_body(r)))
+                rows.append((r.record_id, r.end_unix, r.model, int(r.complete), encode_body(r)))
             except (TypeError, ValueError, OverflowError):  # loses this record only
                 log.exception("store: record %s could not be encoded", r.trace_id)
                 self._stats.incr("store_errors")
@@ -307,11 +310,26 @@ class RecordStore:
             rows = self._db.execute(sql, args).fetchall()
         return [RequestRecord.from_json(decode_body(body)) for (body,) in rows]
 
-    def record(self, trace_id: str) -> RequestRecord | None:
+    def record(self, record_id: str) -> RequestRecord | None:
+        """The record with this id; given a trace id of several calls, its first."""
         with self._db_lock:
             row = self._db.execute("SELECT body FROM requests WHERE trace_id = ?",
-                                   (trace_id,)).fetchone()
-        return None if row is None else RequestRecord.from_json(decode_body(row[0]))
+                                   (record_id,)).fetchone()
+        if row is not None:
+            return RequestRecord.from_json(decode_body(row[0]))
+        calls = self.records_of_trace(record_id)
+        return calls[0] if calls else None
+
+    def records_of_trace(self, trace_id: str) -> list[RequestRecord]:
+        """Every record of one trace (its LLM calls), oldest first."""
+        if not trace_id or "-" in trace_id or "%" in trace_id or "_" in trace_id:
+            return []
+        with self._db_lock:
+            rows = self._db.execute(
+                "SELECT body FROM requests WHERE trace_id = ? OR trace_id LIKE ? "
+                "ORDER BY end_unix", (trace_id, trace_id + "-%")).fetchall()
+        records = [RequestRecord.from_json(decode_body(body)) for (body,) in rows]
+        return sorted(records, key=lambda r: r.start_unix)
 
     def idle_cost_dollars(self, since_unix: float | None = None) -> float:
         sql = "SELECT COALESCE(SUM(dollars), 0) FROM idle_cost"

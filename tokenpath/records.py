@@ -65,6 +65,9 @@ class RequestRecord:
     """Everything tokenpath knows about one request, joined from all its spans."""
 
     trace_id: str  # 32 lowercase hex
+    # Unique per record: the trace id for a trace with one LLM call, else
+    # "<trace id>-<span id of the call's top span>" (a trace with N calls gives N records).
+    record_id: str = ""
     model: str = "unknown"
     request_id: str | None = None
     status: str = "ok"
@@ -114,6 +117,10 @@ class RequestRecord:
     # How many engine steps it took part in, prefill and decode (tokenpath.engine.steps).
     engine_steps: int | None = None
 
+    def __post_init__(self) -> None:
+        if not self.record_id:
+            self.record_id = self.trace_id
+
     @property
     def duration_seconds(self) -> float:
         return max(0.0, self.end_unix - self.start_unix)
@@ -131,6 +138,7 @@ class RequestRecord:
     def to_json(self) -> dict[str, Any]:
         return {
             "trace_id": self.trace_id,
+            "record_id": self.record_id,
             "request_id": self.request_id,
             "model": self.model,
             "status": self.status,
@@ -185,6 +193,7 @@ class RequestRecord:
 
         return cls(
             trace_id=str(data["trace_id"]),
+            record_id=str(data.get("record_id") or data["trace_id"]),
             model=str(data.get("model", "unknown")),
             request_id=data.get("request_id"),
             status=str(data.get("status", "ok")),

@@ -52,7 +52,7 @@ class Source:
             merged: dict[str, dict[str, Any]] = {}
             for base in self.collectors:
                 for r in self._collector_records(base, limit, since):
-                    merged.setdefault(r["trace_id"], r)
+                    merged.setdefault(r.get("record_id") or r["trace_id"], r)
             newest = sorted(merged.values(), key=lambda r: r.get("end_unix") or 0.0,
                             reverse=True)
             return [RequestRecord.from_json(r) for r in
@@ -78,8 +78,8 @@ class Source:
             wanted = MAX_API_LIMIT if limit is None else limit - len(out) + (1 if out else 0)
             params["limit"] = min(MAX_API_LIMIT, wanted)
             page = self._get(base, "/api/requests", params)
-            fresh = [r for r in page if r["trace_id"] not in seen]
-            seen.update(r["trace_id"] for r in fresh)
+            fresh = [r for r in page if (r.get("record_id") or r["trace_id"]) not in seen]
+            seen.update(r.get("record_id") or r["trace_id"] for r in fresh)
             out.extend(fresh)
             # A short page is the last; a page of nothing new means more than a page of
             # records ended at one instant (not seen in practice): stop rather than loop.

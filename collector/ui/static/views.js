@@ -160,7 +160,7 @@
     const records = await api(withWindow("/api/requests?limit=200"));
     const rows = records.map((r) => el("tr", {},
       td(fmtTime(r.end_unix)),
-      td(el("a", { href: `#/requests/${r.trace_id}`, class: "mono",
+      td(el("a", { href: `#/requests/${r.record_id || r.trace_id}`, class: "mono",
                    "aria-label": `Request ${r.trace_id}` }, r.trace_id.slice(0, 16) + "…")),
       td(r.model), td(fmtNum(r.input_tokens), "num"), td(fmtNum(r.cache_read_tokens), "num"),
       td(fmtNum(r.output_tokens), "num"), td(fmtSeconds(r.ttft_seconds), "num"),
@@ -221,7 +221,7 @@
     const naiveRatio = r.cost_dollars > 0 ? r.naive_cost_dollars / r.cost_dollars : null;
     return el("div", { class: "page" },
       el("p", {}, el("a", { href: "#/requests", text: "← All requests" })),
-      el("h1", { text: "Request " }, el("span", { class: "mono", text: r.trace_id })),
+      el("h1", { text: "Request " }, el("span", { class: "mono", text: r.record_id || r.trace_id })),
       el("p", { class: "lede", text: [r.model, r.node && `node ${r.node}`,
         r.gpu_type && `${r.gpu_type} × ${r.tensor_parallel}`, r.engine && `engine ${r.engine}`,
         r.simulated ? "simulated" : null, r.complete ? null : "partial trace"]
