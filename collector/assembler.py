@@ -9,6 +9,11 @@ Rules (documented in docs/architecture.md, "Late, duplicate and out-of-order spa
 - The same span (trace id + span id) delivered twice counts once (``duplicate``).
 - A span for a trace that was already finalized is dropped and counted (``late``): records
   are never rewritten, so there are no duplicate records.
+- A trace without a root that goes idle is emitted with what it holds, but stays open: an
+  agent's later LLM calls (after a long tool step) arrive as a continuation of the trace,
+  emitted in their turn (``AssembledTrace.continued``) as their own call records. A span
+  already emitted that arrives again is a duplicate. Once the root has been emitted the
+  trace is finished and later spans are late.
 - Over ``max_traces`` in flight, the least recently updated trace is finalized early as
   incomplete (``capacity``); over ``max_spans_per_trace``, extra spans are dropped.
 - Finalization runs on the collector's own monotonic clock (arrival time), never on span
@@ -78,12 +83,14 @@ class AssemblerConfig:
 
 @dataclass(slots=True)
 class AssembledTrace:
-    """All spans of one trace, handed downstream once."""
+    """The spans of one trace handed downstream: all of them, or (``continued``) those
+    that arrived after an earlier emission of the same trace."""
 
     trace_id: str
     spans: list[SpanData]
     complete: bool
     annotations: list[Attributes] = field(default_factory=list)
+    continued: bool = False
 
 
 class TraceConsumer(Protocol):
@@ -97,6 +104,7 @@ class _Pending:
     spans: dict[str, SpanData]
     last_seen: float
     root_seen: bool = False
+    continued: bool = False
 
 
 class Assembler:
@@ -118,6 +126,8 @@ class Assembler:
         self._pending: OrderedDict[str, _Pending] = OrderedDict()  # least recently updated first
         self._root_deadlines: deque[tuple[float, str]] = deque()
         self._finished: OrderedDict[str, None] = OrderedDict()
+        # traces emitted at their idle timeout without a root: the span ids emitted
+        self._open: OrderedDict[str, set[str]] = OrderedDict()
         self._annotations: OrderedDict[str, tuple[float, Attributes]] = OrderedDict()
         self._span_count = 0
         self._thread: threading.Thread | None = None
@@ -157,9 +167,13 @@ class Assembler:
                     continue
                 pending = self._pending.get(trace_id)
                 if pending is None:
+                    emitted = self._open.get(trace_id)
+                    if emitted is not None and span.span_id in emitted:
+                        duplicate += 1
+                        continue
                     if len(self._pending) >= cfg.max_traces:
                         evicted.append(self._evict_oldest())
-                    pending = _Pending({}, now)
+                    pending = _Pending({}, now, continued=emitted is not None)
                     self._pending[trace_id] = pending
                     earliest = min(earliest, now + cfg.idle_timeout_seconds)
                 else:
@@ -209,12 +223,22 @@ class Assembler:
         trace_id, pending = self._pending.popitem(last=False)
         return self._finish(trace_id, pending, complete=False)
 
-    def _finish(self, trace_id: str, pending: _Pending, complete: bool) -> AssembledTrace:
-        """Move a trace from pending to finished (lock held)."""
+    def _finish(self, trace_id: str, pending: _Pending, complete: bool,
+                keep_open: bool = False) -> AssembledTrace:
+        """Hand a trace's pending spans on (lock held): finished, or (``keep_open``) open
+        for the spans of its later calls."""
         self._span_count -= len(pending.spans)
-        self._finished[trace_id] = None
-        if len(self._finished) > self._config.finished_memory:
-            self._finished.popitem(last=False)
+        if keep_open:
+            emitted = self._open.pop(trace_id, set())
+            emitted.update(pending.spans)
+            self._open[trace_id] = emitted
+            if len(self._open) > self._config.finished_memory:
+                self._open.popitem(last=False)
+        else:
+            self._open.pop(trace_id, None)
+            self._finished[trace_id] = None
+            if len(self._finished) > self._config.finished_memory:
+                self._finished.popitem(last=False)
         spans = list(pending.spans.values())
         annotations = []
         for span in spans:
@@ -223,7 +247,7 @@ class Assembler:
                 found = self._annotations.pop(request_id, None)
                 if found is not None:
                     annotations.append(found[1])
-        return AssembledTrace(trace_id, spans, complete, annotations)
+        return AssembledTrace(trace_id, spans, complete, annotations, pending.continued)
 
     # --- finalization --------------------------------------------------------------------
 
@@ -244,7 +268,9 @@ class Assembler:
                 if pending.last_seen > idle_cutoff:
                     break
                 del self._pending[trace_id]
-                done.append(self._finish(trace_id, pending, complete=pending.root_seen))
+                # without its root the trace may go on (an agent's next call): keep it open
+                done.append(self._finish(trace_id, pending, complete=pending.root_seen,
+                                         keep_open=not pending.root_seen))
             ttl_cutoff = now - cfg.annotation_ttl_seconds
             expired = 0
             while self._annotations:

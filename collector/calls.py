@@ -78,10 +78,14 @@ class Call:
     spans: list[SpanData]
 
 
-def split_calls(spans: list[SpanData]) -> list[Call] | None:
-    """The trace's calls; None when it holds at most one (the whole trace is the record)."""
+def split_calls(spans: list[SpanData], continued: bool = False) -> list[Call] | None:
+    """The trace's calls; None when it holds at most one (the whole trace is the record).
+
+    ``continued``: these spans came after an earlier emission of the trace, so a span
+    above a call may lead to calls already recorded: every call is split out, and its
+    record is its own subtree (no climbing to shared ancestors)."""
     calls = [s for s in spans if is_call_span(s)]
-    if len(calls) < 2:
+    if len(calls) < (1 if continued else 2):
         return None
     by_id = {s.span_id: s for s in spans}
 
@@ -98,7 +102,7 @@ def split_calls(spans: list[SpanData]) -> list[Call] | None:
     call_ids = {s.span_id for s in calls}
     chains = {s.span_id: ancestors(s) for s in calls}
     maximal = [s for s in calls if not any(a.span_id in call_ids for a in chains[s.span_id])]
-    if len(maximal) < 2:
+    if len(maximal) < (1 if continued else 2):
         return None
     leads_to: Counter[str] = Counter()
     for call in maximal:
@@ -111,7 +115,7 @@ def split_calls(spans: list[SpanData]) -> list[Call] | None:
     out: list[Call] = []
     for call in maximal:
         top = call
-        for ancestor in chains[call.span_id]:
+        for ancestor in () if continued else chains[call.span_id]:
             if leads_to[ancestor.span_id] != 1:
                 break
             top = ancestor

@@ -366,17 +366,26 @@ def _split_gpu_time(record: RequestRecord, acc: _StageAccumulator) -> None:
 def map_calls(trace: AssembledTrace) -> list[RequestRecord]:
     """A record per LLM call of the trace (collector/calls.py): the whole trace when it
     holds one call (or none, by the stage rules), else one per call, each with its own
-    spans and annotations and a record id ``<trace id>-<span id of its top>``."""
-    calls = split_calls(trace.spans)
+    spans and annotations and a record id ``<trace id>-<span id of its top>`` (always so
+    for a continued trace, whose earlier emission may hold the bare trace id).
+
+    A record is complete when its trace's root was seen or when it holds its own call's
+    span (engine, gateway or client): an agent's calls are whole long before the
+    workflow's root span ends."""
+    calls = split_calls(trace.spans, trace.continued)
     if calls is None:
         record = map_trace(trace)
-        return [] if record is None else [record]
+        if record is None:
+            return []
+        if trace.continued:
+            record.record_id = f"{trace.trace_id}-{min(s.span_id for s in trace.spans)}"
+        record.complete = trace.complete or any(is_call_span(s) for s in trace.spans)
+        return [record]
     records: list[RequestRecord] = []
     for call in calls:
         ids = {s.attributes.get(A.GEN_AI_REQUEST_ID) for s in call.spans if is_engine_span(s)}
         annotations = [a for a in trace.annotations if a.get(A.GEN_AI_REQUEST_ID) in ids]
-        record = map_trace(AssembledTrace(trace.trace_id, call.spans, trace.complete,
-                                          annotations))
+        record = map_trace(AssembledTrace(trace.trace_id, call.spans, True, annotations))
         if record is not None:
             record.record_id = f"{trace.trace_id}-{call.top.span_id}"
             records.append(record)

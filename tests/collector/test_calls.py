@@ -115,3 +115,41 @@ def test_a_collector_stores_each_call_and_groups_them_by_trace(
     by_trace = httpx.get(f"{service.http_url}/api/requests/{trace_id.hex()}")
     assert by_trace.status_code == 200 and by_trace.json()["trace_id"] == trace_id.hex()
     assert httpx.get(f"{service.http_url}/api/traces/{'0' * 31}1").status_code == 404
+
+
+def test_an_agent_with_a_35_s_tool_step_loses_nothing() -> None:
+    """Call 1, a 35 s tool step, calls 2 and 3, then the workflow's root: the trace goes
+    idle (no root yet) past the idle timeout, is emitted with call 1 and stays open; the
+    rest arrives as its continuation. Three complete records, no span late."""
+    from tests.collector.cost.helpers import FakeClock, RecordingSink
+    from tokenpath.collector.assembler import Assembler, AssemblerConfig
+    from tokenpath.collector.mapping import StageMapper
+    from tokenpath.collector.stats import CollectorStats
+
+    clock = FakeClock(0.0)
+    stats = CollectorStats()
+    sink = RecordingSink()
+    assembler = Assembler(StageMapper(sink, stats), AssemblerConfig(), stats, clock=clock)
+    tid = new_trace_id()
+    root = span(tid, "workflow", start=0.0, end=50.0)
+    tool = span(tid, "tool: search", parent=root.span_id, start=2.0, end=37.0)
+    first = _llm_call(tid, root.span_id, 0.5, 10, 20, 0)
+    assembler.consume_spans(first)
+    clock.now = 31.0  # past the 30 s idle timeout, the workflow still running
+    assembler.tick()
+    assert [r.input_tokens for r in sink.records] == [10]
+    clock.now = 38.0
+    assembler.consume_spans([tool, *_llm_call(tid, root.span_id, 38.0, 14, 15, 1)])
+    clock.now = 46.0
+    assembler.consume_spans([*_llm_call(tid, root.span_id, 45.0, 20, 25, 2), root])
+    clock.now = 46.0 + AssemblerConfig().root_grace_seconds + 0.1
+    assembler.tick()
+    assembler.shutdown()
+    records = sorted(sink.records, key=lambda r: r.start_unix)
+    assert [(r.input_tokens, r.output_tokens) for r in records] == [(10, 20), (14, 15), (20, 25)]
+    assert all(r.complete for r in records)
+    assert len({r.record_id for r in records}) == 3
+    assert stats.spans_dropped["late"] == 0 and stats.spans_dropped["duplicate"] == 0
+    # once the root was emitted the trace is finished: a straggler is late
+    straggler = span(tid, "straggler", parent=root.span_id, start=49.0, end=49.5)
+    assert assembler.consume_spans([straggler]) == {"late": 1}
