@@ -281,7 +281,9 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     _map_gateway(acc, server_spans, engine_spans)
     _split_gpu_time(record, acc)
 
-    ttft = _seconds(look.get(A.TTFT_SECONDS))
+    # TTFT as the user saw it: a shim's measurement, else a GenAI client span's first
+    # chunk, else the engine's
+    ttft = _seconds(look.get(A.TTFT_SECONDS, A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK))
     if ttft is None and engine_spans:
         ttft = _seconds(engine_spans[0].attributes.get(A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN))
     record.ttft_seconds = ttft

@@ -153,3 +153,13 @@ def test_an_agent_with_a_35_s_tool_step_loses_nothing() -> None:
     # once the root was emitted the trace is finished: a straggler is late
     straggler = span(tid, "straggler", parent=root.span_id, start=49.0, end=49.5)
     assert assembler.consume_spans([straggler]) == {"late": 1}
+
+
+def test_a_client_spans_first_chunk_is_the_ttft() -> None:
+    tid = new_trace_id()
+    client = span(tid, "chat m", kind=SPAN_KIND_CLIENT, start=0.0, end=2.0,
+                  attributes={A.GEN_AI_OPERATION_NAME: "chat", A.GEN_AI_REQUEST_MODEL: "m",
+                              A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: 0.42})
+    engine = _engine(tid, client.span_id, 0.1, 30, 12, "req-t")
+    (record,) = map_calls(AssembledTrace(tid, [client, engine], True, []))
+    assert record.ttft_seconds == 0.42  # the client's, not the engine's
