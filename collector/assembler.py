@@ -15,7 +15,12 @@ Rules (documented in docs/architecture.md, "Late, duplicate and out-of-order spa
   already emitted that arrives again is a duplicate. Once the root has been emitted the
   trace is finished and later spans are late.
 - Over ``max_traces`` in flight, the least recently updated trace is finalized early as
-  incomplete (``capacity``); over ``max_spans_per_trace``, extra spans are dropped.
+  incomplete (``capacity``); over ``max_spans_per_trace``, extra spans are dropped, but an
+  important span (root, server, client, engine, stage or gen_ai) replaces an expendable
+  one, so the cap never drops the span a record is built from.
+- The ASGI instrumentation's per-message sub-spans (``asgi.event.type``: one per streamed
+  chunk) are folded into a count and the first body send per server span, never kept: a
+  1,500-chunk stream is one server span, not 1,506 spans against the cap.
 - Finalization runs on the collector's own monotonic clock (arrival time), never on span
   timestamps, so hosts whose clocks disagree cannot hold a trace open or close it early.
   Stage times come from one span's own start and end (one host's clock) or from measured
@@ -35,8 +40,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tokenpath.attributes import GEN_AI_REQUEST_ID, SPAN_REQUEST_ANNOTATION
-from tokenpath.collector.spans import Attributes, SpanData
+from tokenpath.attributes import (
+    GEN_AI_REQUEST_ID,
+    SPAN_REQUEST_ANNOTATION,
+    STAGE,
+    VLLM_REQUEST_SPAN_NAME,
+)
+from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, Attributes, SpanData
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
 
@@ -91,6 +101,9 @@ class AssembledTrace:
     complete: bool
     annotations: list[Attributes] = field(default_factory=list)
     continued: bool = False
+    # ASGI response sends folded on ingest: server span id -> (body sends, first body
+    # send's start in unix ns); the sends themselves are not kept (one per chunk)
+    body_sends: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class TraceConsumer(Protocol):
@@ -105,6 +118,24 @@ class _Pending:
     last_seen: float
     root_seen: bool = False
     continued: bool = False
+    body_sends: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # span ids that may make room for an important span once the trace is at its cap;
+    # None until the cap is first reached
+    expendable: list[str] | None = None
+
+
+ASGI_EVENT_TYPE = "asgi.event.type"  # the ASGI instrumentation's per-message sub-spans
+ASGI_BODY_SEND = "http.response.body"
+
+
+def is_important(span: SpanData) -> bool:
+    """Spans a trace at its cap keeps over others: the root, server and client spans,
+    engine spans, spans that time a stage or carry gen_ai.* facts."""
+    if span.is_root or span.kind in (SPAN_KIND_SERVER, SPAN_KIND_CLIENT) or span.events:
+        return True
+    if span.name == VLLM_REQUEST_SPAN_NAME or STAGE in span.attributes:
+        return True
+    return any(key.startswith("gen_ai.") for key in span.attributes)
 
 
 class Assembler:
@@ -151,7 +182,7 @@ class Assembler:
         evicted: list[AssembledTrace] = []
         cfg = self._config
         stats = self._stats
-        late = duplicate = over_limit = 0
+        late = duplicate = over_limit = summarised = 0
         # The earliest deadline these spans add: a root's grace, a new trace's idle
         # timeout, an annotation's time to live.
         earliest = math.inf
@@ -182,9 +213,22 @@ class Assembler:
                 if span.span_id in pending.spans:
                     duplicate += 1
                     continue
-                if len(pending.spans) >= cfg.max_spans_per_trace:
-                    over_limit += 1
+                event_type = span.attributes.get(ASGI_EVENT_TYPE)
+                if event_type is not None:  # one span per ASGI message: fold, do not keep
+                    summarised += 1
+                    if event_type == ASGI_BODY_SEND:
+                        sends, first = pending.body_sends.get(span.parent_span_id, (0, 0))
+                        first = span.start_unix_nano if not sends else min(
+                            first, span.start_unix_nano)
+                        pending.body_sends[span.parent_span_id] = (sends + 1, first)
                     continue
+                if len(pending.spans) >= cfg.max_spans_per_trace:
+                    if not self._make_room(pending, span):
+                        over_limit += 1
+                        continue
+                    over_limit += 1  # the expendable span it replaced
+                elif pending.expendable is not None and not is_important(span):
+                    pending.expendable.append(span.span_id)
                 pending.spans[span.span_id] = span
                 self._span_count += 1
                 if span.is_root and not pending.root_seen:
@@ -200,11 +244,25 @@ class Assembler:
         stats.add(stats.spans_dropped, "late", late)
         stats.add(stats.spans_dropped, "duplicate", duplicate)
         stats.add(stats.spans_dropped, "spans_per_trace", over_limit)
+        stats.add(stats.spans_summarised, "asgi_message", summarised)
         if evicted:
             stats.add(stats.traces_evicted, "capacity", len(evicted))
             self._emit(evicted)
         return {reason: n for reason, n in (("late", late), ("spans_per_trace", over_limit))
                 if n}
+
+    def _make_room(self, pending: _Pending, span: SpanData) -> bool:
+        """At the cap, an important span replaces an expendable one (lock held)."""
+        if not is_important(span):
+            return False
+        if pending.expendable is None:  # first time at the cap: list what may go
+            pending.expendable = [i for i, s in pending.spans.items() if not is_important(s)]
+        while pending.expendable:
+            victim = pending.expendable.pop()
+            if pending.spans.pop(victim, None) is not None:
+                self._span_count -= 1
+                return True
+        return False
 
     def _remember_annotation(self, span: SpanData, now: float) -> None:
         request_id = span.attr(GEN_AI_REQUEST_ID)
@@ -247,7 +305,8 @@ class Assembler:
                 found = self._annotations.pop(request_id, None)
                 if found is not None:
                     annotations.append(found[1])
-        return AssembledTrace(trace_id, spans, complete, annotations, pending.continued)
+        return AssembledTrace(trace_id, spans, complete, annotations, pending.continued,
+                              pending.body_sends)
 
     # --- finalization --------------------------------------------------------------------
 

@@ -265,6 +265,9 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
         A.GEN_AI_USAGE_CACHED_TOKENS, A.OPENINFERENCE_CACHE_READ_TOKENS) or 0)
     record.response_bytes = look.count(A.RESPONSE_BYTES) or 0
     record.response_chunks = look.count(A.RESPONSE_CHUNKS) or 0
+    outer_sends = trace.body_sends.get(server_spans[0].span_id) if server_spans else None
+    if outer_sends is not None and not record.response_chunks:
+        record.response_chunks = outer_sends[0]  # the ASGI body sends folded on ingest
     record.small_chunks = look.count(A.RESPONSE_SMALL_CHUNKS) or 0
     fingerprints = look.get(A.PREFIX_FINGERPRINTS)
     if isinstance(fingerprints, tuple):
@@ -284,6 +287,8 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     # TTFT as the user saw it: a shim's measurement, else a GenAI client span's first
     # chunk, else the engine's
     ttft = _seconds(look.get(A.TTFT_SECONDS, A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK))
+    if ttft is None and outer_sends is not None:  # the server's first body send (one host)
+        ttft = max(0.0, (outer_sends[1] - server_spans[0].start_unix_nano) / 1e9)
     if ttft is None and engine_spans:
         ttft = _seconds(engine_spans[0].attributes.get(A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN))
     record.ttft_seconds = ttft
@@ -387,7 +392,8 @@ def map_calls(trace: AssembledTrace) -> list[RequestRecord]:
     for call in calls:
         ids = {s.attributes.get(A.GEN_AI_REQUEST_ID) for s in call.spans if is_engine_span(s)}
         annotations = [a for a in trace.annotations if a.get(A.GEN_AI_REQUEST_ID) in ids]
-        record = map_trace(AssembledTrace(trace.trace_id, call.spans, True, annotations))
+        record = map_trace(AssembledTrace(trace.trace_id, call.spans, True, annotations,
+                                          body_sends=trace.body_sends))
         if record is not None:
             record.record_id = f"{trace.trace_id}-{call.top.span_id}"
             records.append(record)

@@ -134,6 +134,7 @@ class _SelfTelemetry(Collector):
             (M.SPANS_RECEIVED, s.spans_received),
             (M.SPANS_REJECTED, s.spans_rejected),
             (M.SPANS_DROPPED, s.spans_dropped),
+            (M.SPANS_SUMMARISED, s.spans_summarised),
             (M.TRACES_EVICTED, s.traces_evicted),
             (M.ATTRIBUTES_DROPPED, s.attributes_dropped),
             (M.REQUESTS_REJECTED, s.requests_rejected),

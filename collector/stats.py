@@ -17,6 +17,7 @@ class CollectorStats:
         self.spans_received: Counter[str] = Counter()  # by receiver
         self.spans_rejected: Counter[tuple[str, str]] = Counter()  # (receiver, reason)
         self.spans_dropped: Counter[str] = Counter()  # by reason
+        self.spans_summarised: Counter[str] = Counter()  # folded on ingest, by kind
         self.traces_evicted: Counter[str] = Counter()  # by reason
         self.attributes_dropped: Counter[str] = Counter()  # by reason
         self.requests_rejected: Counter[tuple[str, str]] = Counter()  # (receiver, status)

@@ -90,6 +90,9 @@ SPANS_REJECTED = _m("collector_spans_rejected", "counter", (LABEL_RECEIVER, LABE
                     "Spans refused by a receiver, by reason.")
 SPANS_DROPPED = _m("collector_spans_dropped", "counter", (LABEL_REASON,),
                    "Spans accepted but dropped later (limits, duplicates, late), by reason.")
+SPANS_SUMMARISED = _m("collector_spans_summarised", "counter", (LABEL_REASON,),
+                      "Spans folded into a summary on ingest, not kept (ASGI per-message "
+                      "sub-spans: one per streamed chunk).")
 ATTRIBUTES_DROPPED = _m("collector_attributes_dropped", "counter", (LABEL_REASON,),
                         "Span attributes dropped or truncated on ingest, by reason.")
 SPANS_UNMAPPED = _m("collector_spans_unmapped", "counter", (),
