@@ -23,6 +23,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from tokenpath import attributes as A
+from tokenpath.collector.native import (
+    DYNAMO_ENGINE_SPAN,
+    GATEWAY_SPAN_NAMES,
+    SGLANG_MODULE_ATTRIBUTE,
+    SGLANG_REQUEST_MODULE,
+)
 from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, SpanData
 
 HTTP_SERVER_MARKERS = ("http.route", "http.method", "http.request.method", "http.target",
@@ -36,10 +42,16 @@ GEN_AI_PREFIX = "gen_ai."
 
 
 def is_engine_span(span: SpanData) -> bool:
-    return span.name == A.VLLM_REQUEST_SPAN_NAME
+    """vLLM's llm_request, SGLang's request root, Dynamo's engine.generate."""
+    return (span.name == A.VLLM_REQUEST_SPAN_NAME or span.name == DYNAMO_ENGINE_SPAN
+            or span.attributes.get(SGLANG_MODULE_ATTRIBUTE) == SGLANG_REQUEST_MODULE)
 
 
 def is_http_server(span: SpanData) -> bool:
+    """A gateway's server span: an HTTP SERVER span, or a known LLM front door's (LiteLLM's
+    proxy request, Dynamo's frontend, the llm-d / GIE endpoint picker's)."""
+    if span.name in GATEWAY_SPAN_NAMES:
+        return True
     return (span.kind == SPAN_KIND_SERVER and not is_engine_span(span)
             and any(key in span.attributes for key in HTTP_SERVER_MARKERS))
 
@@ -63,6 +75,8 @@ def has_gen_ai(span: SpanData) -> bool:
 
 def is_call_span(span: SpanData) -> bool:
     if is_engine_span(span):
+        return True
+    if span.name in GATEWAY_SPAN_NAMES:
         return True
     if is_http_server(span):
         return is_llm_route(span) or has_gen_ai(span)
@@ -113,6 +127,7 @@ def split_calls(spans: list[SpanData], continued: bool = False) -> list[Call] | 
         if span.parent_span_id in by_id and span.parent_span_id != span.span_id:
             children.setdefault(span.parent_span_id, []).append(span)
     out: list[Call] = []
+    merged: dict[object, Call] = {}  # engine request id -> its call (P/D: two engines)
     for call in maximal:
         top = call
         for ancestor in () if continued else chains[call.span_id]:
@@ -128,5 +143,13 @@ def split_calls(spans: list[SpanData], continued: bool = False) -> list[Call] | 
                 if child.span_id not in seen:
                     seen.add(child.span_id)
                     stack.append(child)
-        out.append(Call(top, subtree))
-    return out
+        request_id = call.attributes.get(A.GEN_AI_REQUEST_ID) if top is call and \
+            is_engine_span(call) else None
+        if request_id is not None and request_id in merged:
+            merged[request_id].spans.extend(subtree)  # the other engine of one request
+            continue
+        found = Call(top, subtree)
+        if request_id is not None:
+            merged[request_id] = found
+        out.append(found)
+    return out if len(out) > 1 or continued else None

@@ -33,6 +33,17 @@ from tokenpath.collector.calls import (
     is_http_server,
     split_calls,
 )
+from tokenpath.collector.native import (
+    DYNAMO_ENGINE_SPAN,
+    DYNAMO_INPUT_TOKENS,
+    DYNAMO_MODEL,
+    DYNAMO_OUTPUT_TOKENS,
+    DYNAMO_TTFT_MS,
+    NAMED_STAGE_SPANS,
+    SGLANG_MODULE_ATTRIBUTE,
+    SGLANG_REQUEST_MODULE,
+    UPSTREAM_SPAN_NAMES,
+)
 from tokenpath.collector.spans import STATUS_CODE_ERROR, AttrValue, SpanData
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.identity import ENGINE_KEYS, NODE_KEYS, identity_from
@@ -204,7 +215,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     measured = Provenance.MEASURED
     for span in spans:
         attributes = span.attributes
-        stage = stage_of(attributes.get(A.STAGE))
+        stage = stage_of(attributes.get(A.STAGE)) or NAMED_STAGE_SPANS.get(span.name)
         if stage is not None:  # decoding keeps end >= start; add() clamps at 0 anyway
             add(stage, (span.end_unix_nano - span.start_unix_nano) / 1e9,
                 provenance_of(attributes.get(A.PROVENANCE), measured),
@@ -235,7 +246,8 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.span_count = len(spans)
     record.start_unix = spans[0].start_unix_nano / 1e9
     record.end_unix = max(s.end_unix_nano for s in spans) / 1e9
-    record.model = look.text(A.GEN_AI_REQUEST_MODEL, A.GEN_AI_RESPONSE_MODEL) or UNKNOWN_MODEL
+    record.model = (look.text(A.GEN_AI_REQUEST_MODEL, A.GEN_AI_RESPONSE_MODEL)
+                    or _text(engine_spans, DYNAMO_MODEL) or UNKNOWN_MODEL)
     record.request_id = look.text(A.GEN_AI_REQUEST_ID)
     if engine_spans:  # the engine's own spans name its GPUs, never the gateway's host
         identity = identity_from([*trace.annotations,
@@ -245,7 +257,8 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     else:
         record.node, record.engine_id = look.text(*NODE_KEYS), look.text(*ENGINE_KEYS)
     record.pool = look.text(A.POOL)
-    record.engine = look.text(A.ENGINE) or ("vllm" if engine_spans else None)
+    record.engine = look.text(A.ENGINE) or (_engine_kind(engine_spans[0]) if engine_spans
+                                            else None)
     record.gpu_type = look.text(A.GPU_TYPE)
     record.tensor_parallel = look.count(A.TENSOR_PARALLEL) or 1
     record.simulated = look.get(A.SIMULATED) is True
@@ -256,10 +269,12 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
         *(s.attributes for s in server_spans), *(s.attributes for s in reversed(spans))]
     record.input_tokens = _first_count(token_layers, A.GEN_AI_USAGE_INPUT_TOKENS,
                                        A.VLLM_USAGE_PROMPT_TOKENS,
-                                       A.OPENINFERENCE_PROMPT_TOKENS) or 0
+                                       A.OPENINFERENCE_PROMPT_TOKENS) or _first_count(
+        [s.attributes for s in engine_spans], DYNAMO_INPUT_TOKENS) or 0
     record.output_tokens = _first_count(token_layers, A.GEN_AI_USAGE_OUTPUT_TOKENS,
                                         A.VLLM_USAGE_COMPLETION_TOKENS,
-                                        A.OPENINFERENCE_COMPLETION_TOKENS) or 0
+                                        A.OPENINFERENCE_COMPLETION_TOKENS) or _first_count(
+        [s.attributes for s in engine_spans], DYNAMO_OUTPUT_TOKENS) or 0
     record.cache_read_tokens = min(record.input_tokens, _first_count(
         token_layers, A.CACHED_TOKENS, A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
         A.GEN_AI_USAGE_CACHED_TOKENS, A.OPENINFERENCE_CACHE_READ_TOKENS) or 0)
@@ -281,13 +296,15 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.status = status
 
     _map_engine(record, acc, engine_spans)
-    _map_gateway(acc, server_spans, engine_spans)
+    _map_gateway(acc, spans, server_spans, engine_spans)
     _split_gpu_time(record, acc)
 
     # TTFT as the user saw it: a shim's measurement, else a GenAI client span's first
     # chunk, else the engine's
     ttft = _seconds(look.get(A.TTFT_SECONDS, A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK))
-    if ttft is None and outer_sends is not None:  # the server's first body send (one host)
+    if ttft is None and outer_sends is not None and outer_sends[0] > 1:
+        # a streamed response's first body send, on the server's own clock (one send is
+        # a whole response, not a first token)
         ttft = max(0.0, (outer_sends[1] - server_spans[0].start_unix_nano) / 1e9)
     if ttft is None and engine_spans:
         ttft = _seconds(engine_spans[0].attributes.get(A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN))
@@ -317,6 +334,11 @@ def _map_engine(record: RequestRecord, acc: _StageAccumulator,
             have_queue = True
         p = _seconds(attrs.get(A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL))
         d = _seconds(attrs.get(A.VLLM_LATENCY_TIME_IN_MODEL_DECODE))
+        ttft_ms = _seconds(attrs.get(DYNAMO_TTFT_MS)) if span.name == DYNAMO_ENGINE_SPAN else None
+        if p is None and d is None and ttft_ms is not None:
+            # Dynamo's worker span: first token ttft_ms after it began, then decode
+            p = min(span.duration_seconds, ttft_ms / 1000.0)
+            d = span.duration_seconds - p
         if p is not None:
             prefill += p
             have_prefill = True
@@ -346,13 +368,37 @@ def _map_engine(record: RequestRecord, acc: _StageAccumulator,
     record.prefill_start_unix = end - decode - prefill
 
 
-def _map_gateway(acc: _StageAccumulator, server_spans: list[SpanData],
+def _map_gateway(acc: _StageAccumulator, spans: list[SpanData], server_spans: list[SpanData],
                  engine_spans: Iterable[SpanData]) -> None:
+    """api_gateway derived from the outermost gateway span: its time less what happened
+    downstream of it (a proxy's upstream call, else the engines) and less the gateway
+    stages timed on their own (auth, router)."""
     if StageId.API_GATEWAY in acc.stages or not server_spans:
         return
     outer = server_spans[0]
-    inner = sum(s.duration_seconds for s in engine_spans)
-    acc.add(StageId.API_GATEWAY, outer.duration_seconds - inner, Provenance.DERIVED)
+    upstream = [s for s in spans if s.name in UPSTREAM_SPAN_NAMES]
+    ids = {s.span_id for s in upstream}
+    upstream = [s for s in upstream if s.parent_span_id not in ids]  # the outermost only
+    inner = sum(s.duration_seconds for s in (upstream or engine_spans))
+    timed = sum(acc.stages[s].seconds for s in (StageId.AUTH_RATELIMIT, StageId.ROUTER)
+                if s in acc.stages)
+    acc.add(StageId.API_GATEWAY, outer.duration_seconds - inner - timed, Provenance.DERIVED)
+
+
+def _text(spans: list[SpanData], key: str) -> str | None:
+    for span in spans:
+        value = span.attributes.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _engine_kind(span: SpanData) -> str:
+    if span.name == DYNAMO_ENGINE_SPAN:
+        return "dynamo"
+    if span.attributes.get(SGLANG_MODULE_ATTRIBUTE) == SGLANG_REQUEST_MODULE:
+        return "sglang"
+    return "vllm"
 
 
 def _split_gpu_time(record: RequestRecord, acc: _StageAccumulator) -> None:

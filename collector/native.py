@@ -1,0 +1,46 @@
+"""Span names of serving stacks the collector understands natively, from their sources.
+
+Each table says what a span of another project means on the 15-stage path; docs/stages.md
+lists them with the files they were read from. Where a project's engine cannot run here
+(SGLang, Dynamo, llm-d's scheduler), the tests build fixtures from these names and say so.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from tokenpath.stages import StageId
+
+# --- engine spans ---------------------------------------------------------------------
+# SGLang (--enable-trace, python/sglang/srt/observability/trace.py): the request root is
+# "{role} Req {rid[:8]}" with module "sglang::request"; it carries vLLM's gen_ai.latency.*
+# and gen_ai.usage.* names. Prefill and decode nodes of a disaggregated (P/D) request each
+# emit one, with the same gen_ai.request.id.
+SGLANG_MODULE_ATTRIBUTE: Final = "module"
+SGLANG_REQUEST_MODULE: Final = "sglang::request"
+# NVIDIA Dynamo (lib/backend-common/src/adapter.rs): the worker's engine.generate span, with
+# its own token and TTFT fields (no gen_ai.latency.*).
+DYNAMO_ENGINE_SPAN: Final = "engine.generate"
+DYNAMO_INPUT_TOKENS: Final = "input_tokens"
+DYNAMO_OUTPUT_TOKENS: Final = "output_tokens"
+DYNAMO_TTFT_MS: Final = "ttft_ms"
+DYNAMO_MODEL: Final = "model"
+
+# --- gateway spans: the LLM front door of a request (api_gateway, derived) ------------------
+LITELLM_PROXY_SPAN: Final = "Received Proxy Server Request"  # litellm/integrations/opentelemetry.py
+DYNAMO_FRONTEND_SPAN: Final = "http-request"  # lib/runtime/src/logging.rs
+GIE_GATEWAY_SPAN: Final = "gateway.request"  # llm-d scheduler / GIE EPP, handlers/server.go
+GATEWAY_SPAN_NAMES: Final = frozenset({LITELLM_PROXY_SPAN, DYNAMO_FRONTEND_SPAN,
+                                       GIE_GATEWAY_SPAN})
+
+# --- spans that time one stage (measured, their own duration) ----------------------------
+NAMED_STAGE_SPANS: Final[dict[str, StageId]] = {
+    "auth": StageId.AUTH_RATELIMIT,  # LiteLLM service span (ServiceTypes.AUTH)
+    "router": StageId.ROUTER,  # LiteLLM service span (ServiceTypes.ROUTER)
+    "gateway.request_orchestration": StageId.ROUTER,  # llm-d/GIE director: scheduling
+    "prefill_waiting": StageId.SCHEDULER_QUEUE,  # SGLang slice
+    "decode_waiting": StageId.SCHEDULER_QUEUE,  # SGLang slice (P/D decode node)
+}
+
+# --- a proxy's upstream call: its wait is not gateway time ---------------------------------
+UPSTREAM_SPAN_NAMES: Final = frozenset({"litellm_request", "raw_gen_ai_request"})
