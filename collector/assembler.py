@@ -3,7 +3,9 @@
 Rules (documented in docs/architecture.md, "Late, duplicate and out-of-order spans"):
 
 - Spans of a trace may arrive in any order and in any number of export batches.
-- A trace is final ``root_grace_seconds`` after its root span (no parent) arrived, or after
+- A trace is final ``root_grace_seconds`` after its root span (no parent) arrived, or a
+  local root (a server span whose parent is in another process, by the OTLP span flags:
+  a client that propagates but exports elsewhere), or after
   ``idle_timeout_seconds`` with no new span; without a root it is final as ``complete:
   false``.
 - The same span (trace id + span id) delivered twice counts once (``duplicate``).
@@ -231,7 +233,7 @@ class Assembler:
                     pending.expendable.append(span.span_id)
                 pending.spans[span.span_id] = span
                 self._span_count += 1
-                if span.is_root and not pending.root_seen:
+                if (span.is_root or span.is_local_root) and not pending.root_seen:
                     pending.root_seen = True
                     self._root_deadlines.append((now + cfg.root_grace_seconds, trace_id))
                     earliest = min(earliest, now + cfg.root_grace_seconds)

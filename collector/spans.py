@@ -37,10 +37,18 @@ class SpanData:
     events: Sequence[SpanEvent] = ()  # a shared empty tuple for the many spans without
     resource: Attributes = field(default_factory=dict)
     status_code: int = 0  # OTLP: 0 unset, 1 ok, 2 error
+    # Its parent is in another process (OTLP span flags): the span is a local root.
+    remote_parent: bool = False
 
     @property
     def is_root(self) -> bool:
         return not self.parent_span_id
+
+    @property
+    def is_local_root(self) -> bool:
+        """The first span of this process in the trace: a server span whose caller (a
+        client that may export elsewhere) is another process."""
+        return self.remote_parent and self.kind == SPAN_KIND_SERVER
 
     @property
     def duration_seconds(self) -> float:

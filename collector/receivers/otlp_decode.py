@@ -281,12 +281,18 @@ def decode_traces(message: ExportTraceServiceRequest, limits: IngestLimits) -> D
                         if span.events else (),
                         resource,
                         span.status.code,
+                        span.flags & _REMOTE_PARENT_FLAGS == _REMOTE_PARENT_FLAGS,
                     )
                 )
     out.attributes_dropped = reader.dropped
     out.content_attributes_dropped = reader.content_dropped
     out.values_truncated = reader.truncated
     return out
+
+
+# OTLP span flags: bit 8 says whether the parent's remoteness is known, bit 9 that it is
+# remote (the span continues a trace another process started: a local root).
+_REMOTE_PARENT_FLAGS = 0x100 | 0x200
 
 
 def _read_events(raw_events: Any, reader: _AttributeReader, max_events: int,

@@ -163,3 +163,34 @@ def test_a_client_spans_first_chunk_is_the_ttft() -> None:
     engine = _engine(tid, client.span_id, 0.1, 30, 12, "req-t")
     (record,) = map_calls(AssembledTrace(tid, [client, engine], True, []))
     assert record.ttft_seconds == 0.42  # the client's, not the engine's
+
+
+def test_a_client_that_exports_elsewhere_leaves_a_local_root() -> None:
+    """The gateway's server span continues a trace the client started in another process
+    (OTLP span flags: parent is remote); the client exports elsewhere, so no root ever
+    comes. The server span is the local root: the record is final after the root grace,
+    not the idle timeout."""
+    from tests.collector.cost.helpers import FakeClock, RecordingSink
+    from tests.support.otlp import new_span_id
+    from tokenpath.collector.assembler import Assembler, AssemblerConfig
+    from tokenpath.collector.limits import IngestLimits
+    from tokenpath.collector.mapping import StageMapper
+    from tokenpath.collector.receivers.otlp_decode import decode_traces
+    from tokenpath.collector.stats import CollectorStats
+
+    trace_id = new_trace_bytes()
+    server = make_span(trace_id, parent=new_span_id(), name=f"POST {CHAT}",
+                       kind=SPAN_KIND_SERVER, attrs={"http.route": CHAT,
+                                                     A.GEN_AI_REQUEST_MODEL: "m"})
+    server.flags = 0x100 | 0x200  # the SDK's "parent is remote"
+    spans = decode_traces(export_request([server]), IngestLimits()).spans
+    assert spans[0].is_local_root
+    clock = FakeClock(0.0)
+    sink = RecordingSink()
+    config = AssemblerConfig()
+    assembler = Assembler(StageMapper(sink, CollectorStats()), config, clock=clock)
+    assembler.consume_spans(spans)
+    clock.now = config.root_grace_seconds + 0.1  # far short of the idle timeout
+    assembler.tick()
+    (record,) = sink.records
+    assert record.complete
