@@ -25,6 +25,17 @@ def _one(spans: list[SpanData]):  # type: ignore[no-untyped-def]
     return records[0]
 
 
+def _vllm_engine(tid: str, parent: str, start: float, end: float, prompt: int,
+                 completion: int, queue: float, prefill: float, decode: float) -> SpanData:
+    return span(tid, A.VLLM_REQUEST_SPAN_NAME, parent=parent, kind=SPAN_KIND_SERVER,
+                start=start, end=end, attributes={
+                    A.GEN_AI_REQUEST_MODEL: "llama-3.1-8b", A.VLLM_USAGE_PROMPT_TOKENS: prompt,
+                    A.VLLM_USAGE_COMPLETION_TOKENS: completion,
+                    A.VLLM_LATENCY_TIME_IN_QUEUE: queue,
+                    A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL: prefill,
+                    A.VLLM_LATENCY_TIME_IN_MODEL_DECODE: decode})
+
+
 def _sglang_root(tid: str, role: str, start: float, end: float, prefill: float,
                  decode: float, **extra: object) -> SpanData:
     return span(tid, f"{role} Req 1a2b3c4d", start=start, end=end, attributes={
@@ -92,12 +103,7 @@ def test_llm_d_gateway_and_scheduling_in_front_of_vllm() -> None:
                          attributes={"target_model": "llama-3.1-8b", "request_prio": 0})
     scorer = span(tid, "llm_d.epp.scorer.prefix_cache", parent=orchestration.span_id,
                   start=0.002, end=0.003, attributes={"llm_d.scorer.score.max": 0.8})
-    engine = span(tid, A.VLLM_REQUEST_SPAN_NAME, parent=gateway.span_id, kind=SPAN_KIND_SERVER,
-                  start=0.01, end=0.95, attributes={
-                      A.GEN_AI_REQUEST_MODEL: "llama-3.1-8b", A.VLLM_USAGE_PROMPT_TOKENS: 100,
-                      A.VLLM_USAGE_COMPLETION_TOKENS: 20, A.VLLM_LATENCY_TIME_IN_QUEUE: 0.01,
-                      A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL: 0.05,
-                      A.VLLM_LATENCY_TIME_IN_MODEL_DECODE: 0.8})
+    engine = _vllm_engine(tid, gateway.span_id, 0.01, 0.95, 100, 20, 0.01, 0.05, 0.8)
     record = _one([gateway, orchestration, scorer, engine])
     assert record.stages[StageId.ROUTER].seconds == pytest.approx(0.003)
     # the gateway's own time: less the engine and less the scheduling timed apart
@@ -115,12 +121,7 @@ def test_litellm_auth_router_and_upstream_wait_behind_which_a_gateway_sits() -> 
                                                        "gen_ai.response.id": "chatcmpl-1"})
     gateway = span(tid, f"POST {CHAT}", parent=upstream.span_id, kind=SPAN_KIND_SERVER,
                    start=0.02, end=23.6, attributes={"http.route": CHAT})
-    engine = span(tid, A.VLLM_REQUEST_SPAN_NAME, parent=gateway.span_id, kind=SPAN_KIND_SERVER,
-                  start=0.03, end=23.5, attributes={
-                      A.GEN_AI_REQUEST_MODEL: "llama-3.1-8b", A.VLLM_USAGE_PROMPT_TOKENS: 120,
-                      A.VLLM_USAGE_COMPLETION_TOKENS: 900, A.VLLM_LATENCY_TIME_IN_QUEUE: 0.1,
-                      A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL: 0.4,
-                      A.VLLM_LATENCY_TIME_IN_MODEL_DECODE: 22.9})
+    engine = _vllm_engine(tid, gateway.span_id, 0.03, 23.5, 120, 900, 0.1, 0.4, 22.9)
     record = _one([proxy, auth, router, upstream, gateway, engine])  # one record, not two
     assert record.input_tokens == 120  # the engine's count
     assert record.stages[StageId.AUTH_RATELIMIT].seconds == pytest.approx(0.003)
