@@ -8,6 +8,7 @@ average. The model comes from the first of :data:`MODEL_LABELS` present on the s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -34,14 +35,34 @@ class EngineMetricRule:
     # An older name is ignored on a page that also has its successor (no double count
     # during a deprecation window).
     superseded_by: str | None = None
+    # A third label the target keeps: the engine's label of that name, its values mapped
+    # through ``values`` (a value not in it is skipped: the label stays bounded).
+    label: str | None = None
+    values: Mapping[str, str] | None = None
 
 
 def _rule(
     source: str, target: MetricSpec, aggregate: Aggregate, note: str = "",
-    superseded_by: str | None = None,
+    superseded_by: str | None = None, label: str | None = None,
+    values: Mapping[str, str] | None = None,
 ) -> EngineMetricRule:
     engine = source.split(":", 1)[0]
-    return EngineMetricRule(source, engine, target, aggregate, note, superseded_by)
+    return EngineMetricRule(source, engine, target, aggregate, note, superseded_by, label,
+                            values)
+
+
+# vLLM PromptTokenStats.ALL_SOURCES (vllm:prompt_tokens_by_source, label "source") and
+# SGLang's realtime_tokens modes, as tokenpath's token sources.
+VLLM_TOKEN_SOURCES: Final = {"local_compute": mn.TOKEN_SOURCE_COMPUTE,
+                             "local_cache_hit": mn.TOKEN_SOURCE_LOCAL_CACHE,
+                             "external_kv_transfer": mn.TOKEN_SOURCE_KV_TRANSFER}
+SGLANG_TOKEN_MODES: Final = {"prefill_compute": mn.TOKEN_SOURCE_COMPUTE,
+                             "prefill_cache": mn.TOKEN_SOURCE_LOCAL_CACHE}
+# SGLang's RequestStage values recorded in per_stage_req_latency_seconds (req_time_stats.py)
+SGLANG_STAGES: Final = {name: name for name in (
+    "request_process", "prefill_forward", "chunked_prefill", "prefill_bootstrap",
+    "prefill_transfer_kv_cache", "decode_prepare", "decode_bootstrap", "decode_waiting",
+    "decode_transferred", "fake_output", "quick_finish")}
 
 
 ENGINE_METRIC_RULES: tuple[EngineMetricRule, ...] = (
@@ -72,6 +93,27 @@ ENGINE_METRIC_RULES: tuple[EngineMetricRule, ...] = (
     _rule("sglang:token_usage", mn.ENGINE_KV_USAGE, "mean", "KV pool token usage, 0-1"),
     _rule("sglang:cache_hit_rate", mn.ENGINE_PREFIX_HIT_RATE, "mean"),
     _rule("sglang:spec_accept_length", mn.ENGINE_SPEC_ACCEPT_LENGTH, "mean"),
+    # 2026: where prompt tokens' KV came from (vLLM PR #33290; SGLang realtime_tokens)
+    _rule("vllm:prompt_tokens_by_source", mn.ENGINE_PROMPT_TOKENS_BY_SOURCE, "sum",
+          label="source", values=VLLM_TOKEN_SOURCES),
+    _rule("sglang:realtime_tokens", mn.ENGINE_PROMPT_TOKENS_BY_SOURCE, "sum",
+          label="mode", values=SGLANG_TOKEN_MODES),
+    # vLLM NIXL KV connector (kv_connector/v1/nixl/stats.py): histograms' sums and counts
+    _rule("vllm:nixl_xfer_time_seconds_sum", mn.ENGINE_KV_TRANSFER_SECONDS, "sum"),
+    _rule("vllm:nixl_xfer_time_seconds_count", mn.ENGINE_KV_TRANSFERS, "sum"),
+    _rule("vllm:nixl_bytes_transferred_sum", mn.ENGINE_KV_TRANSFER_BYTES, "sum"),
+    _rule("vllm:nixl_num_failed_transfers", mn.ENGINE_KV_TRANSFER_FAILURES, "sum"),
+    _rule("sglang:num_transfer_failed_reqs", mn.ENGINE_KV_TRANSFER_FAILURES, "sum"),
+    # vLLM KV block residency (--kv-cache-metrics; sampled)
+    _rule("vllm:kv_block_lifetime_seconds_count", mn.ENGINE_KV_BLOCK_EVICTIONS, "sum"),
+    _rule("vllm:kv_block_lifetime_seconds_sum", mn.ENGINE_KV_BLOCK_LIFETIME_SECONDS, "sum"),
+    _rule("vllm:kv_block_idle_before_evict_seconds_sum", mn.ENGINE_KV_BLOCK_IDLE_SECONDS,
+          "sum"),
+    # SGLang per-stage latency (observability/metrics_collector.py), by its stage names
+    _rule("sglang:per_stage_req_latency_seconds_sum", mn.ENGINE_STAGE_SECONDS, "sum",
+          label="stage", values=SGLANG_STAGES),
+    _rule("sglang:per_stage_req_latency_seconds_count", mn.ENGINE_STAGE_REQUESTS, "sum",
+          label="stage", values=SGLANG_STAGES),
 )
 
 RULES_BY_SOURCE: Final[dict[str, EngineMetricRule]] = {

@@ -183,7 +183,13 @@ class EngineScraper:
             if rule.superseded_by is not None and rule.superseded_by in present:
                 continue
             model = next((labels[k] for k in MODEL_LABELS if k in labels), UNKNOWN_MODEL)
-            key: EngineKey = (rule.target, (rule.engine, self._model_label(model)))
+            values: tuple[str, ...] = (rule.engine, self._model_label(model))
+            if rule.label is not None:
+                extra = (rule.values or {}).get(labels.get(rule.label, ""))
+                if extra is None:
+                    continue  # a value outside the rule's table (SGLang's "total", say)
+                values = (*values, extra)
+            key: EngineKey = (rule.target, values)
             if rule.target.type == "counter":
                 raw_key: RawKey = (endpoint.url, base, tuple(sorted(labels.items())))
                 if accumulators.update(raw_key, value) is not None:

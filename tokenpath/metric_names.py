@@ -219,6 +219,44 @@ ENGINE_SPEC_ACCEPT_LENGTH = _m("engine_spec_decode_accept_length", "gauge",
                                (LABEL_ENGINE, LABEL_MODEL),
                                "Engine-reported mean accepted length per speculative step "
                                "(SGLang spec_accept_length).")
+# The engines' 2026 metrics (vLLM prompt tokens by source, KV block residency, NIXL KV
+# transfer; SGLang per-stage latency and KV transfer), normalized.
+LABEL_TOKEN_SOURCE: Final = "token_source"
+TOKEN_SOURCE_COMPUTE: Final = "compute"
+TOKEN_SOURCE_LOCAL_CACHE: Final = "local_cache"
+TOKEN_SOURCE_KV_TRANSFER: Final = "kv_transfer"
+ENGINE_PROMPT_TOKENS_BY_SOURCE = _m(
+    "engine_prompt_tokens_by_source", "counter", (LABEL_ENGINE, LABEL_MODEL, LABEL_TOKEN_SOURCE),
+    "Prompt tokens by where their KV came from: compute (prefilled here), local_cache "
+    "(prefix cache hit), kv_transfer (another instance's KV, P/D).")
+ENGINE_KV_TRANSFER_SECONDS = _m("engine_kv_transfer_seconds", "counter",
+                                (LABEL_ENGINE, LABEL_MODEL),
+                                "Seconds spent in KV-cache transfers (vLLM NIXL xfer time).")
+ENGINE_KV_TRANSFERS = _m("engine_kv_transfers", "counter", (LABEL_ENGINE, LABEL_MODEL),
+                         "KV-cache transfers (vLLM NIXL).")
+ENGINE_KV_TRANSFER_BYTES = _m("engine_kv_transfer_bytes", "counter",
+                              (LABEL_ENGINE, LABEL_MODEL),
+                              "Bytes moved by KV-cache transfers (vLLM NIXL).")
+ENGINE_KV_TRANSFER_FAILURES = _m("engine_kv_transfer_failures", "counter",
+                                 (LABEL_ENGINE, LABEL_MODEL),
+                                 "Failed KV-cache transfers (vLLM NIXL, SGLang P/D).")
+ENGINE_KV_BLOCK_EVICTIONS = _m("engine_kv_block_evictions", "counter",
+                               (LABEL_ENGINE, LABEL_MODEL),
+                               "KV blocks evicted (sampled: vLLM --kv-cache-metrics-sample).")
+ENGINE_KV_BLOCK_LIFETIME_SECONDS = _m("engine_kv_block_lifetime_seconds", "counter",
+                                      (LABEL_ENGINE, LABEL_MODEL),
+                                      "Summed lifetimes of the evicted KV blocks: / evictions "
+                                      "is the mean residency.")
+ENGINE_KV_BLOCK_IDLE_SECONDS = _m("engine_kv_block_idle_before_evict_seconds", "counter",
+                                  (LABEL_ENGINE, LABEL_MODEL),
+                                  "Summed idle time of the evicted KV blocks before eviction.")
+ENGINE_STAGE_SECONDS = _m("engine_stage_seconds", "counter",
+                          (LABEL_ENGINE, LABEL_MODEL, LABEL_STAGE),
+                          "Seconds requests spent in each engine stage (SGLang "
+                          "per_stage_req_latency_seconds, by its stage names).")
+ENGINE_STAGE_REQUESTS = _m("engine_stage_requests", "counter",
+                           (LABEL_ENGINE, LABEL_MODEL, LABEL_STAGE),
+                           "Requests that went through each engine stage (SGLang).")
 ENGINE_UP = _m("engine_up", "gauge", (LABEL_SOURCE,),
                "1 when an engine /metrics endpoint answered at the last poll, 0 otherwise.")
 AGENT_POLL_SECONDS = _m("agent_poll_duration_seconds", "gauge", (),
@@ -235,7 +273,11 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     ENGINE_KV_USAGE, ENGINE_SPEC_DRAFT, ENGINE_SPEC_ACCEPTED,
     NODE_NET_TX_AVG_PACKET, NODE_NET_RX_AVG_PACKET, ENGINE_PROMPT_TOKENS_CACHED,
     ENGINE_ESTIMATED_FLOPS, ENGINE_ESTIMATED_READ_BYTES, ENGINE_PREFIX_HIT_RATE,
-    ENGINE_SPEC_ACCEPT_LENGTH, ENGINE_UP, AGENT_POLL_SECONDS, AGENT_OTLP_PUSH_ERRORS,
+    ENGINE_SPEC_ACCEPT_LENGTH, ENGINE_PROMPT_TOKENS_BY_SOURCE, ENGINE_KV_TRANSFER_SECONDS,
+    ENGINE_KV_TRANSFERS, ENGINE_KV_TRANSFER_BYTES, ENGINE_KV_TRANSFER_FAILURES,
+    ENGINE_KV_BLOCK_EVICTIONS, ENGINE_KV_BLOCK_LIFETIME_SECONDS, ENGINE_KV_BLOCK_IDLE_SECONDS,
+    ENGINE_STAGE_SECONDS, ENGINE_STAGE_REQUESTS, ENGINE_UP, AGENT_POLL_SECONDS,
+    AGENT_OTLP_PUSH_ERRORS,
 )
 
 # ``phase`` label value for stages that are not split into prefill and decode.

@@ -340,3 +340,61 @@ def test_an_engine_that_declares_its_families_but_has_no_sample_yet_is_up(
     assert readings.up[endpoint_source(url)] == 1.0
     assert errors.get(endpoint_source(url)) == 0.0
     assert readings.gauges == {}
+
+
+def test_the_engines_2026_metrics(page_server: PageServer, client: httpx.Client) -> None:
+    """vLLM's prompt tokens by source, NIXL KV transfer and KV block residency, SGLang's
+    realtime tokens, per-stage latency and P/D transfer failures, as the engines expose
+    them (names from their sources: agent/engine_names.py)."""
+    page_server.pages["/vllm"] = "\n".join([
+        "# TYPE vllm:prompt_tokens_by_source_total counter",
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 700',
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",'
+        'source="local_cache_hit"} 250',
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",'
+        'source="external_kv_transfer"} 50',
+        "# TYPE vllm:nixl_xfer_time_seconds histogram",
+        'vllm:nixl_xfer_time_seconds_bucket{engine="0",model_name="m",le="0.005"} 1',
+        'vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} 0.75',
+        'vllm:nixl_xfer_time_seconds_count{engine="0",model_name="m"} 12',
+        "# TYPE vllm:nixl_bytes_transferred histogram",
+        'vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} 4.0e9',
+        'vllm:nixl_bytes_transferred_count{engine="0",model_name="m"} 12',
+        "# TYPE vllm:nixl_num_failed_transfers_total counter",
+        'vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} 1',
+        "# TYPE vllm:kv_block_lifetime_seconds histogram",
+        'vllm:kv_block_lifetime_seconds_sum{engine="0",model_name="m"} 90',
+        'vllm:kv_block_lifetime_seconds_count{engine="0",model_name="m"} 30',
+        "",
+    ])
+    page_server.pages["/sglang"] = "\n".join([
+        "# TYPE sglang:realtime_tokens_total counter",
+        'sglang:realtime_tokens_total{model_name="s",mode="prefill_compute"} 300',
+        'sglang:realtime_tokens_total{model_name="s",mode="prefill_cache"} 100',
+        'sglang:realtime_tokens_total{model_name="s",mode="decode"} 999',
+        "# TYPE sglang:per_stage_req_latency_seconds histogram",
+        'sglang:per_stage_req_latency_seconds_sum{model_name="s",stage="prefill_forward"} 2.5',
+        'sglang:per_stage_req_latency_seconds_count{model_name="s",stage="prefill_forward"} 10',
+        "# TYPE sglang:num_transfer_failed_reqs_total counter",
+        'sglang:num_transfer_failed_reqs_total{model_name="s"} 2',
+        "",
+    ])
+    readings = scraper_for([page_server.url("/vllm"), page_server.url("/sglang")],
+                           client).read(ErrorCounts(16))
+    c = readings.counters
+    by_source = mn.ENGINE_PROMPT_TOKENS_BY_SOURCE
+    assert c[(by_source, (ENGINE_VLLM, "m", mn.TOKEN_SOURCE_COMPUTE))] == 700
+    assert c[(by_source, (ENGINE_VLLM, "m", mn.TOKEN_SOURCE_LOCAL_CACHE))] == 250
+    assert c[(by_source, (ENGINE_VLLM, "m", mn.TOKEN_SOURCE_KV_TRANSFER))] == 50
+    assert c[(mn.ENGINE_KV_TRANSFER_SECONDS, (ENGINE_VLLM, "m"))] == 0.75
+    assert c[(mn.ENGINE_KV_TRANSFERS, (ENGINE_VLLM, "m"))] == 12
+    assert c[(mn.ENGINE_KV_TRANSFER_BYTES, (ENGINE_VLLM, "m"))] == 4.0e9
+    assert c[(mn.ENGINE_KV_TRANSFER_FAILURES, (ENGINE_VLLM, "m"))] == 1
+    assert c[(mn.ENGINE_KV_BLOCK_EVICTIONS, (ENGINE_VLLM, "m"))] == 30
+    assert c[(mn.ENGINE_KV_BLOCK_LIFETIME_SECONDS, (ENGINE_VLLM, "m"))] == 90
+    assert c[(by_source, (ENGINE_SGLANG, "s", mn.TOKEN_SOURCE_COMPUTE))] == 300
+    assert c[(by_source, (ENGINE_SGLANG, "s", mn.TOKEN_SOURCE_LOCAL_CACHE))] == 100
+    assert not any(k[0] is by_source and k[1][2] == "decode" for k in c)  # not a prompt source
+    assert c[(mn.ENGINE_STAGE_SECONDS, (ENGINE_SGLANG, "s", "prefill_forward"))] == 2.5
+    assert c[(mn.ENGINE_STAGE_REQUESTS, (ENGINE_SGLANG, "s", "prefill_forward"))] == 10
+    assert c[(mn.ENGINE_KV_TRANSFER_FAILURES, (ENGINE_SGLANG, "s"))] == 2
