@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokenpath import attributes as A
 from tokenpath.collector.cost.prices import load_price_sheet
@@ -133,15 +134,18 @@ def _vllm_span(engine: _Exporter, record: RequestRecord, parent: trace.Span | No
     span.end(end_time=_ns(end))
 
 
-def _demo_span(engine: _Exporter, record: RequestRecord, node: str) -> None:
+def _demo_span(engine: _Exporter, record: RequestRecord, node: str,
+               parent: trace.Span) -> None:
     ps, ds, end = record.prefill_start_unix, record.decode_start_unix, record.engine_end_unix
     assert ps is not None and ds is not None and end is not None
-    engine.ids.next_trace_id = int(record.trace_id, 16)
     identity = EngineIdentity(model=MODEL, engine="simulated", replica="0", node=node,
                               pool="sim", gpu_type=GPU, simulated=True)
+    headers: dict[str, str] = {}  # the gateway's traceparent, as it forwards it
+    TraceContextTextMapPropagator().inject(headers, context=trace.set_span_in_context(parent))
     hooks = EngineRequestTrace(engine.provider.get_tracer("engine"), identity,
                                f"req-{record.trace_id[:16]}", record.input_tokens,
-                               record.output_tokens, arrival=_arrival(record))
+                               record.output_tokens, trace_headers=headers,
+                               arrival=_arrival(record))
     hooks.scheduled(ps)
     hooks.kv_lookup(0.0002, record.cache_read_tokens)
     dispatch = record.stages.get(StageId.GPU_DISPATCH)
@@ -187,9 +191,7 @@ def engine_traffic(now: float, per_engine: int = 100, rps: float = 30.0,
             engine = _Exporter.make({"service.name": "tokenpath-reference"}, rng)
             for record in records:
                 parent = _gateway_span(gateway, record)
-                engine.ids.next_trace_id = int(record.trace_id, 16)
-                with trace.use_span(parent, end_on_exit=False):
-                    _demo_span(engine, record, "gpu-node-1")
+                _demo_span(engine, record, "gpu-node-1", parent)
                 parent.end(end_time=_ns((record.engine_end_unix or 0.0) + 0.003))
         exporters.append(engine)
     spans = [s for e in (gateway, *exporters) for s in e.spans()]
