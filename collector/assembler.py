@@ -61,6 +61,10 @@ DEFAULT_MAX_SPANS_PER_TRACE = 1_000
 DEFAULT_ROOT_GRACE_SECONDS = 6.0
 DEFAULT_IDLE_TIMEOUT_SECONDS = 30.0
 DEFAULT_FINISHED_MEMORY = 100_000
+# Traces handed on but open for later calls (no root without a parent seen yet), and the
+# span ids kept of each to tell a re-sent span from a new one.
+DEFAULT_OPEN_MEMORY = 20_000
+MAX_OPEN_SPAN_IDS = 64
 DEFAULT_ANNOTATION_TTL_SECONDS = 120.0
 DEFAULT_MAX_ANNOTATIONS = 100_000
 # The shortest wait between two finalization passes: under load, traces falling due
@@ -78,12 +82,14 @@ class AssemblerConfig:
     root_grace_seconds: float = DEFAULT_ROOT_GRACE_SECONDS
     idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
     finished_memory: int = DEFAULT_FINISHED_MEMORY
+    open_memory: int = DEFAULT_OPEN_MEMORY
     annotation_ttl_seconds: float = DEFAULT_ANNOTATION_TTL_SECONDS
     max_annotations: int = DEFAULT_MAX_ANNOTATIONS
     tick_seconds: float = DEFAULT_TICK_SECONDS
 
     def validate(self) -> None:
-        for key in ("max_traces", "max_spans_per_trace", "finished_memory", "max_annotations"):
+        for key in ("max_traces", "max_spans_per_trace", "finished_memory", "open_memory",
+                    "max_annotations"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"assembler.{key}", "must be >= 1")
         for key in ("root_grace_seconds", "idle_timeout_seconds", "annotation_ttl_seconds"):
@@ -118,7 +124,8 @@ class TraceConsumer(Protocol):
 class _Pending:
     spans: dict[str, SpanData]
     last_seen: float
-    root_seen: bool = False
+    root_seen: bool = False  # a root or a local root: its grace runs
+    true_root: bool = False  # a span without a parent: the trace cannot go on after it
     continued: bool = False
     body_sends: dict[str, tuple[int, int]] = field(default_factory=dict)
     # span ids that may make room for an important span once the trace is at its cap;
@@ -233,6 +240,8 @@ class Assembler:
                     pending.expendable.append(span.span_id)
                 pending.spans[span.span_id] = span
                 self._span_count += 1
+                if span.is_root:
+                    pending.true_root = True
                 if (span.is_root or span.is_local_root) and not pending.root_seen:
                     pending.root_seen = True
                     self._root_deadlines.append((now + cfg.root_grace_seconds, trace_id))
@@ -290,9 +299,10 @@ class Assembler:
         self._span_count -= len(pending.spans)
         if keep_open:
             emitted = self._open.pop(trace_id, set())
-            emitted.update(pending.spans)
+            room = MAX_OPEN_SPAN_IDS - len(emitted)  # past it a re-sent span is not caught
+            emitted.update(list(pending.spans)[:max(0, room)])
             self._open[trace_id] = emitted
-            if len(self._open) > self._config.finished_memory:
+            if len(self._open) > self._config.open_memory:
                 self._open.popitem(last=False)
         else:
             self._open.pop(trace_id, None)
@@ -322,8 +332,9 @@ class Assembler:
             while self._root_deadlines and self._root_deadlines[0][0] <= now:
                 _, trace_id = self._root_deadlines.popleft()
                 pending = self._pending.pop(trace_id, None)
-                if pending is not None:
-                    done.append(self._finish(trace_id, pending, complete=True))
+                if pending is not None:  # after a local root only, later calls may follow
+                    done.append(self._finish(trace_id, pending, complete=True,
+                                             keep_open=not pending.true_root))
             while self._pending:
                 trace_id, pending = next(iter(self._pending.items()))
                 if pending.last_seen > idle_cutoff:
@@ -331,7 +342,7 @@ class Assembler:
                 del self._pending[trace_id]
                 # without its root the trace may go on (an agent's next call): keep it open
                 done.append(self._finish(trace_id, pending, complete=pending.root_seen,
-                                         keep_open=not pending.root_seen))
+                                         keep_open=not pending.true_root))
             ttl_cutoff = now - cfg.annotation_ttl_seconds
             expired = 0
             while self._annotations:

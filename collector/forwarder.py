@@ -103,15 +103,16 @@ class RecordForwarder:
         self._cond = threading.Condition()
         self._stop = threading.Event()  # wakes a backoff wait early
         self._closing = False
+        self._abandoned = False
         self._thread: threading.Thread | None = None
 
     # --- RecordSink ----------------------------------------------------------------------
 
     def consume_record(self, record: RequestRecord) -> None:
         with self._cond:
-            if len(self._queue) + self._in_flight >= self._config.max_queue_records:
-                if self._queue:
-                    self._queue.popleft()
+            full = len(self._queue) + self._in_flight >= self._config.max_queue_records
+            if full and self._queue:  # the oldest makes room (all in flight: it waits)
+                self._queue.popleft()
                 self._stats.add(self._stats.records_forward_dropped, "queue_full")
             self._queue.append(record)
             self._cond.notify()
@@ -144,8 +145,10 @@ class RecordForwarder:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(self._config.shutdown_seconds)
+            with self._cond:
+                self._abandoned = True  # past the deadline: take no further batch
             self._stop.set()  # cut a backoff short
-            self._thread.join()
+            self._thread.join()  # at most the POST in progress (timeout_seconds)
         with self._cond:
             left = len(self._queue)
             self._queue.clear()
@@ -160,6 +163,8 @@ class RecordForwarder:
         with self._cond:
             while wait and not self._queue and not self._closing:
                 self._cond.wait()
+            if self._abandoned:
+                return []
             n = min(len(self._queue), self._config.batch_records)
             batch = [self._queue.popleft() for _ in range(n)]
             self._in_flight = len(batch)
@@ -191,7 +196,11 @@ class RecordForwarder:
                 except _Retry as retry:
                     delay = retry.after if retry.after is not None else backoff
                     backoff = min(MAX_BACKOFF_SECONDS, backoff * 2)
-                    if self._clock() + delay > deadline or self._stop.is_set():
+                    if self._stop.is_set():  # the shutdown deadline passed
+                        with self._cond:
+                            self._queue.extendleft(reversed(batch))  # counted as shutdown
+                        return
+                    if self._clock() + delay > deadline:
                         self._stats.add(self._stats.records_forward_dropped,
                                         "retry_expired", len(batch))
                         log.warning("forwarder: gave up on %d records after retrying: %s",

@@ -7,9 +7,10 @@ bounded queue; one worker thread drains it through the stage mapper, the cost at
 on a single thread: the attributor holds no lock, and the Prometheus sink's counters,
 written by that thread alone, never lose an update.
 
-Backpressure: the assembler waits while the queue is full (it holds no lock then), and
-the receivers answer 429 / RESOURCE_EXHAUSTED while the queue is over its high-water mark
-(``overloaded``), so the queue never grows without bound.
+Backpressure: the receivers answer 429 / RESOURCE_EXHAUSTED while the queue is over its
+high-water mark (``overloaded``), before they read a body. Nothing ever waits on the queue
+(a receiver thread that evicts a trace may be the HTTP event loop), so its depth is
+bounded by the high-water mark plus the traces the assembler already holds.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class PipelineWorker:
         self._records = records
         self._ticker = ticker
         self._stats = stats or CollectorStats()
-        self._queue: queue.Queue[object] = queue.Queue(queue_size)
+        self._queue: queue.Queue[object] = queue.Queue()  # bounded by admission, see above
         self._high_water = max(1, int(queue_size * HIGH_WATER_FRACTION))
         self._clock = clock
         self._thread: threading.Thread | None = None
@@ -70,7 +71,7 @@ class PipelineWorker:
     # --- feeding -------------------------------------------------------------------------
 
     def consume_trace(self, trace: AssembledTrace) -> None:
-        """From the assembler: waits while the queue is full (backpressure)."""
+        """From the assembler; never blocks (receivers shed load past the high water)."""
         if self._thread is None:
             self._run_trace(trace)
             return

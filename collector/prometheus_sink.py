@@ -181,6 +181,7 @@ class PricingTelemetry(Collector):
     def collect(self) -> Iterator[Metric]:
         stats = self._source.stats
         for spec, value in ((M.RECORDS_LATE, stats.late_records),
+                            (M.RECORDS_DUPLICATE, stats.duplicates),
                             (M.RECORDS_WITHOUT_TIMELINE, stats.without_timeline),
                             (M.PRICING_FORCED_CLOSES, stats.forced_closes)):
             yield CounterMetricFamily(spec.name, spec.help, value=value)

@@ -131,6 +131,9 @@ RECORDS_RECEIVED = _m("collector_records_received", "counter", (LABEL_RECEIVER,)
 RECORDS_LATE = _m("collector_records_late", "counter", (),
                   "Records that arrived after their node's slices closed (priced from "
                   "the closed slices).")
+RECORDS_DUPLICATE = _m("collector_records_duplicate", "counter", (),
+                       "Records priced already and received again (a re-sent forwarded "
+                       "batch): dropped.")
 RECORDS_WITHOUT_TIMELINE = _m("collector_records_without_timeline", "counter", (),
                               "Records with no engine timeline: no GPU dollars apportioned.")
 PRICING_FORCED_CLOSES = _m("collector_pricing_forced_closes", "counter", (),

@@ -49,6 +49,7 @@ from tokenpath.stages import Phase
 GroupKey = tuple[str, str, str, int]  # (engine, model, gpu type, tensor parallel)
 IDLE_ROUNDING_FLOOR = 1e-12  # relative; below this a slice's leftover is float rounding
 MIN_IN_MODEL_FRACTION = 0.5  # below this the engine's own in-model/elapsed is not trusted
+DEFAULT_ENGINE_RETIRE_SECONDS = 600.0
 # A decode shorter than this is priced at its midpoint context (a slope over a span near
 # zero would be ill-conditioned; the context cannot change by more than its tokens).
 DECODE_SLOPE_MIN_SECONDS = 1e-3
@@ -308,10 +309,17 @@ class NodeTimeline:
     """
 
     def __init__(self, dollars_per_gpu_second: float, gpu_count: int | None,
-                 max_closed_slices: int, late_horizon_seconds: float) -> None:
+                 max_closed_slices: int, late_horizon_seconds: float,
+                 engine_retire_seconds: float = DEFAULT_ENGINE_RETIRE_SECONDS) -> None:
         self.dollars_per_gpu_second = dollars_per_gpu_second
         self.fixed_gpu_count = gpu_count  # from the inventory; None: its engines' GPUs
         self.groups: dict[GroupKey, _GroupSweep] = {}
+        # per engine (its id; "" when unnamed): its GPUs (the largest TP seen) and the
+        # last end of its requests. Its models' groups share those GPUs; without an
+        # inventory entry an engine counts towards the node's GPUs until it has served
+        # nothing for engine_retire_seconds (a restarted pod, a process gone).
+        self.engines: dict[str, list[float]] = {}
+        self._retire = engine_retire_seconds
         self._active: dict[GroupKey, _GroupSweep] = {}
         self._events: list[tuple[float, int, EngineInterval, Phase | None]] = []
         self._sequence = 0
@@ -324,9 +332,22 @@ class NodeTimeline:
 
     @property
     def gpu_count(self) -> int:
+        """The node's GPUs now (at the last closed slice)."""
+        return self.gpus_at(self.closed_until)
+
+    def gpus_at(self, t: float | None) -> int:
         if self.fixed_gpu_count is not None:
             return self.fixed_gpu_count
-        return max(1, sum(g.gpus for g in self.groups.values()))
+        if t is None:
+            return max(1, round(sum(e[0] for e in self.engines.values())))
+        return round(sum(gpus for gpus, last_end in self.engines.values()
+                         if last_end > t - self._retire))
+
+    @property
+    def retired(self) -> bool:
+        """No engine of this unit has served anything for the retire time."""
+        return self.fixed_gpu_count is None and not self._active and not self._events and (
+            self.gpus_at(self.closed_until) == 0)
 
     @property
     def pending_events(self) -> int:
@@ -340,6 +361,9 @@ class NodeTimeline:
         prices it from the closed slices and it needs nothing more here)."""
         if iv.group not in self.groups:
             self.groups[iv.group] = _GroupSweep(iv.roofline, iv.gpus)
+        engine = self.engines.setdefault(iv.group[0], [0.0, iv.end])
+        engine[0] = max(engine[0], float(iv.gpus))
+        engine[1] = max(engine[1], iv.end)
         closed = self.closed_until
         if closed is None or iv.prefill_start >= closed:
             self._push(iv.prefill_start, iv, Phase.PREFILL)
@@ -409,28 +433,40 @@ class NodeTimeline:
                     self._transition(iv, phase, t, result.finished)
                 continue
             if not self._active and stop > cur:
-                self._close_slice(cur, stop, result)  # idle: no request to cut it
-                self.closed_until = stop
+                # idle: no request cuts it, only an engine retiring (its GPUs stop counting)
+                cuts = sorted({end + self._retire for _, end in self.engines.values()
+                               if cur < end + self._retire < stop} | {stop})
+                for cut in cuts:
+                    self._close_slice(self.closed_until, cut, result)
+                    self.closed_until = cut
             break
         return result
 
     def _close_slice(self, a: float, b: float, result: SliceResult) -> None:
         dt = b - a
-        node_gpus = self.gpu_count
         price = self.dollars_per_gpu_second
-        node_dollars = node_gpus * price * dt
-        result.node_dollars += node_dollars
         piece = ClosedSlice(a, b)
         used = 0.0
+        node_gpus = self.gpus_at(a)
         if self._active:
             t = (a + b) / 2.0 - self._origin
-            demand = sum(g.gpus for g in self._active.values())
+            # the engines busy in the slice and how many of their groups (models) are
+            members: dict[str, int] = {}
+            for key, group in self._active.items():
+                members[key[0]] = members.get(key[0], 0) + group.count
+            demand = sum(self.engines[e][0] for e in members)
+            node_gpus = max(node_gpus, round(demand)) if self.fixed_gpu_count is None \
+                else node_gpus
             scale = min(1.0, node_gpus / demand)
             for key, group in self._active.items():
                 fraction = group.in_model_fraction()
-                dollars = price * group.gpus * scale * dt * fraction
+                # an engine's GPUs, shared by its models' groups by their requests
+                share = group.count / members[key[0]]
+                dollars = price * self.engines[key[0]][0] * share * scale * dt * fraction
                 piece.groups[key] = group.close(dt, t, dollars, fraction)
                 used += dollars
+        node_dollars = node_gpus * price * dt
+        result.node_dollars += node_dollars
         result.attributed_dollars += used
         idle = node_dollars - used
         if idle > node_dollars * IDLE_ROUNDING_FLOOR:
@@ -485,6 +521,15 @@ def price_late_interval(
     which the other members of those slices have already been charged too."""
     charged = 0.0
     stop = min(until, iv.end)
+    # before the oldest slice still kept: its GPUs' full rate, phase by phase
+    oldest = closed[0].start if closed else stop
+    for early_phase, a, b in ((Phase.PREFILL, iv.prefill_start, iv.decode_start),
+                              (Phase.DECODE, iv.decode_start, iv.end)):
+        seconds = max(0.0, min(b, oldest, stop) - a)
+        if seconds > 0:
+            dollars = iv.gpus * dollars_per_gpu_second * seconds
+            iv.cost_by_phase[early_phase] = iv.cost_by_phase.get(early_phase, 0.0) + dollars
+            charged += dollars
     for piece in closed:
         if piece.end <= iv.prefill_start or piece.start >= stop:
             continue

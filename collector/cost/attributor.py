@@ -24,11 +24,12 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tokenpath.collector.cost.apportion import (
+    DEFAULT_ENGINE_RETIRE_SECONDS,
     MIN_IN_MODEL_FRACTION,
     EngineInterval,
     NodeTimeline,
@@ -62,6 +63,7 @@ DEFAULT_LATE_HORIZON_SECONDS = 120.0  # closed slices kept this long to price la
 MAX_CLOSED_SLICES_PER_NODE = 50_000  # bounds memory: a few hundred bytes each
 DEFAULT_TICK_SECONDS = 1.0
 DEFAULT_MAX_PENDING_RECORDS = 100_000
+MAX_REMEMBERED_RECORD_IDS = 200_000  # to drop a record priced already (re-sent batches)
 
 
 @dataclass(slots=True)
@@ -77,6 +79,9 @@ class AttributorConfig:
     heavy_hitter_capacity: int = DEFAULT_HEAVY_HITTER_CAPACITY
     late_horizon_seconds: float = DEFAULT_LATE_HORIZON_SECONDS
     tick_seconds: float = DEFAULT_TICK_SECONDS  # 0: the worker never ticks (call tick())
+    # without an inventory entry, an engine's GPUs count (for idle) until it has served
+    # nothing this long: a restarted pod or a gone process stops costing idle
+    engine_retire_seconds: float = DEFAULT_ENGINE_RETIRE_SECONDS
 
     def validate(self) -> None:
         if not self.min_delay_seconds >= 0:
@@ -89,6 +94,8 @@ class AttributorConfig:
             raise ConfigError("cost.late_horizon_seconds", "must be >= 0")
         if not self.tick_seconds >= 0:
             raise ConfigError("cost.tick_seconds", "must be >= 0")
+        if not self.engine_retire_seconds > 0:
+            raise ConfigError("cost.engine_retire_seconds", "must be > 0")
         for key, value in (
             ("cost.max_pending_records", self.max_pending_records),
             ("cost.lag_window", self.lag_window),
@@ -142,6 +149,7 @@ class AttributorStats:
     late_records: int = 0
     late_dollars: float = 0.0  # charged to late records for slices others already paid
     forced_closes: int = 0
+    duplicates: int = 0  # a record id seen again (a re-sent forwarded batch): dropped
 
 
 @dataclass(slots=True)
@@ -199,9 +207,14 @@ class CostAttributor:
         self._prices = prices
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
+        self._seen: OrderedDict[str, None] = OrderedDict()  # recent record ids
         self._next_key = 0
         self._pending_total = 0
         self._closed = False
+        # closed slices are kept as long as a record may still be waited for, so a late
+        # record (a request longer than the delay) is priced over all of them
+        self._late_horizon = max(self._config.late_horizon_seconds,
+                                 self._config.max_delay_seconds + self._config.lag_margin_seconds)
         self.stats = AttributorStats()
         self.cache = PrefixCacheTracker(
             block_tokens=self._config.prefix_block_tokens,
@@ -238,6 +251,12 @@ class CostAttributor:
         out_records: list[RequestRecord] = []
         out_idle: list[IdleCost] = []
         self.stats.records_in += 1
+        if record.record_id in self._seen:  # a forwarded batch sent again: priced once
+            self.stats.duplicates += 1
+            return
+        self._seen[record.record_id] = None
+        if len(self._seen) > MAX_REMEMBERED_RECORD_IDS:
+            self._seen.popitem(last=False)
         self._price_record_basics(record)
         node = None if self._closed else self._admit(record, out_records)
         if node is None:
@@ -262,6 +281,9 @@ class CostAttributor:
         out_idle: list[IdleCost] = []
         for node in self._nodes.values():
             self._close_node(node, self._watermark(node), out_records, out_idle)
+        for name in [n for n, node in self._nodes.items()
+                     if not node.pending and node.timeline.retired]:
+            del self._nodes[name]  # every engine of it gone: no idle, no memory
         self._emit(out_records, out_idle)
 
     def delay_for(self, unit: str) -> float:
@@ -312,7 +334,7 @@ class CostAttributor:
                 gpu_type = self._prices.default_gpu_type
             price = self._prices.gpu_price(gpu_type).dollars_per_second
             timeline = NodeTimeline(price, spec.gpu_count, MAX_CLOSED_SLICES_PER_NODE,
-                                    self._config.late_horizon_seconds)
+                                    self._late_horizon, self._config.engine_retire_seconds)
             ledger = NodeLedger(pool=record.pool or spec.pool, gpu_type=gpu_type,
                                 gpu_count=timeline.gpu_count,
                                 in_inventory=in_inventory and spec.gpu_count is not None)

@@ -4,6 +4,7 @@ retries, disaggregated prefill/decode and the single-call trace."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.collector.conftest import ServiceFactory, wait_for
 from tests.fakes.spans import new_trace_id, span
@@ -117,10 +118,13 @@ def test_a_collector_stores_each_call_and_groups_them_by_trace(
     assert httpx.get(f"{service.http_url}/api/traces/{'0' * 31}1").status_code == 404
 
 
-def test_an_agent_with_a_35_s_tool_step_loses_nothing() -> None:
+@pytest.mark.parametrize("remote_parents", [False, True])
+def test_an_agent_with_a_35_s_tool_step_loses_nothing(remote_parents: bool) -> None:
     """Call 1, a 35 s tool step, calls 2 and 3, then the workflow's root: the trace goes
     idle (no root yet) past the idle timeout, is emitted with call 1 and stays open; the
-    rest arrives as its continuation. Three complete records, no span late."""
+    rest arrives as its continuation. Three complete records, no span late. With the
+    SDK's remote-parent flags on the gateway and engine spans (local roots), the first
+    call's grace hands it on as early, and the trace stays open all the same."""
     from tests.collector.cost.helpers import FakeClock, RecordingSink
     from tokenpath.collector.assembler import Assembler, AssemblerConfig
     from tokenpath.collector.mapping import StageMapper
@@ -133,15 +137,21 @@ def test_an_agent_with_a_35_s_tool_step_loses_nothing() -> None:
     tid = new_trace_id()
     root = span(tid, "workflow", start=0.0, end=50.0)
     tool = span(tid, "tool: search", parent=root.span_id, start=2.0, end=37.0)
-    first = _llm_call(tid, root.span_id, 0.5, 10, 20, 0)
+    def call(start: float, prompt: int, completion: int, index: int) -> list[SpanData]:
+        spans = _llm_call(tid, root.span_id, start, prompt, completion, index)
+        for s in spans[1:]:  # the gateway's and the engine's parents are in other processes
+            s.remote_parent = remote_parents
+        return spans
+
+    first = call(0.5, 10, 20, 0)
     assembler.consume_spans(first)
     clock.now = 31.0  # past the 30 s idle timeout, the workflow still running
     assembler.tick()
     assert [r.input_tokens for r in sink.records] == [10]
     clock.now = 38.0
-    assembler.consume_spans([tool, *_llm_call(tid, root.span_id, 38.0, 14, 15, 1)])
+    assembler.consume_spans([tool, *call(38.0, 14, 15, 1)])
     clock.now = 46.0
-    assembler.consume_spans([*_llm_call(tid, root.span_id, 45.0, 20, 25, 2), root])
+    assembler.consume_spans([*call(45.0, 20, 25, 2), root])
     clock.now = 46.0 + AssemblerConfig().root_grace_seconds + 0.1
     assembler.tick()
     assembler.shutdown()

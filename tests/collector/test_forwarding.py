@@ -228,3 +228,17 @@ def test_a_forwarding_collector_prices_nothing_itself(make_service: ServiceFacto
     wait_for(lambda: pricer.store.count() == 1, timeout=30)
     assert mapper.store.count() == 0
     assert mapper.stats.records_forwarded == 1
+
+
+def test_shutdown_keeps_its_deadline_against_a_slow_peer(peer_factory: type[_Peer]) -> None:
+    peer = peer_factory([503] * 1000)  # never takes anything
+    stats = CollectorStats()
+    forwarder = RecordForwarder(ForwarderConfig(peer.url, batch_records=1,
+                                                shutdown_seconds=0.5, timeout_seconds=2),
+                                stats)
+    forwarder.start()
+    for record in _records(20):
+        forwarder.consume_record(record)
+    forwarder.shutdown()  # would retry for max_retry_seconds (300 s) past its deadline
+    assert stats.records_forward_dropped["shutdown"] == 20
+    assert stats.records_forwarded == 0

@@ -39,13 +39,21 @@ def _direct(intervals: list[EngineInterval], node_gpus: int) -> dict[int, dict[P
                 groups[iv.group].append((iv, phase))
         if not groups:
             continue
-        demand = sum(members[0][0].gpus for members in groups.values())
+        # an engine's GPUs (its largest TP), shared by its models' groups by their requests
+        engine_gpus: dict[str, int] = defaultdict(int)
+        for iv in intervals:
+            engine_gpus[iv.group[0]] = max(engine_gpus[iv.group[0]], iv.gpus)
+        engine_members: dict[str, int] = defaultdict(int)
+        for key, members in groups.items():
+            engine_members[key[0]] += len(members)
+        demand = sum(engine_gpus[e] for e in engine_members)
         scale = min(1.0, node_gpus / demand)
-        for members in groups.values():
+        for key, members in groups.items():
             ratios = [iv.in_model_ratio for iv, _ in members if iv.in_model_ratio is not None]
             fraction = 1.0 if not ratios else min(1.0, max(MIN_IN_MODEL_FRACTION,
                                                               sum(ratios) / len(ratios)))
-            dollars = PRICE * members[0][0].gpus * scale * dt * fraction
+            share = len(members) / engine_members[key[0]]
+            dollars = PRICE * engine_gpus[key[0]] * share * scale * dt * fraction
             weights = _weights(members, dt, mid, fraction)
             total = sum(weights)
             for (iv, phase), w in zip(members, weights, strict=True):

@@ -255,3 +255,36 @@ def test_a_busy_node_never_holds_back_another_nodes_records() -> None:
     assert [r.node for r in sink.records] == ["node-b"]
     cost.shutdown()
     assert sorted(r.node or "" for r in sink.records) == ["node-a", "node-b"]
+
+
+def test_a_request_longer_than_the_longest_wait_is_billed_whole() -> None:
+    """A 20-minute request arrives after its node's slices closed and the oldest were
+    dropped: the slices kept price their part, its GPUs' full rate the part before them."""
+    sink = RecordingSink()
+    clock = FakeClock(0.0)
+    cost = attributor(sink, clock, AttributorConfig(tick_seconds=0, min_delay_seconds=0,
+                                                    max_delay_seconds=0, late_horizon_seconds=0))
+    for minute in range(21):  # short requests keep the node's slices closing
+        clock.now = minute * 60.0 + 2.0
+        cost.consume_record(engine_record(minute, minute * 60.0, 0.1, 0.9, node="node-a"))
+    clock.now = 1201.0
+    long = engine_record(100, 0.0, 1.0, 1199.0, node="node-a")
+    cost.consume_record(long)
+    cost.shutdown()
+    assert cost.stats.late_records == 1
+    priced = next(r for r in sink.records if r.trace_id == long.trace_id)
+    # about its whole 1,200 s on one GPU (it shared some slices with the short ones)
+    assert priced.gpu_cost_dollars > 0.95 * 1200 * H100_PER_SECOND
+
+
+def test_a_record_received_twice_is_priced_once() -> None:
+    """A forwarded batch re-sent after a timeout the receiver had in fact taken."""
+    sink = RecordingSink()
+    cost = attributor(sink)
+    once = engine_record(0, 10.0, 0.1, 1.9)
+    cost.consume_record(once)
+    cost.consume_record(engine_record(0, 10.0, 0.1, 1.9))  # the same record id again
+    cost.shutdown()
+    assert [r.record_id for r in sink.records] == [once.record_id]
+    assert math.isclose(sink.records[0].gpu_cost_dollars, 2.0 * H100_PER_SECOND, rel_tol=1e-9)
+    assert cost.stats.duplicates == 1

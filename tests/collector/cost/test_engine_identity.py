@@ -115,3 +115,49 @@ def test_two_engines_on_one_host_are_two_gpu_sets() -> None:
         assert record.gpu_inventory is False
     assert cost.ledger["host-1"].gpu_count == 2
     assert sink.idle_dollars == 0.0
+
+
+def test_models_on_one_engine_share_its_gpus() -> None:
+    """Two models (LoRA adapters, aliases) served by one TP=1 engine at once: one GPU."""
+    sink = RecordingSink()
+    cost = CostAttributor(sink, PRICES, clock=FakeClock(),
+                          config=AttributorConfig(tick_seconds=0))
+    per_second = PRICES.gpus[PRICES.default_gpu_type].dollars_per_second
+    for index, model in enumerate(("llama-3.1-8b", "llama-3.1-8b-lora-a")):
+        cost.consume_record(RequestRecord(
+            trace_id=f"{index + 1:032x}", model=model, engine_id="pod-a", input_tokens=100,
+            output_tokens=50, prefill_seconds=0.1, decode_seconds=9.9,
+            prefill_start_unix=0.0, decode_start_unix=0.1, engine_end_unix=10.0))
+    cost.shutdown()
+    assert math.isclose(sum(r.gpu_cost_dollars for r in sink.records), 10 * per_second,
+                        rel_tol=1e-9)
+    assert sink.idle_dollars == 0.0
+
+
+def test_a_restarted_engine_stops_costing_idle_and_memory() -> None:
+    """A vLLM process replaced by another (a new service.instance.id): the old one's GPU
+    stops counting towards idle after the retire time, and its unit is dropped."""
+    sink = RecordingSink()
+    clock = FakeClock(0.0)
+    config = AttributorConfig(tick_seconds=0, engine_retire_seconds=60,
+                              min_delay_seconds=0, max_delay_seconds=0)
+    cost = CostAttributor(sink, PRICES, clock=clock, config=config)
+    per_second = PRICES.gpus[PRICES.default_gpu_type].dollars_per_second
+
+    def request(index: int, engine: str, start: float) -> RequestRecord:
+        return RequestRecord(
+            trace_id=f"{index + 1:032x}", model="llama-3.1-8b", engine_id=engine,
+            input_tokens=100, output_tokens=50, prefill_seconds=0.1, decode_seconds=0.9,
+            prefill_start_unix=start, decode_start_unix=start + 0.1, engine_end_unix=start + 1)
+
+    clock.now = 1.0
+    cost.consume_record(request(0, "vllm-old", 0.0))
+    for minute in range(1, 30):  # a day compressed: the old process never comes back
+        clock.now = minute * 60.0
+        cost.tick()
+    assert "vllm-old" not in cost.ledger
+    # it cost idle only for its retire time after its last request (61 s in all)
+    assert sink.idle_dollars <= 61 * per_second * (1 + 1e-9)
+    cost.consume_record(request(1, "vllm-new", clock.now))
+    cost.shutdown()
+    assert [r.engine_id for r in sink.records] == ["vllm-old", "vllm-new"]
