@@ -11,6 +11,8 @@ Rules (documented in docs/architecture.md, "Late, duplicate and out-of-order spa
 - The same span (trace id + span id) delivered twice counts once (``duplicate``).
 - A span for a trace that was already finalized is dropped and counted (``late``): records
   are never rewritten, so there are no duplicate records.
+- A trace without a root that goes idle while it holds no LLM call span yet (a long
+  stream's early stage span) gets one more idle period before it is emitted alone.
 - A trace without a root that goes idle is emitted with what it holds, but stays open: an
   agent's later LLM calls (after a long tool step) arrive as a continuation of the trace,
   emitted in their turn (``AssembledTrace.continued``) as their own call records. A span
@@ -48,6 +50,7 @@ from tokenpath.attributes import (
     STAGE,
     VLLM_REQUEST_SPAN_NAME,
 )
+from tokenpath.collector.calls import is_call_span
 from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, Attributes, SpanData
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
@@ -126,6 +129,7 @@ class _Pending:
     last_seen: float
     root_seen: bool = False  # a root or a local root: its grace runs
     true_root: bool = False  # a span without a parent: the trace cannot go on after it
+    waited: bool = False  # given a second idle period: it held no call span yet
     continued: bool = False
     body_sends: dict[str, tuple[int, int]] = field(default_factory=dict)
     # span ids that may make room for an important span once the trace is at its cap;
@@ -339,6 +343,14 @@ class Assembler:
                 trace_id, pending = next(iter(self._pending.items()))
                 if pending.last_seen > idle_cutoff:
                     break
+                if not pending.root_seen and not pending.waited and not any(
+                        is_call_span(s) for s in pending.spans.values()):
+                    # nothing of an LLM call yet (a stage span of a long stream whose
+                    # server span ends later): one more idle period before it goes alone
+                    pending.waited = True
+                    pending.last_seen = now
+                    self._pending.move_to_end(trace_id)
+                    continue
                 del self._pending[trace_id]
                 # without its root the trace may go on (an agent's next call): keep it open
                 done.append(self._finish(trace_id, pending, complete=pending.root_seen,

@@ -57,12 +57,18 @@ def test_same_span_twice_counts_once() -> None:
 
 
 def test_trace_without_root_is_incomplete_after_idle_timeout() -> None:
+    """Without a root, and without any LLM call span yet, a trace waits a second idle
+    period (its call's spans may still come), then goes as incomplete."""
     asm, sink, clock, stats = make()
     tid = new_trace_id()
     asm.consume_spans([span(tid, "orphan", parent="b" * 16)])
     clock.advance(IDLE - 0.01)
     assert asm.tick() == 0
     clock.advance(0.02)
+    assert asm.tick() == 0  # no call span: one more idle period
+    clock.advance(IDLE - 0.02)
+    assert asm.tick() == 0
+    clock.advance(0.04)
     assert asm.tick() == 1
     assert sink.traces[0].complete is False
     assert stats.traces_evicted["idle_timeout"] == 1

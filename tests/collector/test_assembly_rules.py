@@ -102,6 +102,8 @@ def test_trace_without_root_is_final_after_idle_timeout_as_incomplete() -> None:
     clock.now += 4.9
     assert assembler.tick() == 0
     clock.now += 0.2
+    assert assembler.tick() == 0  # no LLM call span in it yet: a second idle period
+    clock.now += 5.0
     assert assembler.tick() == 1
     assert out.traces[0].complete is False
 

@@ -204,3 +204,34 @@ def test_a_client_that_exports_elsewhere_leaves_a_local_root() -> None:
     assembler.tick()
     (record,) = sink.records
     assert record.complete
+
+
+def test_a_stream_longer_than_the_idle_timeout_is_one_record() -> None:
+    """A 50 s stream: the gateway's auth stage span is exported at once, the server and
+    engine spans when the stream ends. The stage span alone holds no call: it waits one
+    more idle period, and the request is one record, not two."""
+    from tests.collector.cost.helpers import FakeClock, RecordingSink
+    from tokenpath.collector.assembler import Assembler, AssemblerConfig
+    from tokenpath.collector.mapping import StageMapper
+    from tokenpath.collector.stats import CollectorStats
+    from tokenpath.stages import StageId
+
+    clock = FakeClock(0.0)
+    sink = RecordingSink()
+    config = AssemblerConfig()
+    assembler = Assembler(StageMapper(sink, CollectorStats()), config, clock=clock)
+    tid = new_trace_id()
+    gateway = span(tid, f"POST {CHAT}", kind=SPAN_KIND_SERVER, start=0.0, end=50.0,
+                   attributes={"http.route": CHAT})
+    auth = span(tid, "auth", parent=gateway.span_id, start=0.001, end=0.003,
+                attributes={A.STAGE: StageId.AUTH_RATELIMIT.value})
+    assembler.consume_spans([auth])
+    clock.now = config.idle_timeout_seconds + 1.0
+    assembler.tick()
+    assert sink.records == []  # no call yet: it waits
+    clock.now = 50.0
+    assembler.consume_spans([gateway, _engine(tid, gateway.span_id, 0.1, 40, 900, "req-s")])
+    clock.now = 50.0 + config.root_grace_seconds + 0.1
+    assembler.tick()
+    (record,) = sink.records
+    assert record.output_tokens == 900 and StageId.AUTH_RATELIMIT in record.stages
