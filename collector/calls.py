@@ -143,13 +143,16 @@ def split_calls(spans: list[SpanData], continued: bool = False) -> list[Call] | 
                 if child.span_id not in seen:
                     seen.add(child.span_id)
                     stack.append(child)
-        request_id = call.attributes.get(A.GEN_AI_REQUEST_ID) if top is call and \
-            is_engine_span(call) else None
-        if request_id is not None and request_id in merged:
-            merged[request_id].spans.extend(subtree)  # the other engine of one request
-            continue
-        found = Call(top, subtree)
-        if request_id is not None:
-            merged[request_id] = found
-        out.append(found)
+        # the engines' request ids: a disaggregated request's prefill and decode engines
+        # share one, under whatever spans the proxy put above each (one call)
+        request_ids = {s.attributes.get(A.GEN_AI_REQUEST_ID) for s in subtree
+                       if is_engine_span(s)} - {None}
+        found = next((merged[r] for r in request_ids if r in merged), None)
+        if found is not None:
+            found.spans.extend(subtree)
+        else:
+            found = Call(top, subtree)
+            out.append(found)
+        for request_id in request_ids:
+            merged.setdefault(request_id, found)
     return out if len(out) > 1 or continued else None

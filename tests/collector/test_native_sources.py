@@ -129,3 +129,22 @@ def test_litellm_auth_router_and_upstream_wait_behind_which_a_gateway_sits() -> 
     # the proxy's own overhead: not its 23.6 s upstream wait, not auth and router
     assert record.stages[StageId.API_GATEWAY].seconds == pytest.approx(
         24.0 - 23.6 - 0.003 - 0.001)
+
+
+def test_pd_engines_behind_separate_client_spans_are_one_request() -> None:
+    """A P/D proxy calls the prefill and the decode engine through two HTTP client spans;
+    the engines' spans share the request id: one call, the input counted once."""
+    tid = new_trace_id()
+    gateway_attrs = {"http.route": CHAT, A.GEN_AI_REQUEST_MODEL: "llama-3.1-8b"}
+    root = span(tid, "proxy", start=0.0, end=2.0)
+    records_spans = [root]
+    for role, start, completion in (("prefill", 0.1, 1), ("decode", 0.4, 40)):
+        client = span(tid, f"POST {role}", parent=root.span_id, kind=SPAN_KIND_CLIENT,
+                      start=start, end=start + 1.2,
+                      attributes={A.GEN_AI_OPERATION_NAME: "chat", **gateway_attrs})
+        engine = _vllm_engine(tid, client.span_id, start + 0.01, start + 1.1, 500, completion,
+                              0.01, 0.2, 0.8)
+        engine.attributes[A.GEN_AI_REQUEST_ID] = "pd-request-1"
+        records_spans += [client, engine]
+    record = _one(records_spans)
+    assert record.input_tokens == 500
