@@ -122,11 +122,6 @@ class RecordForwarder:
     def consume_idle_cost(self, idle: IdleCost) -> None:
         """Nothing is priced here: idle cost is the pricing collector's."""
 
-    @property
-    def queued(self) -> int:
-        with self._cond:
-            return len(self._queue) + self._in_flight
-
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:

@@ -93,10 +93,6 @@ class PipelineWorker:
     def overloaded(self) -> bool:
         return self._queue.qsize() >= self._high_water
 
-    @property
-    def depth(self) -> int:
-        return self._queue.qsize()
-
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:

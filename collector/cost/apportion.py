@@ -349,13 +349,6 @@ class NodeTimeline:
         return self.fixed_gpu_count is None and not self._active and not self._events and (
             self.gpus_at(self.closed_until) == 0)
 
-    @property
-    def pending_events(self) -> int:
-        return len(self._events)
-
-    def next_event(self) -> float | None:
-        return self._events[0][0] if self._events else None
-
     def add(self, iv: EngineInterval) -> bool:
         """Schedule ``iv``; False when all of it lies in slices already closed (the caller
         prices it from the closed slices and it needs nothing more here)."""

@@ -126,7 +126,6 @@ class NodeLedger:
     elapsed_seconds: float = 0.0
     # False: not in the price sheet's inventory, priced as its engines' GPUs of its type
     in_inventory: bool = False
-    engines: set[str] = field(default_factory=set)
 
     @property
     def in_model_fraction(self) -> float:
@@ -376,7 +375,6 @@ class CostAttributor:
             in_model_ratio=self._observe_in_model(ledger, record),
         )
         self._next_key += 1
-        ledger.engines.add(record.engine_id or "")
         closed = node.timeline.closed_until
         if closed is not None and ps < closed:
             self._price_late(node, interval, closed, record.trace_id)
