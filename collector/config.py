@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenpath.collector.assembler import AssemblerConfig
+from tokenpath.collector.call_join import JoinConfig
 from tokenpath.collector.cost.attributor import AttributorConfig
 from tokenpath.collector.forwarder import ForwarderConfig
 from tokenpath.collector.limits import IngestLimits
@@ -35,7 +36,7 @@ ENV_FORWARD_RECORDS = "TOKENPATH_FORWARD_RECORDS"
 # agent's section of a file both read, which the collector leaves alone.
 FILE_KEYS = frozenset({"http", "grpc", "store", "prices", "retention", "max_buffered_spans",
                        "assembler", "cost", "limits", "tls", "agent", "forward_records",
-                       "pipeline_queue_size"})
+                       "pipeline_queue_size", "join"})
 
 
 def default_store_path() -> str:
@@ -66,6 +67,7 @@ class CollectorConfig:
     # them here (the second hop of a sharded deployment, docs/deploy.md).
     forward_records: str | None = None
     pipeline_queue_size: int = DEFAULT_QUEUE_SIZE
+    join: JoinConfig = field(default_factory=JoinConfig)
 
     @property
     def forwarder(self) -> ForwarderConfig | None:
@@ -87,6 +89,7 @@ class CollectorConfig:
         if self.forwarder is not None:
             self.forwarder.validate()
         self.assembler.validate()
+        self.join.validate()
         self.cost.validate()
         self.limits.validate()
         self.tls.validate()
@@ -127,6 +130,7 @@ class CollectorConfig:
         assembler = _section(AssemblerConfig, f, "assembler")
         cost = _section(AttributorConfig, f, "cost")
         limits = _section(IngestLimits, f, "limits")
+        join = _section(JoinConfig, f, "join")
         _section(TlsConfig, f, "tls")  # a mapping with known keys only
         tls_file = {f"tls.{k}": v for k, v in (f.get("tls") or {}).items() if v is not None}
         tls = TlsConfig.from_sources(tls_cert, tls_key, tls_client_ca, tls_file)
@@ -141,6 +145,7 @@ class CollectorConfig:
             store_path=store_path, prices_path=prices_path, retention_seconds=retention,
             max_buffered_spans=max_buffered, auth_token=token, assembler=assembler, cost=cost,
             limits=limits, tls=tls, forward_records=forward, pipeline_queue_size=queue_size,
+            join=join,
         )
         config.validate()
         return config

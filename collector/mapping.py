@@ -26,6 +26,7 @@ from typing import Protocol
 
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
+from tokenpath.collector.call_join import HOP_CLIENT, HOP_PROXY
 from tokenpath.collector.calls import (
     has_gen_ai,
     is_call_span,
@@ -44,7 +45,7 @@ from tokenpath.collector.native import (
     SGLANG_REQUEST_MODULE,
     UPSTREAM_SPAN_NAMES,
 )
-from tokenpath.collector.spans import STATUS_CODE_ERROR, AttrValue, SpanData
+from tokenpath.collector.spans import SPAN_KIND_CLIENT, STATUS_CODE_ERROR, AttrValue, SpanData
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.identity import ENGINE_KEYS, NODE_KEYS, identity_from
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
@@ -213,12 +214,18 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     phase_of = PHASE_BY_VALUE.get
     provenance_of = PROVENANCE_BY_VALUE.get
     measured = Provenance.MEASURED
+    upstream = _outermost_upstream(spans)
     for span in spans:
         attributes = span.attributes
-        stage = stage_of(attributes.get(A.STAGE)) or NAMED_STAGE_SPANS.get(span.name)
+        stage = stage_of(attributes.get(A.STAGE))
+        named = stage is None and span.name in NAMED_STAGE_SPANS
+        if named:
+            stage = NAMED_STAGE_SPANS[span.name]
         if stage is not None:  # decoding keeps end >= start; add() clamps at 0 anyway
-            add(stage, (span.end_unix_nano - span.start_unix_nano) / 1e9,
-                provenance_of(attributes.get(A.PROVENANCE), measured),
+            seconds = (span.end_unix_nano - span.start_unix_nano) / 1e9
+            if named and upstream:  # LiteLLM's router span holds its upstream call
+                seconds -= _overlap_seconds(span, upstream)
+            add(stage, seconds, provenance_of(attributes.get(A.PROVENANCE), measured),
                 phase_of(attributes.get(A.PHASE)))
         for event in span.events:
             if event.name != A.STAGE_EVENT:
@@ -278,6 +285,8 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.cache_read_tokens = min(record.input_tokens, _first_count(
         token_layers, A.CACHED_TOKENS, A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
         A.GEN_AI_USAGE_CACHED_TOKENS, A.OPENINFERENCE_CACHE_READ_TOKENS) or 0)
+    record.response_id = _first_text(token_layers, A.GEN_AI_RESPONSE_ID)
+    record.outer_hop = _outer_hop(spans, engine_spans, server_spans)
     record.response_bytes = look.count(A.RESPONSE_BYTES) or 0
     record.response_chunks = look.count(A.RESPONSE_CHUNKS) or 0
     outer_sends = trace.body_sends.get(server_spans[0].span_id) if server_spans else None
@@ -302,6 +311,8 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     # TTFT as the user saw it: a shim's measurement, else a GenAI client span's first
     # chunk, else the engine's
     ttft = _seconds(look.get(A.TTFT_SECONDS, A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK))
+    if ttft is None:
+        ttft = _client_first_chunk(spans)
     if ttft is None and outer_sends is not None and outer_sends[0] > 1:
         # a streamed response's first body send, on the server's own clock (one send is
         # a whole response, not a first token)
@@ -376,13 +387,66 @@ def _map_gateway(acc: _StageAccumulator, spans: list[SpanData], server_spans: li
     if StageId.API_GATEWAY in acc.stages or not server_spans:
         return
     outer = server_spans[0]
-    upstream = [s for s in spans if s.name in UPSTREAM_SPAN_NAMES]
-    ids = {s.span_id for s in upstream}
-    upstream = [s for s in upstream if s.parent_span_id not in ids]  # the outermost only
+    upstream = _outermost_upstream(spans)
     inner = sum(s.duration_seconds for s in (upstream or engine_spans))
     timed = sum(acc.stages[s].seconds for s in (StageId.AUTH_RATELIMIT, StageId.ROUTER)
                 if s in acc.stages)
     acc.add(StageId.API_GATEWAY, outer.duration_seconds - inner - timed, Provenance.DERIVED)
+
+
+def _outermost_upstream(spans: list[SpanData]) -> list[SpanData]:
+    """A proxy's upstream calls (LiteLLM's litellm_request), the outermost of each."""
+    upstream = [s for s in spans if s.name in UPSTREAM_SPAN_NAMES]
+    ids = {s.span_id for s in upstream}
+    return [s for s in upstream if s.parent_span_id not in ids]
+
+
+def _overlap_seconds(span: SpanData, others: list[SpanData]) -> float:
+    return sum(max(0, min(span.end_unix_nano, o.end_unix_nano)
+                   - max(span.start_unix_nano, o.start_unix_nano)) for o in others) / 1e9
+
+
+def _first_text(layers: list[dict[str, AttrValue]], key: str) -> str | None:
+    for layer in layers:
+        value = layer.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _outer_hop(spans: list[SpanData], engine_spans: list[SpanData],
+               server_spans: list[SpanData]) -> str | None:
+    """"proxy" for a proxy's record whose upstream call is traced apart (LiteLLM without
+    a forwarded traceparent), "client" for a GenAI client span with nothing under it;
+    None when the record holds its serving side (collector/call_join.py)."""
+    if engine_spans:
+        return None
+    if server_spans:
+        upstream = {s.span_id for s in _outermost_upstream(spans)}
+        if not upstream:
+            return None
+        by_id = {s.span_id: s for s in spans}
+        for server in server_spans:  # a server under the upstream call: it was propagated
+            parent, hops = by_id.get(server.parent_span_id), 0
+            while parent is not None and hops < len(spans):
+                if parent.span_id in upstream:
+                    return None
+                parent, hops = by_id.get(parent.parent_span_id), hops + 1
+        return HOP_PROXY
+    if any(s.kind == SPAN_KIND_CLIENT and is_call_span(s) for s in spans):
+        return HOP_CLIENT
+    return None
+
+
+def _client_first_chunk(spans: list[SpanData]) -> float | None:
+    """Seconds from a GenAI client span's start to its first streamed chunk event."""
+    for span in spans:
+        if span.kind != SPAN_KIND_CLIENT:
+            continue
+        for event in span.events:
+            if event.name == A.OPENLLMETRY_CHUNK_EVENT:
+                return max(0.0, (event.time_unix_nano - span.start_unix_nano) / 1e9)
+    return None
 
 
 def _text(spans: list[SpanData], key: str) -> str | None:

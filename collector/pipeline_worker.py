@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from tokenpath.collector.assembler import AssembledTrace, TraceConsumer
@@ -50,17 +50,17 @@ _STOP = object()
 class PipelineWorker:
     """TraceConsumer for the assembler; runs ``traces`` (the mapper, whose downstream is
     the attributor or the forwarder), ``records`` (forwarded records to price) and
-    ``ticker.tick()`` on one thread."""
+    each ticker's ``tick()`` (the call joiner's, the attributor's) on one thread."""
 
     def __init__(self, traces: TraceConsumer, records: RecordConsumer | None,
-                 ticker: Ticking | None, stats: CollectorStats | None = None,
+                 tickers: Sequence[Ticking] = (), stats: CollectorStats | None = None,
                  queue_size: int = DEFAULT_QUEUE_SIZE,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if queue_size < 1:
             raise ConfigError("pipeline.queue_size", "must be >= 1")
         self._traces = traces
         self._records = records
-        self._ticker = ticker
+        self._tickers = tuple(tickers)
         self._stats = stats or CollectorStats()
         self._queue: queue.Queue[object] = queue.Queue()  # bounded by admission, see above
         self._high_water = max(1, int(queue_size * HIGH_WATER_FRACTION))
@@ -116,9 +116,8 @@ class PipelineWorker:
     # --- the worker ----------------------------------------------------------------------
 
     def _tick_interval(self) -> float | None:
-        if self._ticker is None or self._ticker.tick_seconds <= 0:
-            return None
-        return self._ticker.tick_seconds
+        intervals = [t.tick_seconds for t in self._tickers if t.tick_seconds > 0]
+        return min(intervals) if intervals else None
 
     def _run(self) -> None:
         interval = self._tick_interval()
@@ -158,8 +157,8 @@ class PipelineWorker:
                 self._stats.add(self._stats.traces_evicted, "downstream_error")
 
     def _tick(self) -> None:
-        assert self._ticker is not None
-        try:
-            self._ticker.tick()
-        except Exception:  # a failing sink must not kill the worker
-            log.exception("pipeline: tick failed")
+        for ticker in self._tickers:
+            try:
+                ticker.tick()
+            except Exception:  # a failing sink must not kill the worker
+                log.exception("pipeline: tick of %s failed", type(ticker).__name__)

@@ -144,6 +144,7 @@ class _SelfTelemetry(Collector):
             (M.RECORDS_FORWARD_DROPPED, s.records_forward_dropped),
             (M.RECORDS_RECEIVED, s.records_received),
             (M.HTTP_CALLS_NOT_LLM, s.http_calls_not_llm),
+            (M.CALLS_JOINED, s.calls_joined),
             (M.LABEL_OVERFLOW, {b.name: b.overflowed for b in self._labels}),
         )
         for spec, counts in labelled:

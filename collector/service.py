@@ -1,4 +1,5 @@
-"""Wires the pipeline: receivers -> assembler -> [worker: mapper -> attributor -> sinks].
+"""Wires the pipeline: receivers -> assembler -> [worker: mapper -> call joiner ->
+attributor -> sinks].
 
 Everything after the assembler runs on one thread (:mod:`.pipeline_worker`). With
 ``forward_records`` the mapper's downstream is the :class:`RecordForwarder` instead of the
@@ -19,6 +20,7 @@ import logging
 from prometheus_client import CollectorRegistry
 
 from tokenpath.collector.assembler import Assembler
+from tokenpath.collector.call_join import CallJoiner
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.attributor import CostAttributor
 from tokenpath.collector.cost.prices import PriceSheet, load_price_sheet
@@ -68,8 +70,10 @@ class CollectorService:
         if config.forwarder is not None:
             self.forwarder = RecordForwarder(config.forwarder, self.stats, config.auth_token)
             mapped = _ForwardThenClose(self.forwarder, self.attributor)
-        self.mapper = StageMapper(mapped, self.stats)
-        self.worker = PipelineWorker(self.mapper, self.attributor, self.attributor, self.stats,
+        self.joiner = CallJoiner(mapped, config.join, self.stats)
+        self.mapper = StageMapper(self.joiner, self.stats)
+        self.worker = PipelineWorker(self.mapper, self.attributor,
+                                     (self.joiner, self.attributor), self.stats,
                                      config.pipeline_queue_size)
         self.assembler = Assembler(self.worker, config.assembler, self.stats)
         self.ingest = OtlpIngest(self.assembler, self.node_metrics, config.limits, self.stats,

@@ -35,6 +35,8 @@ class CollectorStats:
         self.records_received: Counter[str] = Counter()  # by receiver
         # HTTP server traces that were not LLM calls (health checks, docs, 404s), by class
         self.http_calls_not_llm: Counter[str] = Counter()
+        # a call's client or proxy record joined to its serving side (collector/call_join)
+        self.calls_joined: Counter[str] = Counter()  # by outcome
 
     def add(
         self, counter: Counter[str] | Counter[tuple[str, str]], key: object, n: int = 1

@@ -11,10 +11,14 @@ from typing import Final
 # --- OpenTelemetry GenAI semantic conventions -------------------------------------------
 GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
 GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"  # the completion's id on every hop
 GEN_AI_REQUEST_ID: Final = "gen_ai.request.id"
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"  # "chat", "text_completion", ...
 # Seconds from the client issuing the request to the first streamed chunk (client spans).
 GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+# OpenLLMetry's event per streamed chunk on its client span (opentelemetry-instrumentation-
+# openai, shared/chat_wrappers.py): the first one is the client's first token.
+OPENLLMETRY_CHUNK_EVENT: Final = "gen_ai.content.completion.chunk"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"

@@ -30,6 +30,7 @@ LABEL_REASON: Final = "reason"
 LABEL_PROVENANCE: Final = "provenance"
 LABEL_NODE: Final = "node"
 LABEL_RECEIVER: Final = "receiver"
+LABEL_OUTCOME: Final = "outcome"
 
 # Values of the ``kind`` label on the token counter.
 TOKEN_KIND_INPUT: Final = "input"
@@ -119,6 +120,9 @@ SPAN_EVENTS_DROPPED = _m("collector_span_events_dropped", "counter", (LABEL_REAS
 HTTP_CALLS_NOT_LLM = _m("collector_http_calls_not_llm", "counter", (LABEL_REASON,),
                         "HTTP server traces that were not LLM calls (health checks, docs "
                         "pages, 4xx/5xx on other routes): not requests.")
+CALLS_JOINED = _m("collector_calls_joined", "counter", (LABEL_OUTCOME,),
+                  "Client or proxy records of a call traced apart from its serving side, "
+                  "by outcome: joined, late (its serving side already counted) or alone.")
 # The serialized stage after the assembler, pricing and the second hop (docs/deploy.md).
 PIPELINE_QUEUE_DEPTH = _m("collector_pipeline_queue_depth", "gauge", (),
                           "Traces and record batches waiting for the pipeline worker.")

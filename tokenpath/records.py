@@ -116,6 +116,13 @@ class RequestRecord:
     engine_step_seconds: float | None = None
     # How many engine steps it took part in, prefill and decode (tokenpath.engine.steps).
     engine_steps: int | None = None
+    # The response id (gen_ai.response.id) that names the call on every hop.
+    response_id: str | None = None
+    # "client" or "proxy" for a record of a client or proxy hop with nothing of the
+    # serving side under it (its own trace: collector/call_join.py); None otherwise.
+    outer_hop: str | None = None
+    # Traces of the same call joined into this record by response id.
+    joined_trace_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.record_id:
@@ -178,6 +185,9 @@ class RequestRecord:
             "engine_start_unix": self.engine_start_unix,
             "engine_step_seconds": self.engine_step_seconds,
             "engine_steps": self.engine_steps,
+            "response_id": self.response_id,
+            "outer_hop": self.outer_hop,
+            "joined_trace_ids": list(self.joined_trace_ids),
         }
 
     @classmethod
@@ -232,4 +242,7 @@ class RequestRecord:
             engine_start_unix=opt_float("engine_start_unix"),
             engine_step_seconds=opt_float("engine_step_seconds"),
             engine_steps=None if data.get("engine_steps") is None else int(data["engine_steps"]),
+            response_id=data.get("response_id"),
+            outer_hop=data.get("outer_hop"),
+            joined_trace_ids=tuple(str(t) for t in data.get("joined_trace_ids") or ()),
         )

@@ -132,6 +132,7 @@ def create_app(parts: ServingComponents) -> FastAPI:
         except StopAsyncIteration:
             first = None
         completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        annotate(attr.GEN_AI_RESPONSE_ID, completion_id)  # joins a client traced apart
         created = int(time.time())
         if not stream:
             ids = [] if first is None else [first]

@@ -42,7 +42,7 @@ def test_the_worker_ticks_the_attributor_without_new_traffic() -> None:
         delivered.set()
 
     sink.consume_record = consume  # type: ignore[method-assign]
-    worker = PipelineWorker(StageMapper(cost), cost, cost)
+    worker = PipelineWorker(StageMapper(cost), cost, (cost,))
     worker.start()
     assert worker.offer_records([engine_record(0, 0.0, 0.1, 0.9)])
     clock.now = 5.0
@@ -78,7 +78,7 @@ def test_producers_on_many_threads_lose_no_counter_update() -> None:
     cost = CostAttributor(FanOut([prometheus]), PRICES,
                           config=AttributorConfig(min_delay_seconds=0, max_delay_seconds=0,
                                                   tick_seconds=0.001))
-    worker = PipelineWorker(StageMapper(cost, stats), cost, cost, stats, queue_size=64)
+    worker = PipelineWorker(StageMapper(cost, stats), cost, (cost,), stats, queue_size=64)
     assembler = Assembler(worker, AssemblerConfig(max_traces=16, root_grace_seconds=0,
                                                   tick_seconds=0.001), stats)
     worker.start()
@@ -129,7 +129,7 @@ def test_a_backed_up_worker_sheds_load_at_the_receivers() -> None:
 
     blocked = _Blocked()
     stats = CollectorStats()
-    worker = PipelineWorker(blocked, RecordingSink(), None, stats, queue_size=4)
+    worker = PipelineWorker(blocked, RecordingSink(), (), stats, queue_size=4)
     ingest = OtlpIngest(Assembler(worker), NodeMetricsState(), IngestLimits(), stats,
                         records=worker)
     worker.start()
