@@ -87,6 +87,19 @@ def join_keys(record: RequestRecord) -> set[str]:
     return keys
 
 
+def add_client_gaps(stages: dict[StageId, StageTiming], client_start: float,
+                    client_end: float, serving_start: float, serving_end: float) -> None:
+    """The client stages of a GenAI client span around the serving side, derived from the
+    gaps (unix seconds): client_tokenize from the client's start to the serving side's,
+    client_decode from the serving side's end to the client's. Both hold the wire time
+    too; across hosts they hold the clocks' skew, and a negative gap is 0. A stage the
+    record already has (a client shim measured it) is kept."""
+    for stage, seconds in ((StageId.CLIENT_TOKENIZE, serving_start - client_start),
+                           (StageId.CLIENT_DECODE, client_end - serving_end)):
+        if stage not in stages:
+            stages[stage] = StageTiming(stage, max(0.0, seconds), Provenance.DERIVED)
+
+
 def merge_outer(inner: RequestRecord, outer: RequestRecord) -> RequestRecord:
     """The inner record, with the outer hop added (in place; returned).
 
@@ -95,16 +108,12 @@ def merge_outer(inner: RequestRecord, outer: RequestRecord) -> RequestRecord:
     - A proxy hop's stages (LiteLLM's auth, router and its own gateway time) are a hop in
       series with the inner gateway's: they add to the same stages.
     - A client hop (a GenAI client span with nothing under it) gives the client stages
-      the inner record lacks, derived from the gaps: client_tokenize from the client
-      span's start to the serving side's, client_decode from the serving side's end to
-      the client span's end. Both hold the wire time too; across hosts they hold the
-      clocks' skew, and a negative gap is 0.
+      the inner record lacks, derived from the gaps (:func:`add_client_gaps`).
     - TTFT is the user's: the outer record's when it measured one, else the inner one's
       plus the time before the serving side began.
     - Start and end span both; the outer trace id is kept in ``joined_trace_ids``.
     """
     lead = max(0.0, inner.start_unix - outer.start_unix)
-    tail = max(0.0, outer.end_unix - inner.end_unix)
     for stage, timing in outer.stages.items():
         mine = inner.stages.get(stage)
         if mine is None:
@@ -112,9 +121,8 @@ def merge_outer(inner: RequestRecord, outer: RequestRecord) -> RequestRecord:
         else:
             mine.seconds += timing.seconds
     if outer.outer_hop == HOP_CLIENT:
-        for stage, seconds in ((StageId.CLIENT_TOKENIZE, lead), (StageId.CLIENT_DECODE, tail)):
-            if stage not in inner.stages:
-                inner.stages[stage] = StageTiming(stage, seconds, Provenance.DERIVED)
+        add_client_gaps(inner.stages, outer.start_unix, outer.end_unix, inner.start_unix,
+                        inner.end_unix)
     if outer.ttft_seconds is not None:
         inner.ttft_seconds = outer.ttft_seconds
     elif inner.ttft_seconds is not None:

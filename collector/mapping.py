@@ -26,7 +26,7 @@ from typing import Protocol
 
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
-from tokenpath.collector.call_join import HOP_CLIENT, HOP_PROXY
+from tokenpath.collector.call_join import HOP_CLIENT, HOP_PROXY, add_client_gaps
 from tokenpath.collector.calls import (
     has_gen_ai,
     is_call_span,
@@ -40,6 +40,9 @@ from tokenpath.collector.native import (
     DYNAMO_MODEL,
     DYNAMO_OUTPUT_TOKENS,
     DYNAMO_TTFT_MS,
+    KV_TRANSFER_SPANS,
+    LLMD_PREFIX_SCORER_SPAN,
+    LLMD_SCORE_MAX,
     NAMED_STAGE_SPANS,
     SGLANG_MODULE_ATTRIBUTE,
     SGLANG_REQUEST_MODULE,
@@ -218,15 +221,17 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     for span in spans:
         attributes = span.attributes
         stage = stage_of(attributes.get(A.STAGE))
+        phase = phase_of(attributes.get(A.PHASE))
         named = stage is None and span.name in NAMED_STAGE_SPANS
         if named:
             stage = NAMED_STAGE_SPANS[span.name]
+        elif stage is None and span.name in KV_TRANSFER_SPANS:  # P/D: the KV on the wire
+            stage, phase = KV_TRANSFER_SPANS[span.name], Phase.KV_TRANSFER
         if stage is not None:  # decoding keeps end >= start; add() clamps at 0 anyway
             seconds = (span.end_unix_nano - span.start_unix_nano) / 1e9
             if named and upstream:  # LiteLLM's router span holds its upstream call
                 seconds -= _overlap_seconds(span, upstream)
-            add(stage, seconds, provenance_of(attributes.get(A.PROVENANCE), measured),
-                phase_of(attributes.get(A.PHASE)))
+            add(stage, seconds, provenance_of(attributes.get(A.PROVENANCE), measured), phase)
         for event in span.events:
             if event.name != A.STAGE_EVENT:
                 continue
@@ -285,6 +290,10 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.cache_read_tokens = min(record.input_tokens, _first_count(
         token_layers, A.CACHED_TOKENS, A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
         A.GEN_AI_USAGE_CACHED_TOKENS, A.OPENINFERENCE_CACHE_READ_TOKENS) or 0)
+    scored = next((_num(s.attributes.get(LLMD_SCORE_MAX)) for s in spans
+                   if s.name == LLMD_PREFIX_SCORER_SPAN), None)
+    if scored is not None:
+        record.router_predicted_cache_hit = min(1.0, max(0.0, scored))
     record.response_id = _first_text(token_layers, A.GEN_AI_RESPONSE_ID)
     record.outer_hop = _outer_hop(spans, engine_spans, server_spans)
     record.response_bytes = look.count(A.RESPONSE_BYTES) or 0
@@ -306,6 +315,13 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
 
     _map_engine(record, acc, engine_spans)
     _map_gateway(acc, spans, server_spans, engine_spans)
+    client = next((s for s in spans if s.kind == SPAN_KIND_CLIENT and is_call_span(s)), None)
+    if client is not None and server_spans and client.start_unix_nano <= server_spans[
+            0].start_unix_nano and client.end_unix_nano >= server_spans[0].end_unix_nano:
+        # a GenAI client span around the gateway (not a gateway's own upstream client)
+        add_client_gaps(acc.stages, client.start_unix_nano / 1e9, client.end_unix_nano / 1e9,
+                        server_spans[0].start_unix_nano / 1e9,
+                        server_spans[0].end_unix_nano / 1e9)
     _split_gpu_time(record, acc)
 
     # TTFT as the user saw it: a shim's measurement, else a GenAI client span's first

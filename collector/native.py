@@ -42,5 +42,20 @@ NAMED_STAGE_SPANS: Final[dict[str, StageId]] = {
     "decode_waiting": StageId.SCHEDULER_QUEUE,  # SGLang slice (P/D decode node)
 }
 
+# --- disaggregated prefill/decode: the KV transfer, timed on the network stages -----------
+# SGLang (srt/observability/req_time_stats.py): prefill_transfer_kv_cache runs from the
+# request entering the prefill engine's transfer queue to the end of its KV transfer to
+# the decode engine (Mooncake / NIXL over the RDMA NIC). The decode side's
+# decode_transferred slice also holds the wait for the prefill, so it is not read.
+KV_TRANSFER_SPANS: Final[dict[str, StageId]] = {
+    "prefill_transfer_kv_cache": StageId.NIC_TX,
+}
+
+# --- the router's predicted prefix-cache hit ------------------------------------------------
+# llm-d's precise prefix-cache scorer (llm-d-inference-scheduler, pkg/plugins/scorer/
+# precise_prefix_cache.go): matched blocks / the request's blocks of the best candidate.
+LLMD_PREFIX_SCORER_SPAN: Final = "llm_d.epp.scorer.prefix_cache"
+LLMD_SCORE_MAX: Final = "llm_d.scorer.score.max"
+
 # --- a proxy's upstream call: its wait is not gateway time ---------------------------------
 UPSTREAM_SPAN_NAMES: Final = frozenset({"litellm_request", "raw_gen_ai_request"})

@@ -67,11 +67,12 @@ class PrometheusSink:
         self.naive_cost = FastCounter(M.NAIVE_COST)
         self.response_chunks = FastCounter(M.RESPONSE_CHUNKS)
         self.context_cost = FastCounter(M.LONG_CONTEXT_COST)
+        self.router_cache = FastCounter(M.ROUTER_CACHE_PREDICTION)
         self._context_buckets = context_bucket_labels()
         self._families: list[FastCounter | FastHistogram] = [
             self.requests, self.stage_duration, self.ttft, self.tpot, self.tokens, self.cost,
             self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
-            self.context_cost,
+            self.context_cost, self.router_cache,
         ]
         self.registry.register(
             _SelfTelemetry(self._stats, [self._model, self._pool, self._status]))
@@ -101,6 +102,11 @@ class PrometheusSink:
         self.tokens.labels(model, M.TOKEN_KIND_OUTPUT).inc(record.output_tokens)
         self.cache_miss_waste.labels(model).inc(max(0.0, record.cache_miss_waste_dollars))
         self.naive_cost.labels(model).inc(max(0.0, record.naive_cost_dollars))
+        if record.router_predicted_cache_hit is not None:  # the router's guess vs the engine
+            self.router_cache.labels(model, M.ROUTER_KIND_INPUT).inc(record.input_tokens)
+            self.router_cache.labels(model, M.ROUTER_KIND_PREDICTED).inc(
+                record.router_predicted_cache_hit * record.input_tokens)
+            self.router_cache.labels(model, M.ROUTER_KIND_ACTUAL).inc(record.cache_read_tokens)
         bucket = context_bucket_index(record.input_tokens + record.output_tokens)
         self.context_cost.labels(model, self._context_buckets[bucket]).inc(
             max(0.0, record.cost_dollars))

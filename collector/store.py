@@ -61,6 +61,12 @@ CREATE TABLE IF NOT EXISTS idle_cost (
     dollars REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idle_cost_end ON idle_cost(end_unix);
+CREATE TABLE IF NOT EXISTS joined_traces (
+    trace_id TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    end_unix REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS joined_traces_trace ON joined_traces(trace_id);
 """
 
 
@@ -237,6 +243,10 @@ class RecordStore:
                     " VALUES (?, ?, ?, ?, ?)",
                     rows,
                 )
+                self._db.executemany(  # a client's or proxy's trace joined to the record
+                    "INSERT INTO joined_traces(trace_id, record_id, end_unix) VALUES (?,?,?)",
+                    [(t, r.record_id, r.end_unix) for r in records for t in r.joined_trace_ids],
+                )
                 self._db.executemany(
                     "INSERT INTO idle_cost(pool, start_unix, end_unix, dollars) VALUES (?,?,?,?)",
                     [(i.pool, i.start_unix, i.end_unix, i.dollars) for i in idle],
@@ -269,6 +279,7 @@ class RecordStore:
         with self._db_lock:
             cur = self._db.execute("DELETE FROM requests WHERE end_unix < ?", (cutoff,))
             self._db.execute("DELETE FROM idle_cost WHERE end_unix < ?", (cutoff,))
+            self._db.execute("DELETE FROM joined_traces WHERE end_unix < ?", (cutoff,))
         return cur.rowcount
 
     def shutdown(self) -> None:
@@ -321,13 +332,15 @@ class RecordStore:
         return calls[0] if calls else None
 
     def records_of_trace(self, trace_id: str) -> list[RequestRecord]:
-        """Every record of one trace (its LLM calls), oldest first."""
+        """Every record of one trace (its LLM calls), oldest first: those named after it
+        and those it was joined to (a client traced apart from its serving side)."""
         if not trace_id or "-" in trace_id or "%" in trace_id or "_" in trace_id:
             return []
         with self._db_lock:
             rows = self._db.execute(
-                "SELECT body FROM requests WHERE trace_id = ? OR trace_id LIKE ? "
-                "ORDER BY end_unix", (trace_id, trace_id + "-%")).fetchall()
+                "SELECT body FROM requests WHERE trace_id = ? OR trace_id LIKE ? OR trace_id IN "
+                "(SELECT record_id FROM joined_traces WHERE trace_id = ?) ORDER BY end_unix",
+                (trace_id, trace_id + "-%", trace_id)).fetchall()
         records = [RequestRecord.from_json(decode_body(body)) for (body,) in rows]
         return sorted(records, key=lambda r: r.start_unix)
 

@@ -79,6 +79,13 @@ CACHE_MISS_WASTE = _m("cache_miss_waste_dollars", "counter", (LABEL_MODEL,),
                       "Prefill dollars spent on prefixes seen recently but recomputed.")
 NAIVE_COST = _m("naive_cost_dollars", "counter", (LABEL_MODEL,),
                 "Wall-clock cost (duration x GPU price), as gateway tools count it.")
+ROUTER_CACHE_PREDICTION = _m(
+    "router_cache_prediction_tokens", "counter", (LABEL_MODEL, LABEL_KIND),
+    "Prompt tokens of the requests a router scored for prefix-cache hits (llm-d), by kind: "
+    "input, predicted (the router's predicted hit x input), actual (the engine's cache reads).")
+ROUTER_KIND_INPUT: Final = "input"
+ROUTER_KIND_PREDICTED: Final = "predicted"
+ROUTER_KIND_ACTUAL: Final = "actual"
 LONG_CONTEXT_COST = _m("context_cost_dollars", "counter", (LABEL_MODEL, "context_bucket"),
                        "Dollars by context-length bucket.")
 RESPONSE_CHUNKS = _m("response_chunks", "counter", (LABEL_MODEL, "size"),
@@ -147,7 +154,7 @@ RECORDS_PENDING_PRICE = _m("collector_records_pending_price", "gauge", (),
 
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
-    NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS,
+    NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS, ROUTER_CACHE_PREDICTION,
 )
 
 # --- Agent ---------------------------------------------------------------------------

@@ -123,6 +123,9 @@ class RequestRecord:
     outer_hop: str | None = None
     # Traces of the same call joined into this record by response id.
     joined_trace_ids: tuple[str, ...] = ()
+    # The router's predicted prefix-cache hit (0-1 of the prompt), beside the engine's
+    # actual one (cache_read_tokens / input_tokens): llm-d's prefix-cache scorer.
+    router_predicted_cache_hit: float | None = None
 
     def __post_init__(self) -> None:
         if not self.record_id:
@@ -188,6 +191,7 @@ class RequestRecord:
             "response_id": self.response_id,
             "outer_hop": self.outer_hop,
             "joined_trace_ids": list(self.joined_trace_ids),
+            "router_predicted_cache_hit": self.router_predicted_cache_hit,
         }
 
     @classmethod
@@ -245,4 +249,5 @@ class RequestRecord:
             response_id=data.get("response_id"),
             outer_hop=data.get("outer_hop"),
             joined_trace_ids=tuple(str(t) for t in data.get("joined_trace_ids") or ()),
+            router_predicted_cache_hit=opt_float("router_predicted_cache_hit"),
         )

@@ -35,6 +35,9 @@ class Phase(StrEnum):
 
     PREFILL = "prefill"
     DECODE = "decode"
+    # Disaggregated serving: the prompt's KV moved from the prefill engine to the decode
+    # engine (SGLang's prefill_transfer_kv_cache slice), on the network stages.
+    KV_TRANSFER = "kv_transfer"
 
 
 class Provenance(StrEnum):

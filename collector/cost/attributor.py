@@ -45,7 +45,11 @@ from tokenpath.collector.cost.cache import (
 )
 from tokenpath.collector.cost.catalog import roofline_for_record
 from tokenpath.collector.cost.prices import PriceSheet
-from tokenpath.collector.cost.stage_cost import land_cpu_and_network_cost, land_gpu_cost
+from tokenpath.collector.cost.stage_cost import (
+    has_kv_transfer,
+    land_cpu_and_network_cost,
+    land_gpu_cost,
+)
 from tokenpath.config import ConfigError
 from tokenpath.identity import pricing_unit
 from tokenpath.pipeline import IdleCost, RecordSink
@@ -342,9 +346,13 @@ class CostAttributor:
         return node
 
     def _price_record_basics(self, record: RequestRecord) -> None:
-        land_cpu_and_network_cost(record, self._prices.cpu_dollars_per_core_second,
-                                  self._prices.network_dollars_per_byte)
         spec = self._prices.node_spec(record.node)
+        kv_bytes_per_token = None
+        if has_kv_transfer(record):  # P/D: the prompt's KV crossed the network (modeled)
+            roofline = roofline_for_record(record, spec.gpu_type or record.gpu_type or "")
+            kv_bytes_per_token = None if roofline is None else roofline.model.kv_bytes_per_token
+        land_cpu_and_network_cost(record, self._prices.cpu_dollars_per_core_second,
+                                  self._prices.network_dollars_per_byte, kv_bytes_per_token)
         price = self._prices.gpu_price(spec.gpu_type or record.gpu_type)
         gpus = max(1, record.tensor_parallel)
         record.naive_cost_dollars = record.duration_seconds * price.dollars_per_second * gpus

@@ -6,7 +6,8 @@
   splits into ``kernel_exec`` (compute-bound share) and ``hbm_load`` (memory-bound share).
   The four stages' seconds sum to the phase's in-model seconds; the phase's apportioned
   dollars split in proportion to seconds.
-- CPU stages: measured seconds x CPU $/core-second (one core per stage second).
+- CPU stages: measured seconds x CPU $/core-second (one core per stage second); client
+  stages derived from a GenAI client span's gaps are wall time, not CPU, and carry none.
 - Network stages: response bytes x $/byte, spread over the network stages present by their
   seconds.
 """
@@ -32,6 +33,11 @@ CPU_STAGES: tuple[StageId, ...] = (
       if stage.group in (StageGroup.CLIENT, StageGroup.GATEWAY)),
     StageId.KV_CACHE_LOOKUP,
 )
+
+# Client stages derived from a GenAI client span's gaps around the gateway (collector/
+# call_join.add_client_gaps) hold the wire time and the client's wait: not priced as CPU.
+CLIENT_GAP_STAGES: frozenset[StageId] = frozenset({StageId.CLIENT_TOKENIZE,
+                                                   StageId.CLIENT_DECODE})
 
 
 def _measured_dispatch(record: RequestRecord, phase: Phase, phase_seconds: float,
@@ -162,20 +168,52 @@ def land_gpu_cost(
         )
 
 
+def has_kv_transfer(record: RequestRecord) -> bool:
+    """Whether a network stage of the record holds a disaggregated KV transfer."""
+    return any(Phase.KV_TRANSFER in record.stages[s].phases for s in NETWORK_STAGES
+               if s in record.stages)
+
+
 def land_cpu_and_network_cost(record: RequestRecord, cpu_dollars_per_core_second: float,
-                              network_dollars_per_byte: float) -> None:
-    """Price CPU stages by their seconds and network stages by the response bytes."""
+                              network_dollars_per_byte: float,
+                              kv_bytes_per_token: float | None = None) -> None:
+    """Price CPU stages by their seconds and network stages by the bytes they moved: the
+    response bytes over the response's share of their seconds, and a disaggregated
+    request's KV (its prompt tokens x the model's KV bytes per token, modeled) over the
+    ``kv_transfer`` phase's share."""
     for stage in CPU_STAGES:
         timing = record.stages.get(stage)
-        if timing is not None:
-            timing.cost_dollars = max(0.0, timing.seconds) * cpu_dollars_per_core_second
+        if timing is None:
+            continue
+        if stage in CLIENT_GAP_STAGES and timing.provenance is Provenance.DERIVED:
+            timing.cost_dollars = 0.0  # a GenAI client span's gap: wall time, the wire too
+            continue
+        timing.cost_dollars = max(0.0, timing.seconds) * cpu_dollars_per_core_second
     present = [record.stages[s] for s in NETWORK_STAGES if s in record.stages]
     if not present:
         return
+    kv_shares = [(t, t.phases[Phase.KV_TRANSFER]) for t in present
+                 if Phase.KV_TRANSFER in t.phases]
+    kv_seconds = {t.stage: max(0.0, share.seconds) for t, share in kv_shares}
+    # the response's part of each stage: what is not the KV transfer
+    response_seconds = {t.stage: max(0.0, max(0.0, t.seconds) - kv_seconds.get(t.stage, 0.0))
+                        for t in present}
+    response = [t for t in present if t.stage not in kv_seconds or response_seconds[t.stage]]
     network_dollars = max(0, record.response_bytes) * network_dollars_per_byte
-    total_seconds = sum(max(0.0, t.seconds) for t in present)
+    total_seconds = sum(response_seconds[t.stage] for t in response)
     for timing in present:
+        timing.cost_dollars = 0.0
+    for timing in response or present:
         if total_seconds > 0:
-            timing.cost_dollars = network_dollars * max(0.0, timing.seconds) / total_seconds
+            timing.cost_dollars = network_dollars * response_seconds[timing.stage] / total_seconds
         else:
-            timing.cost_dollars = network_dollars / len(present)
+            timing.cost_dollars = network_dollars / len(response or present)
+    if not kv_shares:
+        return
+    kv_dollars = (max(0, record.input_tokens) * (kv_bytes_per_token or 0.0)
+                  * network_dollars_per_byte)
+    total_kv = sum(kv_seconds.values())
+    for timing, share in kv_shares:
+        share.cost_dollars = (kv_dollars * kv_seconds[timing.stage] / total_kv if total_kv > 0
+                              else kv_dollars / len(kv_shares))
+        timing.cost_dollars += share.cost_dollars

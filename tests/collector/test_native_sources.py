@@ -104,7 +104,11 @@ def test_llm_d_gateway_and_scheduling_in_front_of_vllm() -> None:
     scorer = span(tid, "llm_d.epp.scorer.prefix_cache", parent=orchestration.span_id,
                   start=0.002, end=0.003, attributes={"llm_d.scorer.score.max": 0.8})
     engine = _vllm_engine(tid, gateway.span_id, 0.01, 0.95, 100, 20, 0.01, 0.05, 0.8)
+    engine.attributes[A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = 48
     record = _one([gateway, orchestration, scorer, engine])
+    # the router predicted 80 % of the prompt cached; the engine read 48 %
+    assert record.router_predicted_cache_hit == pytest.approx(0.8)
+    assert record.cache_read_tokens == 48
     assert record.stages[StageId.ROUTER].seconds == pytest.approx(0.003)
     # the gateway's own time: less the engine and less the scheduling timed apart
     assert record.stages[StageId.API_GATEWAY].seconds == pytest.approx(1.0 - 0.94 - 0.003)

@@ -50,3 +50,17 @@ def test_a_zero_cost_stage_still_has_its_cost_series() -> None:
                 in _samples(sink, M.COST.series).items()}
     assert by_stage == {StageId.ROUTER.value: pytest.approx(0.1),
                         StageId.SCHEDULER_QUEUE.value: 0.0}
+
+
+def test_the_routers_predicted_cache_hit_is_counted_beside_the_engines() -> None:
+    sink = PrometheusSink()
+    scored = _record(1, 1000, 10, 0.1)
+    scored.router_predicted_cache_hit, scored.cache_read_tokens = 0.8, 480
+    unscored = _record(2, 500, 10, 0.1)  # no router score: not in the comparison
+    unscored.cache_read_tokens = 500
+    sink.consume_record(scored)
+    sink.consume_record(unscored)
+    by_kind = {dict(labels)[M.LABEL_KIND]: value for labels, value
+               in _samples(sink, M.ROUTER_CACHE_PREDICTION.series).items()}
+    assert by_kind == {M.ROUTER_KIND_INPUT: 1000, M.ROUTER_KIND_PREDICTED: pytest.approx(800),
+                       M.ROUTER_KIND_ACTUAL: 480}

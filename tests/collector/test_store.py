@@ -169,3 +169,16 @@ def test_an_idle_slice_that_is_not_finite_loses_only_itself(tmp_path: Path) -> N
     assert sorted(r.input_tokens for r in reopened.records()) == [1, 2]
     assert reopened.idle_cost_dollars() == 0.25
     assert stats.store_errors == 1
+
+
+def test_a_joined_record_is_found_from_the_client_trace_it_joined(tmp_path: Path) -> None:
+    store = RecordStore(StoreConfig(path=str(tmp_path / "s.db")))
+    joined = record(1, 10.0)
+    workflow = format(99, "032x")
+    joined.joined_trace_ids = (workflow,)
+    store.consume_record(joined)
+    store.consume_record(record(2, 11.0))
+    assert [r.record_id for r in store.records_of_trace(workflow)] == [joined.record_id]
+    assert store.record(workflow) == joined
+    assert store.records_of_trace(format(98, "032x")) == []
+    store.shutdown()

@@ -37,6 +37,9 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 
 
+ENGINE_PHASES = (Phase.PREFILL, Phase.DECODE)
+
+
 def render_report(report: Report, console: Console) -> None:
     label = " (simulated engine)" if report.simulated else ""
     table = Table(title=f"tokenpath: {report.requests} requests over "
@@ -53,7 +56,10 @@ def render_report(report: Report, console: Console) -> None:
         stage = STAGE_BY_ID[summary.stage]
         phases = ""
         if summary.phase_seconds:
-            phases = " / ".join(_sec(summary.phase_seconds.get(p)) for p in Phase)
+            phases = " / ".join(_sec(summary.phase_seconds.get(p)) for p in ENGINE_PHASES)
+            kv = summary.phase_seconds.get(Phase.KV_TRANSFER)
+            if kv:
+                phases += f" (+{_sec(kv)} KV transfer)"
         table.add_row(str(stage.order), stage.id.value, _sec(summary.p50_seconds),
                       _sec(summary.p95_seconds), _pct(summary.share_of_latency), phases,
                       _usd(summary.cost_dollars),
