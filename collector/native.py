@@ -40,6 +40,10 @@ NAMED_STAGE_SPANS: Final[dict[str, StageId]] = {
     "gateway.request_orchestration": StageId.ROUTER,  # llm-d/GIE director: scheduling
     "prefill_waiting": StageId.SCHEDULER_QUEUE,  # SGLang slice
     "decode_waiting": StageId.SCHEDULER_QUEUE,  # SGLang slice (P/D decode node)
+    # SGLang P/D prefill node: bootstrap queue to waiting queue (the handshake with the
+    # decode node and the wait for it). The decode node's decode_bootstrap runs beside the
+    # prefill, so it is not added.
+    "prefill_bootstrap": StageId.SCHEDULER_QUEUE,
 }
 
 # --- disaggregated prefill/decode: the KV transfer, timed on the network stages -----------

@@ -152,3 +152,28 @@ def test_pd_engines_behind_separate_client_spans_are_one_request() -> None:
         records_spans += [client, engine]
     record = _one(records_spans)
     assert record.input_tokens == 500
+
+
+def test_openllmetry_old_names_client_span_is_a_call_with_its_tokens() -> None:
+    """FIXTURE: OpenLLMetry before the GenAI conventions (opentelemetry-semconv-ai 0.3):
+    `openai.chat` CLIENT span with gen_ai.system, llm.request.type and the
+    prompt/completion token names."""
+    tid = new_trace_id()
+    client = span(tid, "openai.chat", kind=SPAN_KIND_CLIENT, start=0.0, end=1.2, attributes={
+        "gen_ai.system": "OpenAI", "llm.request.type": "chat",
+        A.GEN_AI_REQUEST_MODEL: "llama-3.1-8b", A.VLLM_USAGE_PROMPT_TOKENS: 31,
+        A.VLLM_USAGE_COMPLETION_TOKENS: 9, "llm.usage.total_tokens": 40})
+    record = _one([client])
+    assert (record.input_tokens, record.output_tokens) == (31, 9)
+    assert record.outer_hop == "client"  # joined to its serving side if it comes
+
+
+def test_sglang_pd_prefill_bootstrap_is_queueing_on_the_prefill_node() -> None:
+    tid = new_trace_id()
+    prefill = _sglang_root(tid, "prefill", 10.0, 10.4, 0.25, 0.0)
+    bootstrap = span(tid, "prefill_bootstrap", parent=prefill.span_id, start=10.0, end=10.05)
+    decode = _sglang_root(tid, "decode", 10.01, 11.2, 0.0, 0.9)
+    decode_bootstrap = span(tid, "decode_bootstrap", parent=decode.span_id, start=10.01,
+                            end=10.3)  # beside the prefill: not added
+    record = _one([prefill, bootstrap, decode, decode_bootstrap])
+    assert record.stages[StageId.SCHEDULER_QUEUE].seconds == pytest.approx(0.05)
