@@ -14,7 +14,12 @@ from typing import Any
 
 from tokenpath.collector.cost.cache import DEFAULT_BLOCK_TOKENS, prefill_dollars, replay_prefixes
 from tokenpath.records import RequestRecord
-from tokenpath.report import LONG_CONTEXT_TOKENS, percentile, token_weighted_hit_ratio
+from tokenpath.report import (
+    LONG_CONTEXT_TOKENS,
+    miss_causes,
+    percentile,
+    token_weighted_hit_ratio,
+)
 from tokenpath.stages import GPU_STAGES, NETWORK_STAGES, STAGES, StageId
 
 # GET /api/requests: records per answer by default and at most; a client reads more in
@@ -176,6 +181,8 @@ def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT
             "cache_miss_waste_dollars": sum(r.cache_miss_waste_dollars for r in records),
             "requests_with_fingerprints": sum(1 for r in records if r.prefix_fingerprints),
             "recomputed_prefix_tokens": recomputed,
+            "by_cause": {cause: summary.to_json()
+                         for cause, summary in miss_causes(records).items()},
             "top_prefixes": top,
         },
         "long_context": long_context_view(records, long_context_tokens),

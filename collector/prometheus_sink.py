@@ -19,9 +19,12 @@ from tokenpath.collector.cost.longcontext import context_bucket_index, context_b
 from tokenpath.collector.exposition import FastCounter, FastHistogram, render
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.labels import BoundedLabel
+from tokenpath.leaks import MissCause
 from tokenpath.pipeline import IdleCost
 from tokenpath.records import RequestRecord
 from tokenpath.stages import PLAIN_VALUES
+
+MISS_CAUSE_VALUES = frozenset(cause.value for cause in MissCause)
 
 DEFAULT_MAX_MODELS = 50
 DEFAULT_MAX_POOLS = 50
@@ -68,11 +71,13 @@ class PrometheusSink:
         self.response_chunks = FastCounter(M.RESPONSE_CHUNKS)
         self.context_cost = FastCounter(M.LONG_CONTEXT_COST)
         self.router_cache = FastCounter(M.ROUTER_CACHE_PREDICTION)
+        self.miss_dollars = FastCounter(M.CACHE_MISS_DOLLARS)
+        self.miss_tokens = FastCounter(M.CACHE_MISS_TOKENS)
         self._context_buckets = context_bucket_labels()
         self._families: list[FastCounter | FastHistogram] = [
             self.requests, self.stage_duration, self.ttft, self.tpot, self.tokens, self.cost,
             self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
-            self.context_cost, self.router_cache,
+            self.context_cost, self.router_cache, self.miss_dollars, self.miss_tokens,
         ]
         self.registry.register(
             _SelfTelemetry(self._stats, [self._model, self._pool, self._status]))
@@ -102,6 +107,11 @@ class PrometheusSink:
         self.tokens.labels(model, M.TOKEN_KIND_OUTPUT).inc(record.output_tokens)
         self.cache_miss_waste.labels(model).inc(max(0.0, record.cache_miss_waste_dollars))
         self.naive_cost.labels(model).inc(max(0.0, record.naive_cost_dollars))
+        for cause, tokens in record.miss_tokens.items():
+            if cause in MISS_CAUSE_VALUES:  # a bounded label: forwarded records may say more
+                self.miss_tokens.labels(model, cause).inc(max(0, tokens))
+                self.miss_dollars.labels(model, cause).inc(
+                    max(0.0, record.miss_dollars.get(cause, 0.0)))
         if record.router_predicted_cache_hit is not None:  # the router's guess vs the engine
             self.router_cache.labels(model, M.ROUTER_KIND_INPUT).inc(record.input_tokens)
             self.router_cache.labels(model, M.ROUTER_KIND_PREDICTED).inc(

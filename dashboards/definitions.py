@@ -208,6 +208,14 @@ def cache_and_leaks() -> dashboard_builders.Dashboard:
             [p.Query(q.dollars_per_hour(mn.CACHE_MISS_WASTE, W, MODEL, by_model),
                      _legend(mn.LABEL_MODEL))], p.UNIT_DOLLARS, width=2 * p.THIRD_WIDTH))
         .with_panel(p.timeseries_panel(
+            "Prefix-cache misses $ per hour by cause",
+            "Prefill dollars of prefix blocks computed instead of read from the cache: cold "
+            "(first use, not waste), routed_elsewhere (fix: a prefix-affine router), evicted "
+            "(fix: more KV memory or a host tier), sub_block (block granularity).",
+            [p.Query(q.dollars_per_hour(mn.CACHE_MISS_DOLLARS, W, MODEL, (mn.LABEL_CAUSE,)),
+                     _legend(mn.LABEL_CAUSE))], p.UNIT_DOLLARS, width=p.FULL_WIDTH,
+            stacked=True))
+        .with_panel(p.timeseries_panel(
             "Cost share by context length", "Share of dollars per context-length bucket.",
             [p.Query(q.share_of_total(mn.LONG_CONTEXT_COST, mn.LABEL_CONTEXT_BUCKET, W, MODEL),
                      _legend(mn.LABEL_CONTEXT_BUCKET))], p.UNIT_PERCENT_UNIT, stacked=True))

@@ -79,6 +79,15 @@ CACHE_MISS_WASTE = _m("cache_miss_waste_dollars", "counter", (LABEL_MODEL,),
                       "Prefill dollars spent on prefixes seen recently but recomputed.")
 NAIVE_COST = _m("naive_cost_dollars", "counter", (LABEL_MODEL,),
                 "Wall-clock cost (duration x GPU price), as gateway tools count it.")
+LABEL_CAUSE: Final = "cause"
+CACHE_MISS_DOLLARS = _m(
+    "cache_miss_dollars", "counter", (LABEL_MODEL, LABEL_CAUSE),
+    "Prefill dollars of fingerprinted prefix blocks computed instead of read from the cache, "
+    "by cause: cold, routed_elsewhere, evicted, sub_block (all but cold are waste).")
+CACHE_MISS_TOKENS = _m(
+    "cache_miss_tokens", "counter", (LABEL_MODEL, LABEL_CAUSE),
+    "Prompt tokens of fingerprinted prefix blocks computed instead of read from the cache, "
+    "by cause.")
 ROUTER_CACHE_PREDICTION = _m(
     "router_cache_prediction_tokens", "counter", (LABEL_MODEL, LABEL_KIND),
     "Prompt tokens of the requests a router scored for prefix-cache hits (llm-d), by kind: "
@@ -155,6 +164,7 @@ RECORDS_PENDING_PRICE = _m("collector_records_pending_price", "gauge", (),
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
     NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS, ROUTER_CACHE_PREDICTION,
+    CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS,
 )
 
 # --- Agent ---------------------------------------------------------------------------

@@ -123,6 +123,11 @@ class RequestRecord:
     outer_hop: str | None = None
     # Traces of the same call joined into this record by response id.
     joined_trace_ids: tuple[str, ...] = ()
+    # Prefill of fingerprinted prefix blocks computed instead of read from the cache, by
+    # cause (tokenpath.leaks.MissCause values): tokens and their prefill dollars. The waste
+    # causes sum to cache_miss_waste_dollars.
+    miss_tokens: dict[str, int] = field(default_factory=dict)
+    miss_dollars: dict[str, float] = field(default_factory=dict)
     # The router's predicted prefix-cache hit (0-1 of the prompt), beside the engine's
     # actual one (cache_read_tokens / input_tokens): llm-d's prefix-cache scorer.
     router_predicted_cache_hit: float | None = None
@@ -192,6 +197,8 @@ class RequestRecord:
             "outer_hop": self.outer_hop,
             "joined_trace_ids": list(self.joined_trace_ids),
             "router_predicted_cache_hit": self.router_predicted_cache_hit,
+            "miss_tokens": dict(self.miss_tokens),
+            "miss_dollars": dict(self.miss_dollars),
         }
 
     @classmethod
@@ -250,4 +257,7 @@ class RequestRecord:
             outer_hop=data.get("outer_hop"),
             joined_trace_ids=tuple(str(t) for t in data.get("joined_trace_ids") or ()),
             router_predicted_cache_hit=opt_float("router_predicted_cache_hit"),
+            miss_tokens={str(k): int(v) for k, v in (data.get("miss_tokens") or {}).items()},
+            miss_dollars={str(k): float(v or 0.0)
+                          for k, v in (data.get("miss_dollars") or {}).items()},
         )

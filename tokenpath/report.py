@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenpath.identity import pricing_unit
+from tokenpath.leaks import MISS_CAUSE_FIXES, WASTE_CAUSES, MissCause
 from tokenpath.records import RequestRecord
 from tokenpath.stages import STAGES, Phase, Provenance, StageId
 
@@ -105,6 +106,8 @@ class Report:
     # Pricing units (nodes, else engines) with no inventory entry in the price sheet:
     # priced as their engines' tensor-parallel GPUs of the default GPU type.
     units_without_inventory: list[str] = field(default_factory=list)
+    # Prefix-cache misses by cause (tokenpath.leaks.MissCause values)
+    miss_by_cause: dict[str, MissCauseSummary] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -135,7 +138,36 @@ class Report:
             "models": self.models,
             "simulated": self.simulated,
             "units_without_inventory": self.units_without_inventory,
+            "cache_miss_by_cause": {c: m.to_json() for c, m in self.miss_by_cause.items()},
         }
+
+
+@dataclass(frozen=True, slots=True)
+class MissCauseSummary:
+    """One cause of prefix-cache misses over a set of records, and its fix."""
+
+    cause: MissCause
+    tokens: int
+    dollars: float
+
+    @property
+    def waste(self) -> bool:
+        return self.cause in WASTE_CAUSES
+
+    @property
+    def fix(self) -> str:
+        return MISS_CAUSE_FIXES[self.cause]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "dollars": self.dollars, "waste": self.waste,
+                "fix": self.fix}
+
+
+def miss_causes(records: Sequence[RequestRecord]) -> dict[str, MissCauseSummary]:
+    """Every cause, in the enum's order, summed over the records (0 where none)."""
+    return {cause.value: MissCauseSummary(
+        cause, sum(r.miss_tokens.get(cause.value, 0) for r in records),
+        sum(r.miss_dollars.get(cause.value, 0.0) for r in records)) for cause in MissCause}
 
 
 def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.0) -> Report:
@@ -208,4 +240,5 @@ def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.
         simulated=any(r.simulated for r in records),
         units_without_inventory=sorted({pricing_unit(r.node, r.engine_id) for r in records
                                         if r.gpu_inventory is False}),
+        miss_by_cause=miss_causes(records),
     )

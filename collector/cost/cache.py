@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tokenpath.leaks import WASTE_CAUSES, MissCause
 from tokenpath.records import RequestRecord
 from tokenpath.roofline import Roofline
 
@@ -93,8 +94,25 @@ class _Seen:
     last: float
 
 
+def _engine_key(record: RequestRecord) -> str:
+    return f"{record.node or ''}/{record.engine_id or ''}"
+
+
 class PrefixCacheTracker:
-    """Remembers recent prefix fingerprints; prices recomputed prefixes that were seen."""
+    """Remembers recent prefix fingerprints, everywhere and per engine; classifies and
+    prices each recomputed fingerprinted block (tokenpath.leaks.MissCause):
+
+    - a block never seen before (within ``ttl_seconds``, before this prefill) is ``cold``;
+    - one seen on this same engine (node and engine id) is ``evicted``: the engine had
+      computed it and no longer served it;
+    - one seen only on other engines is ``routed_elsewhere``;
+    - when all the seen-but-recomputed tokens fall within one block of what the cache
+      served, they are ``sub_block``: block granularity and the engine's recompute of the
+      last block, not an eviction.
+
+    The partial block after the last full one is never classified (no fingerprint).
+    Dollars are the record's prefill dollars times each cause's share of its prefill FLOPs
+    (token share without a roofline). Waste is every cause but ``cold``."""
 
     def __init__(
         self,
@@ -107,6 +125,9 @@ class PrefixCacheTracker:
         self._ttl = ttl_seconds
         self._capacity = capacity
         self._recent: OrderedDict[str, _Seen] = OrderedDict()
+        # fingerprint -> last seen, per engine; at most ``capacity`` in all (oldest first)
+        self._by_engine: dict[str, OrderedDict[str, float]] = {}
+        self._engine_entries = 0
         self.heavy_hitters = HeavyHitters(heavy_hitter_capacity)
         self.waste_dollars = 0.0
         self.recomputed_tokens = 0
@@ -123,40 +144,80 @@ class PrefixCacheTracker:
         tokens = min(record.input_tokens, (depth + 1) * block_tokens)
         return tokens, depth
 
+    def _seen_here_depth(self, record: RequestRecord, at: float) -> int:
+        here = self._by_engine.get(_engine_key(record))
+        depth = -1
+        if here is None:
+            return depth
+        for index, fingerprint in enumerate(record.prefix_fingerprints):
+            last = here.get(fingerprint)
+            if last is None or not last < at or at - last > self._ttl:
+                break
+            depth = index
+        return depth
+
     def observe(self, record: RequestRecord, prefill_dollars: float,
                 roofline: Roofline | None, known_waste: float | None = None) -> float:
-        """Waste dollars of ``record`` (0 when nothing seen was recomputed); remembers it.
+        """Waste dollars of ``record`` (0 when nothing seen was recomputed); sets its
+        ``miss_tokens`` and ``miss_dollars`` by cause and remembers its fingerprints.
 
-        ``known_waste`` replays a stored record whose waste was priced when it was recorded.
+        ``known_waste`` replays a stored record whose causes were priced when it was
+        recorded: they are kept as they are.
         """
         if not record.prefix_fingerprints:
             return 0.0
         at = record.prefill_start_unix if record.prefill_start_unix is not None else (
             record.start_unix)
         seen_tokens, depth = self.seen_prefix_tokens(record, at)
-        cached = max(0, record.cache_read_tokens)
-        new_tokens = max(1, record.input_tokens - cached)
-        wasted_tokens = min(new_tokens, max(0, seen_tokens - cached))
+        block = record.prefix_block_tokens or self._block_tokens
+        here_tokens = min(seen_tokens, (self._seen_here_depth(record, at) + 1) * block)
+        inputs = max(0, record.input_tokens)
+        cached = min(inputs, max(0, record.cache_read_tokens))
+        fingerprinted = min(inputs, len(record.prefix_fingerprints) * block)
+        # token ranges of the computed, fingerprinted blocks, by cause
+        ranges: dict[MissCause, tuple[int, int]] = {}
+        seen_recomputed = max(0, seen_tokens - cached)
+        if 0 < seen_recomputed <= block:
+            ranges[MissCause.SUB_BLOCK] = (cached, seen_tokens)
+        elif seen_recomputed:
+            ranges[MissCause.EVICTED] = (cached, max(cached, here_tokens))
+            ranges[MissCause.ROUTED_ELSEWHERE] = (max(cached, here_tokens), seen_tokens)
+        ranges[MissCause.COLD] = (max(cached, seen_tokens), max(cached, seen_tokens,
+                                                                 fingerprinted))
+        new_tokens = max(1, inputs - cached)
+        total_flops = roofline.prefill_flops(new_tokens, cached) if roofline else 0.0
         waste = 0.0
+        wasted_tokens = min(new_tokens, seen_recomputed)
+        if known_waste is None:
+            record.miss_tokens, record.miss_dollars = {}, {}
+        for cause, (low, high) in ranges.items():
+            if high <= low:
+                continue
+            if known_waste is None:
+                if prefill_dollars <= 0:
+                    dollars = 0.0
+                elif roofline is not None and total_flops > 0:
+                    dollars = prefill_dollars * min(
+                        1.0, roofline.prefill_flops(high - low, low) / total_flops)
+                else:
+                    dollars = prefill_dollars * min(1.0, (high - low) / new_tokens)
+                record.miss_tokens[cause.value] = high - low
+                record.miss_dollars[cause.value] = dollars
+            if cause in WASTE_CAUSES and known_waste is None:
+                waste += record.miss_dollars[cause.value]
         if known_waste is not None:
             waste = known_waste
-        elif wasted_tokens > 0 and prefill_dollars > 0:
-            if roofline is not None:
-                share = (roofline.prefill_flops(wasted_tokens, cached)
-                         / roofline.prefill_flops(new_tokens, cached))
-            else:
-                share = wasted_tokens / new_tokens
-            waste = prefill_dollars * min(1.0, share)
         if depth >= 0:
             self.heavy_hitters.update(record.prefix_fingerprints[depth], seen_tokens,
                                       hit=cached >= seen_tokens, waste=waste,
                                       recomputed_tokens=wasted_tokens)
             self.recomputed_tokens += wasted_tokens
-        self._remember(record.prefix_fingerprints, at)
+        self._remember(record, at)
         self.waste_dollars += waste
         return waste
 
-    def _remember(self, fingerprints: Iterable[str], at: float) -> None:
+    def _remember(self, record: RequestRecord, at: float) -> None:
+        fingerprints = record.prefix_fingerprints
         for fingerprint in fingerprints:
             seen = self._recent.pop(fingerprint, None)
             if seen is None:
@@ -172,6 +233,28 @@ class PrefixCacheTracker:
             if at - oldest.last <= self._ttl:
                 break
             self._recent.popitem(last=False)
+        key = _engine_key(record)
+        here = self._by_engine.setdefault(key, OrderedDict())
+        for fingerprint in fingerprints:
+            last = here.pop(fingerprint, None)
+            if last is None:
+                self._engine_entries += 1
+            here[fingerprint] = at if last is None else max(last, at)
+        self._trim_engine(key, at)
+
+    def _trim_engine(self, key: str, at: float) -> None:
+        """Per-engine memory: this engine's entries past the TTL go, and the engines'
+        oldest entries go while they hold more than ``capacity`` in all."""
+        here = self._by_engine[key]
+        while here and at - next(iter(here.values())) > self._ttl:
+            here.popitem(last=False)
+            self._engine_entries -= 1
+        while self._engine_entries > self._capacity and self._by_engine:
+            largest = max(self._by_engine, key=lambda k: len(self._by_engine[k]))
+            self._by_engine[largest].popitem(last=False)
+            self._engine_entries -= 1
+            if not self._by_engine[largest]:
+                del self._by_engine[largest]
 
 
 def prefill_dollars(record: RequestRecord) -> float:

@@ -79,6 +79,12 @@ def render_report(report: Report, console: Console) -> None:
     facts.add_row("naive wall-clock cost", _usd(report.naive_cost_dollars))
     facts.add_row("$ per million output tokens", _usd(report.cost_per_million_output_tokens))
     facts.add_row("leak 1: cache-miss waste", _usd(report.cache_miss_waste_dollars))
+    for cause, miss in report.miss_by_cause.items():
+        if miss.tokens:
+            label = "first prefill" if not miss.waste else "waste"
+            facts.add_row(f"  miss cause {cause} ({label})",
+                          Text(f"{_usd(miss.dollars)}, {miss.tokens:,} tokens; "
+                               f"fix: {miss.fix}"))
     facts.add_row(f"leak 2: long contexts (>= {LONG_CONTEXT_TOKENS:,} input tokens)",
                   f"{report.long_context_requests} requests, "
                   f"{_usd(report.long_context_cost_dollars)} "

@@ -270,6 +270,9 @@
       td(fmtNum(p.prefix_tokens), "num"), td(fmtNum(p.requests), "num"),
       td(fmtNum(p.hits), "num"), td(fmtNum(p.misses), "num"),
       td(fmtNum(p.recomputed_tokens), "num"), td(money(p.waste_dollars), "num")));
+    const causeRows = Object.entries(cache.by_cause).map(([cause, c]) => el("tr", {},
+      td(el("code", { text: cause })), td(fmtNum(c.tokens), "num"), td(money(c.dollars), "num"),
+      td(c.waste ? "waste" : "first prefill"), td(c.fix)));
     const longCtx = data.long_context;
     const small = data.small_packets;
     return el("div", { class: "page" },
@@ -289,6 +292,12 @@
         tp.lineChart(series.points.map((p) => ({ t: p.start_unix, v: p.prefix_cache_hit_ratio })),
                      { fmtY: (v) => fmtPct(v, 0), yMax: 1, width: 1300,
                        title: "Token-weighted prefix-cache hit ratio per interval" })),
+      card("Why prefixes missed",
+        note("Each recomputed prefix block by cause: seen on this engine (evicted), only on "
+             + "another (routed elsewhere), within one block of the cache hit (sub-block), "
+             + "or never seen (cold: its first prefill, not waste)."),
+        table("Misses by cause", ["cause", "tokens", "dollars", "kind", "fix"], causeRows,
+              "data causes-table")),
       card("Top repeated prefixes by waste",
         note("Salted fingerprints and lengths only: prompt content never reaches the "
              + `collector. Computed from ${cache.source}; `

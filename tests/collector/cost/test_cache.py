@@ -131,3 +131,57 @@ def test_top_prefixes_replay_stored_records_in_engine_order() -> None:
     assert [p.fingerprint for p in top] == ["sys99"]
     assert (top[0].hits, top[0].misses) == (3, 2)  # the first sighting is neither
     assert abs(top[0].waste_dollars - cost.cache.waste_dollars) < 1e-12
+
+
+def _on(node: str, index: int, at: float, cached: int, prompt: tuple[str, ...],
+        input_tokens: int = 160):  # type: ignore[no-untyped-def]
+    record = engine_record(index, at, 0.1, 1.0, node=node, input_tokens=input_tokens,
+                           cached_tokens=cached)
+    record.prefix_fingerprints = prompt
+    return record
+
+
+def test_each_recomputed_block_has_its_cause_and_the_waste_causes_sum_to_the_waste() -> None:
+    from tokenpath.leaks import MissCause
+
+    tracker = PrefixCacheTracker(block_tokens=16, ttl_seconds=60)
+    first = _on("node-a", 0, 10.0, 0, _prompt("s", "u1-", 10, 8))
+    assert tracker.observe(first, 1.0, ROOFLINE) == 0.0
+    # never seen: all ten fingerprinted blocks are its first prefill
+    assert first.miss_tokens == {MissCause.COLD.value: 160}
+    assert first.miss_dollars[MissCause.COLD.value] > 0.9
+
+    # the same system prompt on another engine: its 8 blocks were routed elsewhere
+    routed = _on("node-b", 1, 20.0, 0, _prompt("s", "u2-", 10, 8))
+    waste = tracker.observe(routed, 1.0, ROOFLINE)
+    assert routed.miss_tokens == {MissCause.ROUTED_ELSEWHERE.value: 128,
+                                  MissCause.COLD.value: 32}
+    assert waste == routed.miss_dollars[MissCause.ROUTED_ELSEWHERE.value] > 0.7
+
+    # back on the first engine, recomputed: evicted there
+    evicted = _on("node-a", 2, 30.0, 0, _prompt("s", "u3-", 10, 8))
+    tracker.observe(evicted, 1.0, ROOFLINE)
+    assert evicted.miss_tokens[MissCause.EVICTED.value] == 128
+
+    # served from cache but for the last seen block: sub-block, not an eviction
+    near = _on("node-a", 3, 40.0, 112, _prompt("s", "u4-", 10, 8))
+    waste = tracker.observe(near, 0.3, ROOFLINE)
+    assert near.miss_tokens == {MissCause.SUB_BLOCK.value: 16, MissCause.COLD.value: 32}
+    assert waste == near.miss_dollars[MissCause.SUB_BLOCK.value] > 0
+    # dollars by cause never exceed the prefill they split
+    for record in (first, routed, evicted, near):
+        assert sum(record.miss_dollars.values()) <= 1.0 + 1e-9
+
+
+def test_a_prefix_seen_on_this_engine_and_another_splits_at_what_this_engine_saw() -> None:
+    from tokenpath.leaks import MissCause
+
+    tracker = PrefixCacheTracker(block_tokens=16, ttl_seconds=60)
+    tracker.observe(_on("node-a", 0, 10.0, 0, _prompt("s", "a-", 10, 4)), 1.0, None)
+    tracker.observe(_on("node-b", 1, 11.0, 0, _prompt("s", "b-", 10, 8)), 1.0, None)
+    again = _on("node-a", 2, 12.0, 0, _prompt("s", "b-", 10, 8))
+    tracker.observe(again, 1.0, None)
+    # blocks 0-3 were on node-a (evicted there), 4-9 only on node-b
+    assert again.miss_tokens == {MissCause.EVICTED.value: 64,
+                                 MissCause.ROUTED_ELSEWHERE.value: 96}
+    assert again.miss_dollars[MissCause.EVICTED.value] == 64 / 160  # token share

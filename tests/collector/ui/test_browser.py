@@ -82,6 +82,14 @@ def test_views_render_workload_in_chromium(collector: CollectorService,
     _open(browser_page, url, "/leaks")
     assert browser_page.locator(".prefixes-table tbody tr").count() >= 1
     assert browser_page.is_visible("#kpi-long-context")
+    # misses by cause: every cause, with the tokens the API gives for the same store
+    by_cause = httpx.get(f"{url}/api/leaks").json()["cache"]["by_cause"]
+    rows = browser_page.locator(".causes-table tbody tr")
+    assert rows.count() == len(by_cause) == 4
+    shown = {rows.nth(i).locator("td").nth(0).text_content():
+             rows.nth(i).locator("td").nth(1).text_content() for i in range(rows.count())}
+    assert shown == {cause: f"{c['tokens']:,}" for cause, c in by_cause.items()}
+    assert by_cause["cold"]["tokens"] > 0
     screenshot(browser_page, "leaks")
 
     # What-if: the form returns baseline and projected figures.
