@@ -13,6 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokenpath.collector.cost.cache import DEFAULT_BLOCK_TOKENS, prefill_dollars, replay_prefixes
+from tokenpath.last_mile import (
+    DEFAULT_PACKETS_PER_TOKEN_THRESHOLD,
+    summarize_last_mile,
+)
 from tokenpath.records import RequestRecord
 from tokenpath.report import (
     LONG_CONTEXT_TOKENS,
@@ -164,7 +168,9 @@ def small_packet_view(records: Sequence[RequestRecord]) -> dict[str, Any]:
 
 def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT,
                long_context_tokens: int = DEFAULT_LONG_CONTEXT_TOKENS,
-               block_tokens: int = DEFAULT_BLOCK_TOKENS) -> dict[str, Any]:
+               block_tokens: int = DEFAULT_BLOCK_TOKENS,
+               packets_per_token_threshold: float = DEFAULT_PACKETS_PER_TOKEN_THRESHOLD,
+               ) -> dict[str, Any]:
     """The three money leaks of SPEC section 1: cache misses, long contexts, small packets."""
     top, recomputed = repeated_prefixes(records, block_tokens, limit)
     return {
@@ -187,6 +193,7 @@ def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT
         },
         "long_context": long_context_view(records, long_context_tokens),
         "small_packets": small_packet_view(records),
+        "last_mile": summarize_last_mile(records, packets_per_token_threshold).to_json(),
     }
 
 

@@ -35,6 +35,7 @@ from tokenpath.collector.store import RecordStore
 from tokenpath.collector.tls import TlsConfig
 from tokenpath.collector.whatif_view import WhatIfRequest, whatif_view
 from tokenpath.config import ConfigError, parse_duration
+from tokenpath.last_mile import DEFAULT_PACKETS_PER_TOKEN_THRESHOLD
 from tokenpath.report import build_report
 
 log = logging.getLogger(__name__)
@@ -159,10 +160,12 @@ def build_app(
     @app.get("/api/leaks")
     def leaks(since: str | None = None, limit: int = Query(api_views.DEFAULT_LEAK_LIMIT, ge=1,
                                                             le=1000),
-              long_context_tokens: int = Query(api_views.DEFAULT_LONG_CONTEXT_TOKENS, ge=1)
-              ) -> dict[str, Any]:
+              long_context_tokens: int = Query(api_views.DEFAULT_LONG_CONTEXT_TOKENS, ge=1),
+              packets_per_token_threshold: float = Query(
+                  DEFAULT_PACKETS_PER_TOKEN_THRESHOLD, gt=0, le=1000)) -> dict[str, Any]:
         return api_views.leaks_view(store.records(since_unix=_since(since)), limit,
-                                    long_context_tokens)
+                                    long_context_tokens,
+                                    packets_per_token_threshold=packets_per_token_threshold)
 
     @app.post("/api/whatif")
     def whatif(body: dict[str, Any] = Body(default_factory=dict),

@@ -302,6 +302,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     if outer_sends is not None and not record.response_chunks:
         record.response_chunks = outer_sends[0]  # the ASGI body sends folded on ingest
     record.small_chunks = look.count(A.RESPONSE_SMALL_CHUNKS) or 0
+    record.response_packets = look.count(A.RESPONSE_PACKETS) or 0
     fingerprints = look.get(A.PREFIX_FINGERPRINTS)
     if isinstance(fingerprints, tuple):
         record.prefix_fingerprints = tuple(str(f) for f in fingerprints)

@@ -100,6 +100,9 @@ class RequestRecord:
     response_bytes: int = 0
     response_chunks: int = 0
     small_chunks: int = 0
+    # TCP segments the response became (the gateway's estimate: ceil(bytes / MSS) per
+    # write); 0 when no shim counted them.
+    response_packets: int = 0
     prefix_fingerprints: tuple[str, ...] = ()
     # Tokens per fingerprinted block, as the engine sent it; 0 when it did not say (the
     # collector's cost.prefix_block_tokens applies).
@@ -182,6 +185,7 @@ class RequestRecord:
             "response_bytes": self.response_bytes,
             "response_chunks": self.response_chunks,
             "small_chunks": self.small_chunks,
+            "response_packets": self.response_packets,
             "prefix_fingerprints": list(self.prefix_fingerprints),
             "prefix_block_tokens": self.prefix_block_tokens,
             "stages": {PLAIN_VALUES[t.stage]: t.to_json() for t in self.ordered_stages()},
@@ -242,6 +246,7 @@ class RequestRecord:
             response_bytes=int(data.get("response_bytes", 0)),
             response_chunks=int(data.get("response_chunks", 0)),
             small_chunks=int(data.get("small_chunks", 0)),
+            response_packets=int(data.get("response_packets") or 0),
             prefix_fingerprints=tuple(data.get("prefix_fingerprints") or ()),
             prefix_block_tokens=int(data.get("prefix_block_tokens") or 0),
             stages=stages,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenpath.identity import pricing_unit
+from tokenpath.last_mile import summarize_last_mile
 from tokenpath.leaks import MISS_CAUSE_FIXES, WASTE_CAUSES, MissCause
 from tokenpath.records import RequestRecord
 from tokenpath.stages import STAGES, Phase, Provenance, StageId
@@ -108,6 +109,11 @@ class Report:
     units_without_inventory: list[str] = field(default_factory=list)
     # Prefix-cache misses by cause (tokenpath.leaks.MissCause values)
     miss_by_cause: dict[str, MissCauseSummary] = field(default_factory=dict)
+    # Leak 3: token-weighted over the streamed requests (collector/cost/last_mile.py)
+    packets_per_output_token: float | None = None
+    wire_bytes_per_payload_byte: float | None = None
+    leaking_streams: int = 0
+    streams: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -139,6 +145,10 @@ class Report:
             "simulated": self.simulated,
             "units_without_inventory": self.units_without_inventory,
             "cache_miss_by_cause": {c: m.to_json() for c, m in self.miss_by_cause.items()},
+            "packets_per_output_token": self.packets_per_output_token,
+            "wire_bytes_per_payload_byte": self.wire_bytes_per_payload_byte,
+            "leaking_streams": self.leaking_streams,
+            "streams": self.streams,
         }
 
 
@@ -210,6 +220,7 @@ def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.
     chunks = sum(r.response_chunks for r in records)
     long_context = [r for r in records if r.input_tokens >= LONG_CONTEXT_TOKENS]
     long_context_cost = sum(r.cost_dollars for r in long_context)
+    last_mile = summarize_last_mile(records)
     return Report(
         requests=len(records),
         complete_requests=sum(1 for r in records if r.complete),
@@ -241,4 +252,8 @@ def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.
         units_without_inventory=sorted({pricing_unit(r.node, r.engine_id) for r in records
                                         if r.gpu_inventory is False}),
         miss_by_cause=miss_causes(records),
+        packets_per_output_token=last_mile.packets_per_output_token,
+        wire_bytes_per_payload_byte=last_mile.wire_bytes_per_payload_byte,
+        leaking_streams=last_mile.leaking_streams,
+        streams=last_mile.streams,
     )

@@ -69,6 +69,9 @@ class ServingComponents:
     rate_limit: TokenBucket
     model: str
     tokenizer: ToyTokenizer
+    # Tokens per streamed SSE event: 1 is a write (a packet) per token, as most servers
+    # stream; N coalesces N tokens per write (the last-mile what-if, made real).
+    stream_tokens_per_chunk: int = 1
 
 
 def chat_template(messages: list[ChatMessage]) -> str:
@@ -151,21 +154,31 @@ def create_app(parts: ServingComponents) -> FastAPI:
                           "total_tokens": len(prompt_ids) + len(ids)},
             })
 
+        per_chunk = max(1, parts.stream_tokens_per_chunk)
+
+        def event(piece: str) -> bytes:
+            delta: dict[str, Any] = (
+                {"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
+                else {"index": 0, "text": piece, "finish_reason": None}
+            )
+            return _sse({"id": completion_id,
+                         "object": "chat.completion.chunk" if chat else "text_completion",
+                         "created": created, "model": parts.model, "choices": [delta]})
+
         async def events() -> AsyncIterator[bytes]:
             count = 0
             pending = first
+            pieces: list[str] = []
             try:
                 while pending is not None:
                     count += 1
-                    piece = tokenizer.decode_token(pending)
-                    delta: dict[str, Any] = (
-                        {"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
-                        else {"index": 0, "text": piece, "finish_reason": None}
-                    )
-                    yield _sse({"id": completion_id,
-                                "object": "chat.completion.chunk" if chat else "text_completion",
-                                "created": created, "model": parts.model, "choices": [delta]})
+                    pieces.append(tokenizer.decode_token(pending))
+                    if len(pieces) >= per_chunk:
+                        yield event("".join(pieces))
+                        pieces = []
                     pending = await anext(tokens, None)
+                if pieces:
+                    yield event("".join(pieces))
             finally:
                 await tokens.aclose()  # a client that went away aborts its request
             final: dict[str, Any] = (

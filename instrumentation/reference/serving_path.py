@@ -47,10 +47,14 @@ class ReferencePathConfig:
     rate_limit_burst: float = DEFAULT_BURST
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     instrument: bool = True
+    stream_tokens_per_chunk: int = 1  # tokens per streamed SSE write
+
 
     def validate(self) -> None:
         if self.replicas < 1:
             raise ConfigError("replicas", "must be at least 1")
+        if self.stream_tokens_per_chunk < 1:
+            raise ConfigError("stream_tokens_per_chunk", "must be at least 1")
         if not 0 <= self.port <= 65535:
             raise ConfigError("port", "out of range")
         self.engine.validate()
@@ -123,6 +127,7 @@ class ReferenceServingPath:
             rate_limit=TokenBucket(self.config.rate_limit_per_second,
                                    self.config.rate_limit_burst),
             model=self.config.engine.model, tokenizer=ToyTokenizer(),
+            stream_tokens_per_chunk=self.config.stream_tokens_per_chunk,
         ))
         if self.config.instrument:
             GatewayInstrumentor().instrument_app(self.app, tracer_provider=tracer_provider,

@@ -118,3 +118,12 @@ class WorkloadGenerator:
     def _words(self, count: int, tag: str) -> str:
         rng = self._rng
         return " ".join(f"{tag}w{rng.randrange(1_000_000)}" for _ in range(count))
+
+
+# The demo's workload (tokenpath demo), an agent platform's shape: a dozen shared system
+# prompts of 1,500 words, half with 1,200 words of tool definitions, so that prefixes
+# repeat across replicas and compete for KV memory; short answers; and a long-context tail
+# of 6k-20k-token documents (the O(n^2) attention leak).
+DEMO_WORKLOAD = WorkloadConfig(system_prompts=12, system_prompt_words=1_500,
+                               tool_definition_words=1_200, long_context_share=0.06,
+                               long_context_words=(6_000, 20_000), max_tokens=(16, 64))

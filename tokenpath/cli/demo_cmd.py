@@ -12,6 +12,7 @@ still prints the report.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -40,12 +41,19 @@ DEFAULT_AGENT_LISTEN = "127.0.0.1:9400"
 DEFAULT_RPS = 4.0
 DEFAULT_TIME_SCALE = 1.0
 DEFAULT_SHARED_PREFIX = 0.7
-DEFAULT_REPLICAS = 2
 DEFAULT_DEMO_GPU = "H100-SXM"
 DEFAULT_DEMO_MODEL = "llama-3.1-70b"
 DEFAULT_DEMO_TENSOR_PARALLEL = 4  # 70B in BF16 (141 GB of weights) over 4 x 80 GB
 DEFAULT_SEED = 7
 EXPORT_FLUSH_MILLIS = 10_000
+# The leaks made material (docs/demo.md): replicas behind a round-robin router miss each
+# other's prefixes, a KV cache of 2,560 blocks (40,960 tokens) per replica evicts them
+# under the long-context tail, and the gateway writes a packet per streamed token.
+DEFAULT_DEMO_REPLICAS = 3
+DEFAULT_DEMO_ROUTER = "round_robin"
+DEFAULT_DEMO_KV_BLOCKS = 2_560
+DEFAULT_TOKENS_PER_WRITE = 1
+DEMO_ROUTERS = ("round_robin", "prefix_affine")
 
 
 class EngineKind(StrEnum):
@@ -63,7 +71,7 @@ class DemoConfig:
     collector_port: int
     time_scale: float = DEFAULT_TIME_SCALE
     shared_prefix: float = DEFAULT_SHARED_PREFIX
-    replicas: int = DEFAULT_REPLICAS
+    replicas: int = DEFAULT_DEMO_REPLICAS
     gpu: str = DEFAULT_DEMO_GPU
     model: str = DEFAULT_DEMO_MODEL
     tensor_parallel: int = DEFAULT_DEMO_TENSOR_PARALLEL
@@ -71,6 +79,9 @@ class DemoConfig:
     prices_path: str | None = None
     engine: EngineKind = EngineKind.SIMULATED
     agent_listen: str = DEFAULT_AGENT_LISTEN
+    router: str = DEFAULT_DEMO_ROUTER
+    kv_blocks: int = DEFAULT_DEMO_KV_BLOCKS
+    tokens_per_write: int = DEFAULT_TOKENS_PER_WRITE
 
     def validate(self) -> None:
         if self.duration is not None and self.duration <= 0:
@@ -83,6 +94,12 @@ class DemoConfig:
             raise ConfigError("shared-prefix", "must be between 0 and 1")
         if self.replicas < 1:
             raise ConfigError("replicas", "must be at least 1")
+        if self.router not in DEMO_ROUTERS:
+            raise ConfigError("router", f"must be one of {', '.join(DEMO_ROUTERS)}")
+        if self.kv_blocks < 1:
+            raise ConfigError("kv-blocks", "must be at least 1")
+        if self.tokens_per_write < 1:
+            raise ConfigError("tokens-per-write", "must be at least 1")
         if self.engine is EngineKind.VLLM and self.ground_truth is not None:
             raise ConfigError("ground-truth", "only the simulated engine knows its ground truth")
 
@@ -200,34 +217,40 @@ def _serve_simulated(config: DemoConfig, collector: CollectorService,
     from tokenpath.collector.cost.prices import load_price_sheet
     from tokenpath.instrumentation.reference import SIMULATED_ENGINE_LABEL
     from tokenpath.instrumentation.reference.engine import EngineConfig
+    from tokenpath.instrumentation.reference.gateway_parts import RoutingPolicy
     from tokenpath.instrumentation.reference.ground_truth import GroundTruthWriter
     from tokenpath.instrumentation.reference.serving_path import (
         ReferencePathConfig,
         ReferenceServingPath,
     )
-    from tokenpath.instrumentation.reference.workload import WorkloadConfig, WorkloadGenerator
+    from tokenpath.instrumentation.reference.workload import DEMO_WORKLOAD, WorkloadGenerator
 
     truth = GroundTruthWriter(config.ground_truth) if config.ground_truth else None
     # the ground truth prices GPU time like the collector's price sheet does
     gpu_price = load_price_sheet(config.prices_path).gpu_price(config.gpu)
     engine = EngineConfig(gpu=config.gpu, model=config.model,
                           tensor_parallel=config.tensor_parallel, time_scale=config.time_scale,
-                          gpu_dollars_per_hour=gpu_price.dollars_per_hour)
-    path = ReferenceServingPath(ReferencePathConfig(engine=engine, replicas=config.replicas),
-                                tracer_provider=provider, ground_truth=truth)
+                          gpu_dollars_per_hour=gpu_price.dollars_per_hour,
+                          kv_blocks=config.kv_blocks)
+    path = ReferenceServingPath(ReferencePathConfig(
+        engine=engine, replicas=config.replicas, routing=RoutingPolicy(config.router),
+        stream_tokens_per_chunk=config.tokens_per_write),
+        tracer_provider=provider, ground_truth=truth)
     agent: AgentService | None = None
     try:
         path.start()
         agent, agent_note = _start_agent(config, collector, f"{path.base_url}/metrics")
         out.print(f"[bold]tokenpath demo[/] — reference serving path with a "
                   f"[yellow]{SIMULATED_ENGINE_LABEL}[/] ({config.model} on "
-                  f"{config.tensor_parallel} x {config.gpu}, {config.replicas} replicas, "
+                  f"{config.tensor_parallel} x {config.gpu}, {config.replicas} replicas "
+                  f"behind a {config.router} router, {config.kv_blocks:,} KV blocks each, "
+                  f"{config.tokens_per_write} token(s) per streamed write, "
                   f"time scale {config.time_scale:g})")
         out.print(f"  gateway   {path.base_url}/v1/chat/completions "
                   f"(engine metrics in vLLM format: {path.base_url}/metrics)")
         _banner_tail(collector, agent, agent_note, out)
-        workload = WorkloadGenerator(WorkloadConfig(seed=config.seed,
-                                                    shared_prefix=config.shared_prefix))
+        workload = WorkloadGenerator(dataclasses.replace(
+            DEMO_WORKLOAD, seed=config.seed, shared_prefix=config.shared_prefix))
         _drive_with_progress(path.base_url, provider, workload, config, config.model, out)
     finally:
         if agent is not None:
@@ -381,7 +404,14 @@ def register(app: typer.Typer) -> None:
         shared_prefix: float = typer.Option(
             DEFAULT_SHARED_PREFIX, "--shared-prefix",
             help="Share of requests opening with a shared system prompt (0..1)."),
-        replicas: int = typer.Option(DEFAULT_REPLICAS, help="Engine replicas behind the router."),
+        replicas: int = typer.Option(DEFAULT_DEMO_REPLICAS,
+                                     help="Engine replicas behind the router."),
+        router: str = typer.Option(DEFAULT_DEMO_ROUTER, help="round_robin (prefixes miss "
+                                   "across replicas) or prefix_affine."),
+        kv_blocks: int = typer.Option(DEFAULT_DEMO_KV_BLOCKS, "--kv-blocks",
+                                      help="KV-cache blocks (16 tokens) per replica."),
+        tokens_per_write: int = typer.Option(DEFAULT_TOKENS_PER_WRITE, "--tokens-per-write",
+                                             help="Tokens per streamed SSE write."),
         gpu: str = typer.Option(DEFAULT_DEMO_GPU, help="GPU of the simulated engine."),
         model: str = typer.Option(DEFAULT_DEMO_MODEL, help="Model of the simulated engine."),
         tensor_parallel: int = typer.Option(DEFAULT_DEMO_TENSOR_PARALLEL, "--tensor-parallel"),
@@ -402,6 +432,7 @@ def register(app: typer.Typer) -> None:
                 time_scale=time_scale, shared_prefix=shared_prefix, replicas=replicas,
                 gpu=gpu, model=model, tensor_parallel=tensor_parallel, seed=seed,
                 prices_path=prices, engine=engine, agent_listen=agent_listen,
+                router=router, kv_blocks=kv_blocks, tokens_per_write=tokens_per_write,
             )
             config.validate()
             from tokenpath.instrumentation.reference.engine import EngineConfig

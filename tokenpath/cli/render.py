@@ -89,7 +89,14 @@ def render_report(report: Report, console: Console) -> None:
                   f"{report.long_context_requests} requests, "
                   f"{_usd(report.long_context_cost_dollars)} "
                   f"({_pct(report.long_context_share_of_cost)} of cost; attention is O(n^2))")
-    facts.add_row("leak 3: small-packet share of streamed chunks", _pct(report.small_packet_share))
+    if report.streams:
+        facts.add_row("leak 3: packets per output token (streams)",
+                      Text(f"{report.packets_per_output_token or 0:.2f} packets/token, "
+                           f"{report.wire_bytes_per_payload_byte or 0:.2f} wire bytes per "
+                           f"payload byte; {report.leaking_streams} of {report.streams} "
+                           "streams write a packet per 1-2 tokens"))
+    else:
+        facts.add_row("leak 3: packets per output token (streams)", "no streamed responses")
     if report.units_without_inventory:
         units = report.units_without_inventory
         shown = ", ".join(units[:5]) + (f" and {len(units) - 5} more" if len(units) > 5 else "")
