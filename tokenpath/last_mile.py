@@ -15,7 +15,8 @@ streamed record (more than one write, at least one output token):
 
 A stream *leaks* when its packets per output token reach ``threshold`` (default 0.5: a
 write carries two tokens or fewer). The coalescing what-if writes N tokens per write:
-``max(ceil(writes / N), ceil(bytes / MSS))`` segments (modeled).
+``max(ceil(token writes / N) + other writes, ceil(bytes / MSS))`` segments (modeled; the
+other writes are a stream's usage chunk and ``[DONE]``).
 """
 
 from __future__ import annotations
@@ -87,7 +88,11 @@ def _ratios(streams: Sequence[RequestRecord], packets: Iterable[int]
 
 
 def coalesced_packets(record: RequestRecord, tokens_per_write: int) -> int:
-    writes = math.ceil(record.response_chunks / tokens_per_write)
+    """Segments with ``tokens_per_write`` tokens per write: the token writes coalesce, the
+    writes beyond one per token (a usage chunk, ``[DONE]``) stay."""
+    token_writes = min(record.response_chunks, record.output_tokens)
+    other_writes = record.response_chunks - token_writes
+    writes = math.ceil(token_writes / tokens_per_write) + other_writes
     return max(writes, math.ceil(record.response_bytes / DEFAULT_MSS_BYTES), 1)
 
 
