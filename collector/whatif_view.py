@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenpath.collector.cost.prices import PriceSheet
+from tokenpath.collector.cost.routing_whatif import prefix_affine_whatif
 from tokenpath.collector.cost.whatif import Scenario, WhatIfError, what_if
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
 
 QUANTIZATIONS = ("none", "int8", "int4")
+ROUTERS = ("as_recorded", "prefix_affine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +27,9 @@ class WhatIfRequest:
     spec_decode_speedup: float = 1.0
     gpu_utilization: float | None = None
     quantization: str = "none"
+    # prefix_affine: replay the fingerprints through a prefix-affine router
+    # (collector/cost/routing_whatif.py) and project with its cache-hit gain
+    router: str = "as_recorded"
 
     def validate(self) -> None:
         if not -1.0 <= self.cache_hit_rate_delta <= 1.0:
@@ -35,6 +40,8 @@ class WhatIfRequest:
             raise ConfigError("gpu_utilization", "must be between 0.05 and 1")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError("quantization", f"must be one of {', '.join(QUANTIZATIONS)}")
+        if self.router not in ROUTERS:
+            raise ConfigError("router", f"must be one of {', '.join(ROUTERS)}")
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> WhatIfRequest:
@@ -56,6 +63,7 @@ class WhatIfRequest:
             spec_decode_speedup=_given(number("spec_decode_speedup", 1.0), 1.0),
             gpu_utilization=number("gpu_utilization", None),
             quantization=str(quantization),
+            router=str(body.get("router") or "as_recorded").replace("-", "_"),
         )
         request.validate()
         return request
@@ -67,9 +75,17 @@ def _given(value: float | None, default: float) -> float:
 
 def whatif_view(records: Sequence[RequestRecord], prices: PriceSheet,
                 request: WhatIfRequest) -> dict[str, Any]:
-    """``{baseline, projected, change, ...}`` from the roofline what-if engine."""
+    """``{baseline, projected, change, ...}`` from the roofline what-if engine; with the
+    prefix-affine router, its replay (``routing``) and, unless a cache-hit change was
+    given, the projection at its predicted hit-ratio gain."""
+    routing = None
+    delta = request.cache_hit_rate_delta
+    if request.router == "prefix_affine":
+        routing = prefix_affine_whatif(records)
+        if not delta and routing.hit_ratio_gain is not None:
+            delta = routing.hit_ratio_gain
     scenario = Scenario(
-        cache_hit_rate_delta=request.cache_hit_rate_delta,
+        cache_hit_rate_delta=delta,
         spec_decode_speedup=request.spec_decode_speedup,
         gpu_utilization=request.gpu_utilization,
         quantization=None if request.quantization == "none" else request.quantization,
@@ -81,4 +97,6 @@ def whatif_view(records: Sequence[RequestRecord], prices: PriceSheet,
         raise ConfigError("whatif", str(exc)) from exc
     out["engine"] = "roofline"
     out["modeled"] = True
+    if routing is not None:
+        out["routing"] = routing.to_json()
     return out

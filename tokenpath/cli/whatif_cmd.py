@@ -19,6 +19,7 @@ from rich.text import Text
 from tokenpath.cli.client import Source
 from tokenpath.cli.common import console, fail
 from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.collector.cost.routing_whatif import prefix_affine_whatif
 from tokenpath.collector.cost.whatif import (
     DEFAULT_SPEC_DRAFT_TOKENS,
     QUANTIZATION,
@@ -111,6 +112,23 @@ def _render(result: dict[str, Any]) -> None:
             waste.add_row(Text(p["fingerprint"][:16]), str(p["prefix_tokens"]), str(p["count"]),
                           str(p["hits"]), str(p["misses"]), f"{p['waste_dollars']:.6f}")
         console.print(waste)
+    routing = result.get("routing")
+    if routing:
+        routed = Table(title="prefix-affine router (modeled: the recorded fingerprints "
+                             "replayed, cache capacity fitted on the recorded hits)")
+        for column in ("figure", "value"):
+            routed.add_column(column, justify="left" if column == "figure" else "right")
+        for name, key, fmt in (
+            ("hit ratio recorded", "recorded_hit_ratio", ".3f"),
+            ("hit ratio with the router", "predicted_hit_ratio", ".3f"),
+            ("prefill tokens saved", "prefill_tokens_saved", ",d"),
+            ("prefill $ saved", "prefill_dollars_saved", ".6f"),
+            ("load skew recorded (busiest / mean)", "load_skew_recorded", ".2f"),
+            ("load skew with the router", "load_skew_predicted", ".2f"),
+        ):
+            value = routing[key]
+            routed.add_row(name, "-" if value is None else format(value, fmt))
+        console.print(routed)
     rules = result.get("rules_of_thumb")
     if rules:
         checks = Table(title="rules of thumb on your workload (modeled)")
@@ -141,6 +159,9 @@ def register(app: typer.Typer) -> None:
         quantization: str | None = typer.Option(None, help="|".join(QUANTIZATION)),
         rules_of_thumb: bool = typer.Option(False, "--rules-of-thumb",
                                             help="Check industry claims on this workload."),
+        router: str | None = typer.Option(
+            None, help="prefix-affine: replay the recorded fingerprints through a "
+                       "prefix-affine router and project at its cache-hit gain."),
         format: OutputFormat = typer.Option(OutputFormat.TABLE, "--format"),
     ) -> None:
         """Project cost and throughput under better caching, batching, spec decoding or
@@ -149,20 +170,30 @@ def register(app: typer.Typer) -> None:
             sheet = load_price_sheet(prices)
         except ConfigError as exc:
             fail(f"--prices: {exc}")
+        routed = None
+        if router is not None and router.replace("_", "-") != "prefix-affine":
+            fail(f"--router: {router!r}: the one router modeled is prefix-affine")
         recorded = _load_records(store, collector, records)
         try:
+            if router is not None:
+                routed = prefix_affine_whatif(recorded)
             calibration = calibrate(recorded, sheet)
             speedup = 1.0 if spec_decode_speedup is None else spec_decode_speedup
             if spec_acceptance is not None:
                 speedup = speculative_speedup(spec_acceptance, spec_draft_tokens)
+            delta = (parse_cache_hit_rate(cache_hit_rate, calibration.hit_ratio)
+                     if cache_hit_rate is not None else 0.0)
+            if routed is not None and cache_hit_rate is None and routed.hit_ratio_gain:
+                delta = routed.hit_ratio_gain
             scenario = Scenario(
-                cache_hit_rate_delta=(parse_cache_hit_rate(cache_hit_rate, calibration.hit_ratio)
-                                      if cache_hit_rate is not None else 0.0),
+                cache_hit_rate_delta=delta,
                 spec_decode_speedup=speedup,
                 gpu_utilization=gpu_utilization,
                 quantization=quantization,
             )
             result = what_if(recorded, sheet, scenario)
+            if routed is not None:
+                result["routing"] = routed.to_json()
             if rules_of_thumb:
                 result["rules_of_thumb"] = [c.to_json() for c in check_rules_of_thumb(calibration)]
         except WhatIfError as exc:
