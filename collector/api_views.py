@@ -13,13 +13,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokenpath.collector.cost.cache import DEFAULT_BLOCK_TOKENS, prefill_dollars, replay_prefixes
+from tokenpath.collector.cost.leak_ranking import rank_leaks
+from tokenpath.collector.cost.longcontext import (
+    last_doubling_prefill_dollars,
+    spend_by_context_bucket,
+)
 from tokenpath.last_mile import (
     DEFAULT_PACKETS_PER_TOKEN_THRESHOLD,
     summarize_last_mile,
 )
+from tokenpath.leaks import (
+    LONG_CONTEXT_TOKENS,
+    context_bucket_edges,
+    context_bucket_labels,
+    context_tokens,
+)
 from tokenpath.records import RequestRecord
 from tokenpath.report import (
-    LONG_CONTEXT_TOKENS,
     miss_causes,
     percentile,
     token_weighted_hit_ratio,
@@ -34,7 +44,6 @@ DEFAULT_TIMESERIES_BUCKETS = 30
 MAX_TIMESERIES_BUCKETS = 500
 DEFAULT_LEAK_LIMIT = 10
 DEFAULT_LONG_CONTEXT_TOKENS = LONG_CONTEXT_TOKENS
-CONTEXT_BUCKET_EDGES = (1024, 2048, 4096, 8192, 16384, 32768)
 # The response path: stages after the engine that carry bytes back to the client.
 RESPONSE_PATH_STAGES: tuple[StageId, ...] = (*NETWORK_STAGES, StageId.RESPONSE_PATH)
 
@@ -103,33 +112,27 @@ def repeated_prefixes(records: Sequence[RequestRecord], block_tokens: int = DEFA
     return [p.to_json() for p in top], tracker.recomputed_tokens
 
 
-def _context_bucket_label(low: int, high: int | None) -> str:
-    def k(tokens: int) -> str:
-        return f"{tokens // 1024}k"
-
-    if low == 0:
-        return f"< {k(high or 0)}"
-    return f"{k(low)}+" if high is None else f"{k(low)}-{k(high)}"
-
-
 def long_context_view(records: Sequence[RequestRecord],
                       threshold_tokens: int = DEFAULT_LONG_CONTEXT_TOKENS) -> dict[str, Any]:
-    """How much of the traffic (and its cost and prefill time) is long-context."""
-    edges = (0, *CONTEXT_BUCKET_EDGES)
+    """How much of the traffic (and its cost and prefill time) is long-context, by the
+    context buckets every view shares (tokenpath.leaks), with the quadratic attention's
+    share of each bucket's prefill and what the long requests' last doubling cost."""
+    spend = spend_by_context_bucket(records)
     histogram = []
-    for i, low in enumerate(edges):
-        high = edges[i + 1] if i + 1 < len(edges) else None
+    for (low, high), label, bucket in zip(context_bucket_edges(), context_bucket_labels(),
+                                          spend, strict=True):
         group = [r for r in records
-                 if r.input_tokens >= low and (high is None or r.input_tokens < high)]
+                 if context_tokens(r) >= low and (high is None or context_tokens(r) < high)]
         histogram.append({
-            "label": _context_bucket_label(low, high),
+            "label": label,
             "min_tokens": low,
             "max_tokens": high,
             "requests": len(group),
             "cost_dollars": sum(r.cost_dollars for r in group),
             "prefill_seconds": sum(r.prefill_seconds or 0.0 for r in group),
+            "attention_share_of_prefill_flops": bucket.attention_share,
         })
-    long = [r for r in records if r.input_tokens >= threshold_tokens]
+    long = [r for r in records if context_tokens(r) >= threshold_tokens]
     total_cost = sum(r.cost_dollars for r in records)
     total_prefill = sum(r.prefill_seconds or 0.0 for r in records)
     total_prefill_cost = sum(prefill_dollars(r) for r in records)
@@ -144,6 +147,8 @@ def long_context_view(records: Sequence[RequestRecord],
         "share_of_prefill_cost": (sum(prefill_dollars(r) for r in long) / total_prefill_cost
                                   if total_prefill_cost > 0 else None),
         "histogram": histogram,
+        "last_doubling_prefill_dollars": last_doubling_prefill_dollars(records,
+                                                                       threshold_tokens),
     }
 
 
@@ -170,7 +175,7 @@ def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT
                long_context_tokens: int = DEFAULT_LONG_CONTEXT_TOKENS,
                block_tokens: int = DEFAULT_BLOCK_TOKENS,
                packets_per_token_threshold: float = DEFAULT_PACKETS_PER_TOKEN_THRESHOLD,
-               ) -> dict[str, Any]:
+               network_dollars_per_byte: float = 0.0) -> dict[str, Any]:
     """The three money leaks of SPEC section 1: cache misses, long contexts, small packets."""
     top, recomputed = repeated_prefixes(records, block_tokens, limit)
     return {
@@ -194,6 +199,8 @@ def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT
         "long_context": long_context_view(records, long_context_tokens),
         "small_packets": small_packet_view(records),
         "last_mile": summarize_last_mile(records, packets_per_token_threshold).to_json(),
+        "ranked": ([leak.to_json() for leak in rank_leaks(records, network_dollars_per_byte)]
+                   if records else []),
     }
 
 

@@ -165,7 +165,8 @@ def build_app(
                   DEFAULT_PACKETS_PER_TOKEN_THRESHOLD, gt=0, le=1000)) -> dict[str, Any]:
         return api_views.leaks_view(store.records(since_unix=_since(since)), limit,
                                     long_context_tokens,
-                                    packets_per_token_threshold=packets_per_token_threshold)
+                                    packets_per_token_threshold=packets_per_token_threshold,
+                                    network_dollars_per_byte=prices.network_dollars_per_byte)
 
     @app.post("/api/whatif")
     def whatif(body: dict[str, Any] = Body(default_factory=dict),

@@ -15,11 +15,10 @@ from prometheus_client.registry import Collector
 
 from tokenpath import metric_names as M
 from tokenpath.collector.cost.attributor import AttributorStats
-from tokenpath.collector.cost.longcontext import context_bucket_index, context_bucket_labels
 from tokenpath.collector.exposition import FastCounter, FastHistogram, render
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.labels import BoundedLabel
-from tokenpath.leaks import MissCause
+from tokenpath.leaks import MissCause, context_bucket_index, context_bucket_labels, context_tokens
 from tokenpath.pipeline import IdleCost
 from tokenpath.records import RequestRecord
 from tokenpath.stages import PLAIN_VALUES
@@ -117,7 +116,7 @@ class PrometheusSink:
             self.router_cache.labels(model, M.ROUTER_KIND_PREDICTED).inc(
                 record.router_predicted_cache_hit * record.input_tokens)
             self.router_cache.labels(model, M.ROUTER_KIND_ACTUAL).inc(record.cache_read_tokens)
-        bucket = context_bucket_index(record.input_tokens + record.output_tokens)
+        bucket = context_bucket_index(context_tokens(record))
         self.context_cost.labels(model, self._context_buckets[bucket]).inc(
             max(0.0, record.cost_dollars))
         if record.response_chunks:

@@ -7,8 +7,9 @@ fingerprinted block of a prompt has one cause, and each cause its own fix
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Final
+from typing import Final, Protocol
 
 
 class MissCause(StrEnum):
@@ -31,3 +32,46 @@ MISS_CAUSE_FIXES: Final[dict[MissCause, str]] = {
     MissCause.SUB_BLOCK: "a smaller KV block size, or prompts whose shared part ends on a "
                          "block boundary",
 }
+
+
+# --- leak 2: one context-length bucket table for the CLI, API, UI, metrics and what-if --
+# A request's context is its input plus output tokens: the span attention covers by its
+# last token. Bucket edges in tokens; a request is long-context from LONG_CONTEXT_TOKENS.
+CONTEXT_BUCKET_BOUNDS: Final[tuple[int, ...]] = (2_048, 8_192, 32_768, 131_072)
+LONG_CONTEXT_TOKENS: Final = 8_192
+
+
+class HasTokens(Protocol):
+    @property
+    def input_tokens(self) -> int: ...
+
+    @property
+    def output_tokens(self) -> int: ...
+
+
+def context_tokens(record: HasTokens) -> int:
+    return max(0, record.input_tokens) + max(0, record.output_tokens)
+
+
+def context_bucket_labels(bounds: Sequence[int] = CONTEXT_BUCKET_BOUNDS) -> list[str]:
+    """The bucket labels in order: ``0-2048``, ..., ``>=131072``."""
+    labels: list[str] = []
+    lower = 0
+    for bound in bounds:
+        labels.append(f"{lower}-{bound}")
+        lower = bound
+    labels.append(f">={lower}")
+    return labels
+
+
+def context_bucket_edges(bounds: Sequence[int] = CONTEXT_BUCKET_BOUNDS
+                         ) -> list[tuple[int, int | None]]:
+    """(lowest, highest or None) tokens of each bucket, in order."""
+    lows = (0, *bounds)
+    return [(low, bounds[i] if i < len(bounds) else None) for i, low in enumerate(lows)]
+
+
+def context_bucket_index(tokens: int, bounds: Sequence[int] = CONTEXT_BUCKET_BOUNDS) -> int:
+    """Index of the bucket holding a context of ``tokens``."""
+    return next((i for i, bound in enumerate(bounds) if tokens < bound), len(bounds))
+

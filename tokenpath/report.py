@@ -12,12 +12,15 @@ from typing import Any
 
 from tokenpath.identity import pricing_unit
 from tokenpath.last_mile import summarize_last_mile
-from tokenpath.leaks import MISS_CAUSE_FIXES, WASTE_CAUSES, MissCause
+from tokenpath.leaks import (
+    LONG_CONTEXT_TOKENS,
+    MISS_CAUSE_FIXES,
+    WASTE_CAUSES,
+    MissCause,
+    context_tokens,
+)
 from tokenpath.records import RequestRecord
 from tokenpath.stages import STAGES, Phase, Provenance, StageId
-
-# Requests with at least this many input tokens count as long-context (leak 2).
-LONG_CONTEXT_TOKENS = 8192
 
 _PROVENANCE_RANK = {Provenance.MEASURED: 0, Provenance.DERIVED: 1, Provenance.MODELED: 2}
 
@@ -218,7 +221,7 @@ def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.
     output_tokens = sum(r.output_tokens for r in records)
     cost = sum(r.cost_dollars for r in records)
     chunks = sum(r.response_chunks for r in records)
-    long_context = [r for r in records if r.input_tokens >= LONG_CONTEXT_TOKENS]
+    long_context = [r for r in records if context_tokens(r) >= LONG_CONTEXT_TOKENS]
     long_context_cost = sum(r.cost_dollars for r in long_context)
     last_mile = summarize_last_mile(records)
     return Report(

@@ -80,6 +80,17 @@ def test_the_default_demo_prices_every_miss_cause_and_wastes_over_5_percent(
     assert waste >= 0.05 * gpu
     # the waste is the waste causes, exactly
     assert waste == pytest.approx(sum(c["dollars"] for c in causes.values() if c["waste"]))
+    # the closing ranking: by dollars, each leak with its fix and a modeled saving
+    ranked = default_run.report["leaks_ranked"]
+    assert [leak["leak"] for leak in ranked] and len(ranked) == 3
+    assert [leak["dollars"] for leak in ranked] == sorted(
+        (leak["dollars"] for leak in ranked), reverse=True)
+    by_leak = {leak["leak"]: leak for leak in ranked}
+    assert by_leak["cache_misses"]["dollars"] == pytest.approx(waste)
+    assert "prefix-affine" in by_leak["cache_misses"]["fix"]  # routing is the top cause
+    for leak in ranked:
+        assert leak["fix"] and leak["saving_dollars"] > 0 and leak["saving_provenance"] == \
+            "modeled"
 
 
 def test_the_default_demo_has_a_long_context_tail_and_a_packet_per_token(

@@ -6,8 +6,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenpath import metric_names as M
-from tokenpath.collector.cost.longcontext import context_bucket_labels
 from tokenpath.collector.prometheus_sink import PrometheusSink
+from tokenpath.leaks import context_bucket_labels
 from tokenpath.records import RequestRecord, StageTiming
 from tokenpath.stages import Provenance, StageId
 

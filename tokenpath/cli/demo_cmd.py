@@ -345,7 +345,9 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
                      started_unix: float) -> DemoResult:
     """Flush the collector and print the report of this run's requests (the store may
     hold earlier runs too)."""
-    from tokenpath.cli.render import render_report
+    from tokenpath.cli.render import render_leak_ranking, render_report
+    from tokenpath.collector.cost.leak_ranking import rank_leaks
+    from tokenpath.collector.cost.prices import load_price_sheet
     from tokenpath.collector.store import open_store_readonly
     from tokenpath.report import build_report
 
@@ -359,6 +361,10 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
         store.shutdown()
     out.print()
     render_report(report, out)
+    if records:
+        out.print()
+        render_leak_ranking(rank_leaks(records, load_price_sheet(
+            config.prices_path).network_dollars_per_byte), out)
     out.print()
     out.print(f"This run: {report.requests} request records, stored in {config.store_path}.")
     # The collector suggested here listens where the demo's did, unless that was a free

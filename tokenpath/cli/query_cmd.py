@@ -9,7 +9,9 @@ import typer
 
 from tokenpath.cli.client import Source
 from tokenpath.cli.common import console
-from tokenpath.cli.render import render_report, render_requests
+from tokenpath.cli.render import render_leak_ranking, render_report, render_requests
+from tokenpath.collector.cost.leak_ranking import rank_leaks
+from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.report import build_report
 
 
@@ -34,11 +36,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Per-stage latency and cost over the recorded requests."""
         source = Source(store, collector)
-        result = build_report(source.records(None, since), source.idle_cost(since))
+        records = source.records(None, since)
+        result = build_report(records, source.idle_cost(since))
+        ranked = rank_leaks(records, load_price_sheet(None).network_dollars_per_byte)
         if format is OutputFormat.JSON:
-            print(json.dumps(result.to_json(), indent=2))
+            out = result.to_json()
+            out["leaks_ranked"] = [leak.to_json() for leak in ranked]
+            print(json.dumps(out, indent=2))
         else:
             render_report(result, console)
+            if records:
+                render_leak_ranking(ranked, console)
 
     @app.command("requests")
     def requests(

@@ -8,8 +8,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tokenpath.collector.cost.leak_ranking import RankedLeak
+from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.records import RequestRecord
-from tokenpath.report import LONG_CONTEXT_TOKENS, Report
+from tokenpath.report import Report
 from tokenpath.stages import STAGE_BY_ID, Phase
 
 
@@ -85,7 +87,7 @@ def render_report(report: Report, console: Console) -> None:
             facts.add_row(f"  miss cause {cause} ({label})",
                           Text(f"{_usd(miss.dollars)}, {miss.tokens:,} tokens; "
                                f"fix: {miss.fix}"))
-    facts.add_row(f"leak 2: long contexts (>= {LONG_CONTEXT_TOKENS:,} input tokens)",
+    facts.add_row(f"leak 2: long contexts (>= {LONG_CONTEXT_TOKENS:,} context tokens)",
                   f"{report.long_context_requests} requests, "
                   f"{_usd(report.long_context_cost_dollars)} "
                   f"({_pct(report.long_context_share_of_cost)} of cost; attention is O(n^2))")
@@ -120,3 +122,17 @@ def render_requests(records: Sequence[RequestRecord], console: Console) -> None:
                       str(r.output_tokens), _sec(r.ttft_seconds), _sec(r.duration_seconds),
                       _usd(r.cost_dollars), "yes" if r.complete else "no")
     console.print(table)
+
+
+def render_leak_ranking(ranked: Sequence[RankedLeak], console: Console) -> None:
+    """The leaks by dollars, each with its fix and what it would save (modeled)."""
+    table = Table(title="the money leaks, ranked by dollars (savings modeled)",
+                  title_justify="left")
+    for column, justify in (("#", "right"), ("leak", "left"), ("dollars", "right"),
+                            ("fix", "left"), ("would save", "right"), ("how", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for rank, leak in enumerate(ranked, 1):
+        table.add_row(str(rank), leak.leak.replace("_", " "), _usd(leak.dollars), leak.fix,
+                      _usd(leak.saving_dollars), leak.saving)
+    console.print(table)
+

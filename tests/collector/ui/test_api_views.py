@@ -11,6 +11,7 @@ from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.cost.whatif import Scenario, what_if
 from tokenpath.collector.whatif_view import WhatIfRequest, whatif_view
 from tokenpath.config import ConfigError
+from tokenpath.leaks import context_bucket_labels
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.stages import STAGES, Phase, Provenance, StageId
 
@@ -90,7 +91,9 @@ def test_long_context_and_small_packet_shares() -> None:
     assert long["share_of_cost"] == pytest.approx(0.75)
     assert long["share_of_prefill_seconds"] == pytest.approx(0.9)
     by_label = {b["label"]: b["requests"] for b in long["histogram"]}
-    assert by_label["< 1k"] == 1 and by_label["16k-32k"] == 1
+    # the context buckets every view shares (tokenpath.leaks): input + output tokens
+    assert by_label["0-2048"] == 1 and by_label["8192-32768"] == 1
+    assert set(by_label) == set(context_bucket_labels())
     small = leaks["small_packets"]
     assert small["share"] == pytest.approx(0.5)
     assert small["response_path_share_of_latency"] == pytest.approx(0.25)
