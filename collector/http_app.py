@@ -25,9 +25,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tokenpath import metric_names as M
 from tokenpath.collector import api_views
 from tokenpath.collector.auth import bearer_matches
 from tokenpath.collector.cost.prices import PriceSheet
+from tokenpath.collector.node_metrics import NodeMetricsState, nic_last_mile
 from tokenpath.collector.receivers.http import method_not_allowed, otlp_router
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
@@ -100,6 +102,7 @@ def build_app(
     prices: PriceSheet,
     auth_token: str | None = None,
     forward_records: str | None = None,
+    node_metrics: NodeMetricsState | None = None,
 ) -> FastAPI:
     app = FastAPI(title="tokenpath collector", docs_url=None, redoc_url=None,
                   openapi_url="/api/openapi.json")
@@ -163,10 +166,14 @@ def build_app(
               long_context_tokens: int = Query(api_views.DEFAULT_LONG_CONTEXT_TOKENS, ge=1),
               packets_per_token_threshold: float = Query(
                   DEFAULT_PACKETS_PER_TOKEN_THRESHOLD, gt=0, le=1000)) -> dict[str, Any]:
-        return api_views.leaks_view(store.records(since_unix=_since(since)), limit,
+        view = api_views.leaks_view(store.records(since_unix=_since(since)), limit,
                                     long_context_tokens,
                                     packets_per_token_threshold=packets_per_token_threshold,
                                     network_dollars_per_byte=prices.network_dollars_per_byte)
+        view["last_mile"]["nodes"] = [] if node_metrics is None else nic_last_mile(
+            node_metrics, M.NODE_NET_TX_BYTES.name, M.NODE_NET_TX_PACKETS.name,
+            M.LABEL_DEVICE)
+        return view
 
     @app.post("/api/whatif")
     def whatif(body: dict[str, Any] = Body(default_factory=dict),

@@ -26,6 +26,7 @@ class NodeMetricsState:
         self._max_series = max_series
         self._lock = threading.Lock()
         self._latest: dict[SeriesKey, tuple[int, float]] = {}
+        self._previous: dict[SeriesKey, tuple[int, float]] = {}  # the point before it
         self.dropped = 0
 
     def consume_points(self, points: Iterable[MetricPoint]) -> int:
@@ -38,7 +39,11 @@ class NodeMetricsState:
                 if key not in self._latest and len(self._latest) >= self._max_series:
                     self.dropped += 1
                     continue
-                self._latest[key] = (p.time_unix_nano, p.value)
+                older = self._latest.get(key)
+                if older is not None and p.time_unix_nano > older[0]:
+                    self._previous[key] = older
+                if older is None or p.time_unix_nano >= older[0]:
+                    self._latest[key] = (p.time_unix_nano, p.value)
                 accepted += 1
         return accepted
 
@@ -51,3 +56,43 @@ class NodeMetricsState:
     def nodes(self) -> set[str]:
         with self._lock:
             return {k.node for k in self._latest}
+
+    def rates(self, node: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """Per-second rate of every counter series of ``name`` on ``node`` between its two
+        newest points (a counter reset reads as no rate)."""
+        with self._lock:
+            out: dict[tuple[tuple[str, str], ...], float] = {}
+            for key, (t1, v1) in self._latest.items():
+                if key.node != node or key.name != name or key not in self._previous:
+                    continue
+                t0, v0 = self._previous[key]
+                if t1 > t0 and v1 >= v0:
+                    out[key.labels] = (v1 - v0) / ((t1 - t0) / 1e9)
+            return out
+
+
+# Loopback and virtual devices carry no last-mile traffic.
+IGNORED_DEVICE_PREFIXES = ("lo", "docker", "veth", "virbr", "cni", "flannel", "cali")
+
+
+def nic_last_mile(state: NodeMetricsState, tx_bytes: str, tx_packets: str,
+                  device_label: str) -> list[dict[str, object]]:
+    """Per node, from the agent's NIC counters: transmit packets/s, bytes/s and the average
+    packet size (bytes / packets) over its physical devices, between the last two samples."""
+    out: list[dict[str, object]] = []
+    for node in sorted(state.nodes()):
+        def physical(rates: dict[tuple[tuple[str, str], ...], float]) -> float:
+            return sum(v for labels, v in rates.items()
+                       if not dict(labels).get(device_label, "").startswith(
+                           IGNORED_DEVICE_PREFIXES))
+        packets = state.rates(node, tx_packets)
+        if not packets:
+            continue
+        packets_per_second = physical(packets)
+        bytes_per_second = physical(state.rates(node, tx_bytes))
+        out.append({"node": node, "transmit_packets_per_second": packets_per_second,
+                    "transmit_bytes_per_second": bytes_per_second,
+                    "average_packet_bytes": (bytes_per_second / packets_per_second
+                                             if packets_per_second > 0 else None)})
+    return out
+

@@ -79,7 +79,8 @@ class CollectorService:
         self.ingest = OtlpIngest(self.assembler, self.node_metrics, config.limits, self.stats,
                                  config.max_buffered_spans, records=self.worker)
         self.app = build_app(self.ingest, self.store, self.prometheus.render, self.stats,
-                             self.prices, config.auth_token, config.forward_records)
+                             self.prices, config.auth_token, config.forward_records,
+                             self.node_metrics)
         self.http = HttpListener(self.app, config.http_host, config.http_port, config.tls)
         self.grpc: GrpcReceiver | None = None
         if config.grpc_port is not None:

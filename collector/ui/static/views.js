@@ -117,7 +117,7 @@
   function leakCards(leaks) {
     const cache = leaks.cache;
     const longCtx = leaks.long_context;
-    const small = leaks.small_packets;
+    const mile = leaks.last_mile;
     const top = cache.top_prefixes[0];
     return [
       el("a", { class: "leak", href: "#/leaks", id: "leak-cache" },
@@ -138,11 +138,12 @@
         el("div", { class: "kpi-sub", text: `their share of cost ${fmtPct(longCtx.share_of_cost)}`
           + ` · of prefill time ${fmtPct(longCtx.share_of_prefill_seconds)}` })),
       el("a", { class: "leak", href: "#/leaks", id: "leak-small-packets" },
-        el("div", { class: "leak-title", text: "3 · Small packets" }),
-        el("div", { class: "leak-value", text: fmtPct(small.share) }),
-        el("div", { class: "kpi-sub", text: "of response chunks are tiny" }),
-        el("div", { class: "kpi-sub", text: "response path: "
-          + `${fmtPct(small.response_path_share_of_latency)} of stage time` })),
+        el("div", { class: "leak-title", text: "3 · Last mile" }),
+        el("div", { class: "leak-value", text: `${fmtNum(mile.packets_per_output_token, 2)}` }),
+        el("div", { class: "kpi-sub", text: "packets per output token · "
+          + `${fmtNum(mile.wire_bytes_per_payload_byte, 2)} wire bytes per payload byte` }),
+        el("div", { class: "kpi-sub", text: `${fmtNum(mile.leaking_streams)} of `
+          + `${fmtNum(mile.streams)} streams write a packet per 1-2 tokens` })),
     ];
   }
 
@@ -275,8 +276,22 @@
       td(c.waste ? "waste" : "first prefill"), td(c.fix)));
     const longCtx = data.long_context;
     const small = data.small_packets;
+    const mile = data.last_mile;
+    const rankRows = data.ranked.map((l, i) => el("tr", { "data-leak": l.leak },
+      td(String(i + 1), "num"), td(l.leak.replaceAll("_", " ")), td(money(l.dollars), "num"),
+      td(l.fix), td(money(l.saving_dollars), "num"), td(l.saving)));
+    const coalesceRows = mile.coalescing_whatif.map((c) => el("tr", {},
+      td(fmtNum(c.tokens_per_write), "num"), td(fmtNum(c.packets_per_output_token, 3), "num"),
+      td(fmtNum(c.wire_bytes_per_payload_byte, 2), "num")));
+    const nodeRows = mile.nodes.map((n) => el("tr", {},
+      td(n.node), td(fmtNum(n.transmit_packets_per_second), "num"),
+      td(fmtNum(n.average_packet_bytes), "num")));
     return el("div", { class: "page" },
       el("h1", { text: "Cache & leaks" }),
+      card("The leaks, ranked by dollars",
+        note("Each with its fix and what the fix would save (modeled)."),
+        rankRows.length ? table("Leaks ranked", ["#", "leak", "dollars", "fix", "would save",
+          "how"], rankRows, "data ranked-table") : note("No requests yet.")),
       el("div", { class: "kpis" },
         kpi("Prefix-cache hit ratio", fmtPct(cache.prefix_cache_hit_ratio), "token-weighted"),
         data.priced
@@ -317,6 +332,13 @@
             + `${fmtPct(longCtx.share_of_prefill_seconds)} of prefill time.`)),
         card("Last-mile serialization",
           el("dl", { class: "facts" },
+            el("dt", { text: "packets per output token" }),
+            el("dd", { id: "last-mile-ppt", text: fmtNum(mile.packets_per_output_token, 3) }),
+            el("dt", { text: "wire bytes per payload byte" }),
+            el("dd", { text: fmtNum(mile.wire_bytes_per_payload_byte, 2) }),
+            el("dt", { text: "leaking streams" }),
+            el("dd", { text: `${fmtNum(mile.leaking_streams)} of ${fmtNum(mile.streams)} `
+              + `(≥ ${mile.threshold_packets_per_token} packets per token)` }),
             el("dt", { text: "small chunks" }),
             el("dd", { text: `${fmtNum(small.small_chunks)} of ${fmtNum(small.response_chunks)} `
               + `(${fmtPct(small.share)})` }),
@@ -327,7 +349,11 @@
             el("dt", { text: "response path cost" }),
             el("dd", { text: money(small.response_path_cost_dollars) })),
           note("Streaming one token per tiny packet makes the network, not the GPU, the "
-               + "latency floor."))));
+               + "latency floor."),
+          table("Coalescing what-if (modeled)", ["tokens per write", "packets per token",
+            "wire bytes per payload byte"], coalesceRows, "data coalesce-table"),
+          nodeRows.length ? table("Per node (the agent's NIC counters)", ["node",
+            "packets/s", "average packet bytes"], nodeRows, "data nic-table") : null)));
   }
   leaks.live = true;
 

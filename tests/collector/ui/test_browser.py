@@ -90,6 +90,14 @@ def test_views_render_workload_in_chromium(collector: CollectorService,
              rows.nth(i).locator("td").nth(1).text_content() for i in range(rows.count())}
     assert shown == {cause: f"{c['tokens']:,}" for cause, c in by_cause.items()}
     assert by_cause["cold"]["tokens"] > 0
+    # the leaks ranked, and the last mile as packets per output token, as the API says
+    leaks = httpx.get(f"{url}/api/leaks").json()
+    ranked = browser_page.locator(".ranked-table tbody tr")
+    assert [ranked.nth(i).get_attribute("data-leak") for i in range(ranked.count())] == [
+        leak["leak"] for leak in leaks["ranked"]]
+    ppt = leaks["last_mile"]["packets_per_output_token"]
+    assert browser_page.text_content("#last-mile-ppt") == (
+        f"{ppt:,.3f}".rstrip("0").rstrip(".") if ppt is not None else "—")
     screenshot(browser_page, "leaks")
 
     # What-if: the form returns baseline and projected figures.

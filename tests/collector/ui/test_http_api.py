@@ -50,7 +50,8 @@ def test_json_views_over_real_spans(collector: CollectorService) -> None:
     assert leaks["priced"] is True  # the cost attributor priced them
     assert len(leaks["cache"]["top_prefixes"]) <= 2
     assert set(leaks) == {"requests", "priced", "cache", "long_context",
-                          "small_packets"}
+                          "small_packets", "last_mile", "ranked"}
+    assert [leak["leak"] for leak in leaks["ranked"]] and len(leaks["ranked"]) == 3
     out = httpx.post(f"{url}/api/whatif", json={"spec_decode_speedup": 2.0}, timeout=5).json()
     for side in ("baseline", "projected"):
         assert {"cost_per_million_output_tokens", "requests_per_second_per_gpu",
