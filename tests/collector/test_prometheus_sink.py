@@ -64,3 +64,25 @@ def test_the_routers_predicted_cache_hit_is_counted_beside_the_engines() -> None
                in _samples(sink, M.ROUTER_CACHE_PREDICTION.series).items()}
     assert by_kind == {M.ROUTER_KIND_INPUT: 1000, M.ROUTER_KIND_PREDICTED: pytest.approx(800),
                        M.ROUTER_KIND_ACTUAL: 480}
+
+
+def test_miss_dollars_by_cause_on_the_dashboard_equal_the_reports() -> None:
+    """The Cache and leaks board reads tokenpath_cache_miss_dollars_total{cause}; the report
+    and /api/leaks sum the stored records: for the same records they agree."""
+    from tokenpath.report import miss_causes
+
+    records = []
+    for i, (cold, routed, evicted) in enumerate(((0.5, 0.0, 0.0), (0.1, 0.3, 0.0),
+                                                  (0.0, 0.2, 0.25))):
+        record = _record(i + 1, 1000, 10, 1.0)
+        record.miss_dollars = {"cold": cold, "routed_elsewhere": routed, "evicted": evicted}
+        record.miss_tokens = {k: int(v * 1000) for k, v in record.miss_dollars.items()}
+        records.append(record)
+    sink = PrometheusSink()
+    for record in records:
+        sink.consume_record(record)
+    on_board = {dict(labels)[M.LABEL_CAUSE]: value for labels, value
+                in _samples(sink, M.CACHE_MISS_DOLLARS.series).items()}
+    in_report = {cause: summary.dollars for cause, summary in miss_causes(records).items()
+                 if summary.tokens}
+    assert on_board == pytest.approx(in_report)
