@@ -269,6 +269,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     else:
         record.node, record.engine_id = look.text(*NODE_KEYS), look.text(*ENGINE_KEYS)
     record.pool = look.text(A.POOL)
+    record.tenant = look.text(A.TENANT)
     record.engine = look.text(A.ENGINE) or (_engine_kind(engine_spans[0]) if engine_spans
                                             else None)
     record.gpu_type = look.text(A.GPU_TYPE)

@@ -28,6 +28,7 @@ MISS_CAUSE_VALUES = frozenset(cause.value for cause in MissCause)
 DEFAULT_MAX_MODELS = 50
 DEFAULT_MAX_POOLS = 50
 DEFAULT_MAX_STATUSES = 50
+DEFAULT_MAX_TENANTS = 200
 
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                  0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -52,12 +53,14 @@ class PrometheusSink:
         max_models: int = DEFAULT_MAX_MODELS,
         max_pools: int = DEFAULT_MAX_POOLS,
         max_statuses: int = DEFAULT_MAX_STATUSES,
+        max_tenants: int = DEFAULT_MAX_TENANTS,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._stats = stats or CollectorStats()
         self._model = BoundedLabel(max_models, M.LABEL_MODEL)
         self._pool = BoundedLabel(max_pools, M.LABEL_POOL)
         self._status = BoundedLabel(max_statuses, M.LABEL_STATUS)
+        self._tenant = BoundedLabel(max_tenants, M.LABEL_TENANT)
         self.requests = FastCounter(M.REQUESTS)
         self.stage_duration = FastHistogram(M.STAGE_DURATION, STAGE_BUCKETS)
         self.ttft = FastHistogram(M.TTFT, TTFT_BUCKETS)
@@ -71,15 +74,18 @@ class PrometheusSink:
         self.context_cost = FastCounter(M.LONG_CONTEXT_COST)
         self.router_cache = FastCounter(M.ROUTER_CACHE_PREDICTION)
         self.miss_dollars = FastCounter(M.CACHE_MISS_DOLLARS)
+        self.tenant_cost = FastCounter(M.TENANT_COST)
+        self.tenant_requests = FastCounter(M.TENANT_REQUESTS)
         self.miss_tokens = FastCounter(M.CACHE_MISS_TOKENS)
         self._context_buckets = context_bucket_labels()
         self._families: list[FastCounter | FastHistogram] = [
             self.requests, self.stage_duration, self.ttft, self.tpot, self.tokens, self.cost,
             self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
             self.context_cost, self.router_cache, self.miss_dollars, self.miss_tokens,
+            self.tenant_cost, self.tenant_requests,
         ]
         self.registry.register(
-            _SelfTelemetry(self._stats, [self._model, self._pool, self._status]))
+            _SelfTelemetry(self._stats, [self._model, self._pool, self._status, self._tenant]))
 
     def consume_record(self, record: RequestRecord) -> None:
         model = self._model(record.model)
@@ -106,6 +112,9 @@ class PrometheusSink:
         self.tokens.labels(model, M.TOKEN_KIND_OUTPUT).inc(record.output_tokens)
         self.cache_miss_waste.labels(model).inc(max(0.0, record.cache_miss_waste_dollars))
         self.naive_cost.labels(model).inc(max(0.0, record.naive_cost_dollars))
+        tenant = self._tenant(record.tenant or M.TENANT_UNATTRIBUTED)
+        self.tenant_cost.labels(tenant, model).inc(max(0.0, record.cost_dollars))
+        self.tenant_requests.labels(tenant, model).inc(1)
         for cause, tokens in record.miss_tokens.items():
             if cause in MISS_CAUSE_VALUES:  # a bounded label: forwarded records may say more
                 self.miss_tokens.labels(model, cause).inc(max(0, tokens))

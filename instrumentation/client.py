@@ -76,11 +76,14 @@ class InstrumentedClient:
             await self._http.aclose()
 
     async def chat_completion(self, messages: list[dict[str, Any]], model: str,
-                              max_tokens: int, stream: bool = True) -> ClientResult:
+                              max_tokens: int, stream: bool = True,
+                              api_key: str | None = None) -> ClientResult:
+        """``api_key`` overrides the client's own for this request."""
         body = {"model": model, "messages": messages, "max_tokens": max_tokens,
                 "stream": stream}
         prompt_texts = [text for m in messages for text in _message_texts(m.get("content"))]
-        return await self._request("/v1/chat/completions", body, prompt_texts, model, chat=True)
+        return await self._request("/v1/chat/completions", body, prompt_texts, model, chat=True,
+                                   api_key=api_key)
 
     async def completion(self, prompt: str, model: str, max_tokens: int,
                          stream: bool = True) -> ClientResult:
@@ -88,11 +91,13 @@ class InstrumentedClient:
         return await self._request("/v1/completions", body, [prompt], model, chat=False)
 
     async def _request(self, path: str, body: dict[str, Any], prompt_texts: list[str],
-                       model: str, chat: bool) -> ClientResult:
+                       model: str, chat: bool, api_key: str | None = None) -> ClientResult:
         span = self._start_span(path, model, bool(body.get("stream")),
                                 int(body.get("max_tokens", 0)))
         recorder = StageRecorder(span) if span is not None else None
         headers = dict(self._headers)
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
         started = time.perf_counter()
         try:  # telemetry only: the token ids are not kept
             for text in prompt_texts:

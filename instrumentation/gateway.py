@@ -45,6 +45,7 @@ from tokenpath.instrumentation.network import (
 )
 from tokenpath.instrumentation.request_ids import request_id_for
 from tokenpath.instrumentation.safety import telemetry_errors
+from tokenpath.instrumentation.tenants import TenantConfig, TenantResolver
 from tokenpath.stages import Provenance, StageId
 
 Scope = MutableMapping[str, Any]
@@ -66,9 +67,11 @@ _TRACE_HEADER_LENGTHS = frozenset(len(name) for name in _TRACE_HEADERS)
 class GatewayConfig:
     link: LinkModel = field(default_factory=LinkModel)
     excluded_paths: tuple[str, ...] = DEFAULT_EXCLUDED_PATHS
+    tenants: TenantConfig = field(default_factory=TenantConfig)  # instrumentation/tenants.py
 
     def validate(self) -> None:
         self.link.validate()
+        self.tenants.validate()
 
 
 class GatewayRequest:
@@ -177,6 +180,10 @@ class TokenpathGatewayMiddleware:
         self.config = config or GatewayConfig()
         self.config.validate()
         self._tracer = get_tracer(tracer_provider)
+        self._tenants = TenantResolver(self.config.tenants)
+        wanted = {*_TRACE_HEADERS, *(n.encode("latin-1") for n in self._tenants.header_names)}
+        self._wanted_headers = frozenset(wanted)
+        self._wanted_lengths = frozenset(len(name) for name in wanted)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http" or scope.get("path") in self.config.excluded_paths:
@@ -232,17 +239,24 @@ class TokenpathGatewayMiddleware:
         GatewayRequest, contextvars.Token[Any], contextvars.Token[otel_context.Context]
     ] | None:
         try:
+            lengths, wanted = self._wanted_lengths, self._wanted_headers
             headers = {
                 key.decode("latin-1").lower(): value.decode("latin-1")
                 for key, value in scope.get("headers") or ()
-                if len(key) in _TRACE_HEADER_LENGTHS and key.lower() in _TRACE_HEADERS
+                if len(key) in lengths and key.lower() in wanted
             }
+            tenant = self._tenants.resolve(headers) if headers else None
+            for name in self._tenants.header_names:  # the key never goes further
+                headers.pop(name, None)
             parent = _PROPAGATOR.extract(carrier=headers) if headers else None
             method = str(scope.get("method", "GET"))
             path = str(scope.get("path", ""))
+            attributes: dict[str, str] = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path}
+            if tenant is not None:
+                attributes[attr.TENANT] = tenant
             span = self._tracer.start_span(
                 f"{method} {path}", context=parent, kind=SpanKind.SERVER,
-                attributes={attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path},
+                attributes=attributes,
             )
             request = GatewayRequest(span)
             context_token = otel_context.attach(trace.set_span_in_context(span, parent))

@@ -167,3 +167,8 @@ SPAN_ENGINE_STEPS: Final = "tokenpath.engine_steps"
 # full, and span batches the OTLP exporter failed to send.
 EXPORT_DROPPED: Final = "tokenpath.export.dropped"
 EXPORT_FAILED_BATCHES: Final = "tokenpath.export.failed_batches"
+
+# Who the request is for (the gateway shim's, instrumentation/tenants.py; or any span's):
+# the chargeback unit.
+TENANT: Final = "tokenpath.tenant"
+

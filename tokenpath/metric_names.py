@@ -79,6 +79,13 @@ CACHE_MISS_WASTE = _m("cache_miss_waste_dollars", "counter", (LABEL_MODEL,),
                       "Prefill dollars spent on prefixes seen recently but recomputed.")
 NAIVE_COST = _m("naive_cost_dollars", "counter", (LABEL_MODEL,),
                 "Wall-clock cost (duration x GPU price), as gateway tools count it.")
+LABEL_TENANT: Final = "tenant"
+TENANT_COST = _m("tenant_cost_dollars", "counter", (LABEL_TENANT, LABEL_MODEL),
+                 "Attributed dollars by tenant (tokenpath.tenant; unattributed when none) "
+                 "and model; tenants past the label cap are 'other'.")
+TENANT_REQUESTS = _m("tenant_requests", "counter", (LABEL_TENANT, LABEL_MODEL),
+                     "Requests by tenant and model.")
+TENANT_UNATTRIBUTED: Final = "unattributed"
 LABEL_CAUSE: Final = "cause"
 CACHE_MISS_DOLLARS = _m(
     "cache_miss_dollars", "counter", (LABEL_MODEL, LABEL_CAUSE),
@@ -164,7 +171,7 @@ RECORDS_PENDING_PRICE = _m("collector_records_pending_price", "gauge", (),
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
     NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS, ROUTER_CACHE_PREDICTION,
-    CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS,
+    CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS, TENANT_COST, TENANT_REQUESTS,
 )
 
 # --- Agent ---------------------------------------------------------------------------

@@ -73,6 +73,8 @@ class RequestRecord:
     status: str = "ok"
     node: str | None = None
     pool: str | None = None
+    # Who it was for (tokenpath.tenant): the chargeback unit; None: unattributed.
+    tenant: str | None = None
     engine: str | None = None  # the engine's kind: "vllm", "simulated", ...
     # The engine (GPU set) on its node that served it (tokenpath.identity); with ``node``
     # it is the pricing unit.
@@ -162,6 +164,7 @@ class RequestRecord:
             "status": self.status,
             "node": self.node,
             "pool": self.pool,
+            "tenant": self.tenant,
             "engine": self.engine,
             "engine_id": self.engine_id,
             "gpu_inventory": self.gpu_inventory,
@@ -224,6 +227,7 @@ class RequestRecord:
             status=str(data.get("status", "ok")),
             node=data.get("node"),
             pool=data.get("pool"),
+            tenant=data.get("tenant"),
             engine=data.get("engine"),
             engine_id=data.get("engine_id"),
             gpu_inventory=data.get("gpu_inventory"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tokenpath.instrumentation.client import ClientResult, InstrumentedClient
@@ -33,21 +33,29 @@ class DriveStats:
 async def drive(client: InstrumentedClient, workload: WorkloadGenerator, model: str,
                 rps: float, duration: float | None = None, requests: int | None = None,
                 on_progress: Callable[[DriveStats], None] | None = None,
-                max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, seed: int = 11) -> DriveStats:
+                max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, seed: int = 11,
+                api_keys: Sequence[tuple[str, float]] = ()) -> DriveStats:
     """Send requests with Poisson arrivals at ``rps`` until ``duration`` seconds or
     ``requests`` requests (whichever comes first; neither: until cancelled), then wait
-    for the ones in flight."""
+    for the ones in flight. ``api_keys``: (key, weight) pairs; each request is sent with
+    one, drawn by weight (the tenants of a multi-tenant platform)."""
     stats = DriveStats()
     rng = random.Random(seed)
     tasks: set[asyncio.Task[None]] = set()
     gate = asyncio.Semaphore(max_in_flight)
 
+    keys = [key for key, _ in api_keys]
+    weights = [weight for _, weight in api_keys]
+    key_rng = random.Random(seed + 1)  # its own stream: the arrivals stay as they were
+
     async def one() -> None:
         request = workload.next_request()
+        key = key_rng.choices(keys, weights)[0] if keys else None
         stats.in_flight += 1
         try:
             result: ClientResult = await client.chat_completion(
-                request.messages, model, request.max_tokens, stream=request.stream)
+                request.messages, model, request.max_tokens, stream=request.stream,
+                api_key=key)
             if result.status_code == 200:
                 stats.ok += 1
                 stats.output_chunks += result.chunks

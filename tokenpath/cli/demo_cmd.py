@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -25,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokenpath.cli.common import auth_token, console, fail
 from tokenpath.config import ConfigError, parse_host_port
+from tokenpath.instrumentation.tenants import TenantConfig
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -54,6 +56,27 @@ DEFAULT_DEMO_ROUTER = "round_robin"
 DEFAULT_DEMO_KV_BLOCKS = 2_560
 DEFAULT_TOKENS_PER_WRITE = 1
 DEMO_ROUTERS = ("round_robin", "prefix_affine")
+# The demo's tenants and the share of requests each sends; each gets an API key drawn
+# per run, mapped to its name by the gateway shim's key table. One more key (the rest of
+# the traffic) is in no table: the shim names it by a salted hash of the key.
+DEMO_TENANTS = (("acme", 0.5), ("globex", 0.3), ("initech", 0.15))
+DEMO_UNMAPPED_KEY_WEIGHT = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class DemoTenants:
+    keys: tuple[tuple[str, float], ...]  # (API key, share of requests)
+    config: TenantConfig
+
+    @classmethod
+    def draw(cls) -> DemoTenants:
+        mapped = {f"sk-demo-{secrets.token_urlsafe(18)}": name for name, _ in DEMO_TENANTS}
+        unmapped = f"sk-demo-{secrets.token_urlsafe(18)}"
+        weights = dict(DEMO_TENANTS)
+        keys = (*((key, weights[name]) for key, name in mapped.items()),
+                (unmapped, DEMO_UNMAPPED_KEY_WEIGHT))
+        return cls(keys, TenantConfig(key_tenants=mapped,
+                                      hash_salt=secrets.token_hex(16)))
 
 
 class EngineKind(StrEnum):
@@ -215,6 +238,7 @@ def _start_agent(config: DemoConfig, collector: CollectorService, engine_metrics
 def _serve_simulated(config: DemoConfig, collector: CollectorService,
                      provider: TracerProvider, out: Console) -> None:
     from tokenpath.collector.cost.prices import load_price_sheet
+    from tokenpath.instrumentation.gateway import GatewayConfig
     from tokenpath.instrumentation.reference import SIMULATED_ENGINE_LABEL
     from tokenpath.instrumentation.reference.engine import EngineConfig
     from tokenpath.instrumentation.reference.gateway_parts import RoutingPolicy
@@ -232,9 +256,12 @@ def _serve_simulated(config: DemoConfig, collector: CollectorService,
                           tensor_parallel=config.tensor_parallel, time_scale=config.time_scale,
                           gpu_dollars_per_hour=gpu_price.dollars_per_hour,
                           kv_blocks=config.kv_blocks)
+    tenants = DemoTenants.draw()
     path = ReferenceServingPath(ReferencePathConfig(
         engine=engine, replicas=config.replicas, routing=RoutingPolicy(config.router),
-        stream_tokens_per_chunk=config.tokens_per_write),
+        stream_tokens_per_chunk=config.tokens_per_write,
+        api_keys=tuple(key for key, _ in tenants.keys),
+        gateway=GatewayConfig(tenants=tenants.config)),
         tracer_provider=provider, ground_truth=truth)
     agent: AgentService | None = None
     try:
@@ -251,7 +278,8 @@ def _serve_simulated(config: DemoConfig, collector: CollectorService,
         _banner_tail(collector, agent, agent_note, out)
         workload = WorkloadGenerator(dataclasses.replace(
             DEMO_WORKLOAD, seed=config.seed, shared_prefix=config.shared_prefix))
-        _drive_with_progress(path.base_url, provider, workload, config, config.model, out)
+        _drive_with_progress(path.base_url, provider, workload, config, config.model, out,
+                             tenants)
     finally:
         if agent is not None:
             agent.shutdown()
@@ -264,7 +292,7 @@ def _serve_vllm(config: DemoConfig, collector: CollectorService, provider: Trace
                 out: Console) -> None:
     """A local vLLM (CPU, tiny test model, issue 3/9's launcher) behind the reference
     gateway; vLLM exports its own spans to the collector over OTLP/gRPC."""
-    from tokenpath.instrumentation.gateway import GatewayInstrumentor
+    from tokenpath.instrumentation.gateway import GatewayConfig, GatewayInstrumentor
     from tokenpath.instrumentation.reference.gateway_parts import ApiKeyAuth, TokenBucket
     from tokenpath.instrumentation.reference.serving_path import LoopbackServer
     from tokenpath.instrumentation.reference.upstream_gateway import (
@@ -288,7 +316,9 @@ def _serve_vllm(config: DemoConfig, collector: CollectorService, provider: Trace
         app = create_upstream_gateway(UpstreamGatewayParts(
             upstream_urls=[vllm.base_url], auth=ApiKeyAuth(), rate_limit=TokenBucket(),
             model=vllm.model_name))
-        GatewayInstrumentor().instrument_app(app, tracer_provider=provider)
+        tenants = DemoTenants.draw()
+        GatewayInstrumentor().instrument_app(app, tracer_provider=provider,
+                                             config=GatewayConfig(tenants=tenants.config))
         server = LoopbackServer(app)
         server.start()
         out.print(f"  gateway   {server.base_url}/v1/chat/completions -> vLLM {vllm.base_url} "
@@ -300,7 +330,7 @@ def _serve_vllm(config: DemoConfig, collector: CollectorService, provider: Trace
             tool_definition_words=32, user_words=(4, 24), multi_turn_share=0.1,
             long_context_share=0.02, long_context_words=(60, 120), max_tokens=(8, 24)))
         _drive_with_progress(server.base_url, provider, workload, config, vllm.model_name,
-                             out)
+                             out, tenants)
     finally:
         if agent is not None:
             agent.shutdown()
@@ -310,7 +340,8 @@ def _serve_vllm(config: DemoConfig, collector: CollectorService, provider: Trace
 
 
 def _drive_with_progress(base_url: str, provider: TracerProvider, workload: WorkloadGenerator,
-                         config: DemoConfig, model: str, out: Console) -> None:
+                         config: DemoConfig, model: str, out: Console,
+                         tenants: DemoTenants) -> None:
     from tokenpath.instrumentation.client import InstrumentedClient
     from tokenpath.instrumentation.reference.driver import drive
     from tokenpath.instrumentation.reference.tokenizer import ToyTokenizer
@@ -330,7 +361,8 @@ def _drive_with_progress(base_url: str, provider: TracerProvider, workload: Work
                                     tokenize=ToyTokenizer().encode)
         try:
             await drive(client, workload, model, config.rps,
-                        duration=config.duration, on_progress=update, seed=config.seed)
+                        duration=config.duration, on_progress=update, seed=config.seed,
+                        api_keys=tenants.keys)
         finally:
             await client.aclose()
 
@@ -345,7 +377,9 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
                      started_unix: float) -> DemoResult:
     """Flush the collector and print the report of this run's requests (the store may
     hold earlier runs too)."""
+    from tokenpath.cli.chargeback_cmd import render_chargeback
     from tokenpath.cli.render import render_leak_ranking, render_report
+    from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
     from tokenpath.collector.cost.leak_ranking import rank_leaks
     from tokenpath.collector.cost.prices import load_price_sheet
     from tokenpath.collector.store import open_store_readonly
@@ -365,6 +399,8 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
         out.print()
         render_leak_ranking(rank_leaks(records, load_price_sheet(
             config.prices_path).network_dollars_per_byte), out)
+        out.print()
+        render_chargeback(chargeback(records, report.idle_cost_dollars), IdlePolicy.PROPORTIONAL)
     out.print()
     out.print(f"This run: {report.requests} request records, stored in {config.store_path}.")
     # The collector suggested here listens where the demo's did, unless that was a free

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from tokenpath.cli import agent_cmd, collector_cmd, dashboards_cmd, demo_cmd, query_cmd, whatif_cmd
+from tokenpath.cli import (
+    agent_cmd,
+    chargeback_cmd,
+    collector_cmd,
+    dashboards_cmd,
+    demo_cmd,
+    query_cmd,
+    whatif_cmd,
+)
 
 app = typer.Typer(
     name="tokenpath",
@@ -19,6 +27,7 @@ agent_cmd.register(app)
 demo_cmd.register(app)
 query_cmd.register(app)
 whatif_cmd.register(app)
+chargeback_cmd.register(app)
 app.add_typer(dashboards_cmd.app, name="dashboards")
 
 

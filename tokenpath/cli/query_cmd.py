@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from enum import StrEnum
 
 import typer
@@ -10,8 +11,10 @@ import typer
 from tokenpath.cli.client import Source
 from tokenpath.cli.common import console
 from tokenpath.cli.render import render_leak_ranking, render_report, render_requests
+from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
 from tokenpath.collector.cost.leak_ranking import rank_leaks
 from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.records import RequestRecord
 from tokenpath.report import build_report
 
 
@@ -19,6 +22,18 @@ class OutputFormat(StrEnum):
     TABLE = "table"
     JSON = "json"
 
+
+class GroupBy(StrEnum):
+    TENANT = "tenant"
+    MODEL = "model"
+    POOL = "pool"
+
+
+GROUP_KEYS: dict[GroupBy, Callable[[RequestRecord], str | None]] = {
+    GroupBy.TENANT: lambda r: r.tenant,
+    GroupBy.MODEL: lambda r: r.model,
+    GroupBy.POOL: lambda r: r.pool,
+}
 
 STORE_HELP = "Store path (default $TOKENPATH_STORE or ~/.local/share/tokenpath/store.db)."
 COLLECTOR_HELP = ("Read from a running collector instead, e.g. http://127.0.0.1:4318; "
@@ -33,20 +48,32 @@ def register(app: typer.Typer) -> None:
         since: str | None = typer.Option(None, help="Only requests that ended in the last "
                                          "DURATION (30s, 5m, 2h, 1d)."),
         format: OutputFormat = typer.Option(OutputFormat.TABLE, "--format"),
+        by: GroupBy | None = typer.Option(None, "--by", help="Also the dollars by tenant "
+                                          "(idle allocated proportionally), model or pool."),
     ) -> None:
         """Per-stage latency and cost over the recorded requests."""
         source = Source(store, collector)
         records = source.records(None, since)
-        result = build_report(records, source.idle_cost(since))
+        idle = source.idle_cost(since)
+        result = build_report(records, idle)
         ranked = rank_leaks(records, load_price_sheet(None).network_dollars_per_byte)
+        groups = None if by is None else chargeback(records, idle, IdlePolicy.PROPORTIONAL,
+                                                    GROUP_KEYS[by])
         if format is OutputFormat.JSON:
             out = result.to_json()
             out["leaks_ranked"] = [leak.to_json() for leak in ranked]
+            if by is not None and groups is not None:
+                out["by"] = by.value
+                out["groups"] = [{"group": g.tenant, **g.to_json()} for g in groups]
             print(json.dumps(out, indent=2))
         else:
             render_report(result, console)
             if records:
                 render_leak_ranking(ranked, console)
+            if by is not None and groups is not None:
+                from tokenpath.cli.chargeback_cmd import render_chargeback
+
+                render_chargeback(groups, IdlePolicy.PROPORTIONAL, f"dollars by {by.value}")
 
     @app.command("requests")
     def requests(

@@ -1,0 +1,94 @@
+"""Chargeback: who spent the window's dollars.
+
+Each record's attributed dollars (its share of the GPU time it shared, plus its CPU and
+network stages) go to its tenant (``tokenpath.tenant``; ``unattributed`` when none). The
+window's idle dollars (GPU time no request used) follow a policy:
+
+- ``proportional`` (default): to each tenant in proportion to its attributed dollars
+  (``idle_t = idle x cost_t / sum(cost)``; all to ``unattributed`` when nothing was
+  attributed);
+- ``platform``: kept as one ``platform`` row, the platform team's own line.
+
+Rows sum to the window's attributed plus idle dollars (the last row takes the rounding
+remainder, so the sum is exact to the float).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from tokenpath.metric_names import TENANT_UNATTRIBUTED
+from tokenpath.records import RequestRecord
+
+PLATFORM_ROW = "platform"
+
+
+class IdlePolicy(StrEnum):
+    PROPORTIONAL = "proportional"
+    PLATFORM = "platform"
+
+
+@dataclass(slots=True)
+class ChargebackRow:
+    tenant: str
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_dollars: float = 0.0
+    idle_dollars: float = 0.0
+
+    @property
+    def total_dollars(self) -> float:
+        return self.cost_dollars + self.idle_dollars
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "requests": self.requests,
+                "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "cost_dollars": self.cost_dollars, "idle_dollars": self.idle_dollars,
+                "total_dollars": self.total_dollars}
+
+
+def tenant_of(record: RequestRecord) -> str | None:
+    return record.tenant
+
+
+def chargeback(records: Iterable[RequestRecord], idle_dollars: float,
+               policy: IdlePolicy = IdlePolicy.PROPORTIONAL,
+               key: Callable[[RequestRecord], str | None] = tenant_of) -> list[ChargebackRow]:
+    """One row per tenant (or per ``key``: model, pool; ``unattributed`` when it has none)
+    and a platform row under ``platform``, costliest first."""
+    rows: dict[str, ChargebackRow] = {}
+    for record in records:
+        tenant = key(record) or TENANT_UNATTRIBUTED
+        row = rows.get(tenant)
+        if row is None:
+            row = rows[tenant] = ChargebackRow(tenant)
+        row.requests += 1
+        row.input_tokens += max(0, record.input_tokens)
+        row.output_tokens += max(0, record.output_tokens)
+        row.cost_dollars += record.cost_dollars
+    idle = max(0.0, idle_dollars)
+    ordered = sorted(rows.values(), key=lambda r: (-r.cost_dollars, r.tenant))
+    if policy is IdlePolicy.PLATFORM:
+        if idle > 0 or not ordered:
+            ordered.append(ChargebackRow(PLATFORM_ROW, idle_dollars=idle))
+        return ordered
+    attributed = sum(r.cost_dollars for r in ordered)
+    if idle > 0 and attributed <= 0:
+        row = rows.get(TENANT_UNATTRIBUTED)
+        if row is None:
+            row = ChargebackRow(TENANT_UNATTRIBUTED)
+            ordered.append(row)
+        row.idle_dollars = idle
+        return ordered
+    given = 0.0
+    for index, row in enumerate(ordered):
+        if index == len(ordered) - 1:
+            row.idle_dollars = idle - given  # the remainder: rows sum to the window exactly
+        else:
+            row.idle_dollars = idle * row.cost_dollars / attributed
+            given += row.idle_dollars
+    return ordered

@@ -1,0 +1,67 @@
+"""Chargeback rows: per tenant, idle allocated by policy, summing to the window exactly;
+the per-tenant metric sums to the per-model one."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fakes.spans import new_trace_id
+from tokenpath import metric_names as M
+from tokenpath.collector.cost.chargeback import PLATFORM_ROW, IdlePolicy, chargeback
+from tokenpath.collector.prometheus_sink import PrometheusSink
+from tokenpath.records import RequestRecord, StageTiming
+from tokenpath.stages import Provenance, StageId
+
+
+def _record(tenant: str | None, dollars: float, model: str = "m") -> RequestRecord:
+    record = RequestRecord(trace_id=new_trace_id(), tenant=tenant, model=model,
+                           input_tokens=100, output_tokens=10, cost_dollars=dollars)
+    record.stages[StageId.HBM_LOAD] = StageTiming(StageId.HBM_LOAD, 1.0, Provenance.MODELED,
+                                                  dollars)
+    return record
+
+
+RECORDS = [_record("acme", 0.1 * (i % 7 + 1)) for i in range(40)] + [
+    _record("globex", 0.03 * (i % 5 + 1), model="n") for i in range(25)] + [
+    _record(None, 0.2)]
+IDLE = 1.2345678
+
+
+@pytest.mark.parametrize("policy", list(IdlePolicy))
+def test_rows_sum_to_the_windows_attributed_plus_idle_dollars(policy: IdlePolicy) -> None:
+    rows = chargeback(RECORDS, IDLE, policy)
+    attributed = sum(r.cost_dollars for r in RECORDS)
+    assert sum(r.total_dollars for r in rows) == pytest.approx(attributed + IDLE, abs=1e-9)
+    assert sum(r.requests for r in rows) == len(RECORDS)
+    assert {r.tenant for r in rows} >= {"acme", "globex", M.TENANT_UNATTRIBUTED}
+    if policy is IdlePolicy.PLATFORM:
+        assert rows[-1].tenant == PLATFORM_ROW and rows[-1].idle_dollars == IDLE
+        assert all(r.idle_dollars == 0 for r in rows[:-1])
+    else:  # idle in proportion to attributed dollars
+        acme = next(r for r in rows if r.tenant == "acme")
+        assert acme.idle_dollars == pytest.approx(IDLE * acme.cost_dollars / attributed)
+
+
+def test_idle_with_nothing_attributed_goes_to_unattributed() -> None:
+    rows = chargeback([], 2.0)
+    assert [(r.tenant, r.idle_dollars) for r in rows] == [(M.TENANT_UNATTRIBUTED, 2.0)]
+
+
+def test_the_per_tenant_metric_sums_to_the_per_model_one() -> None:
+    sink = PrometheusSink()
+    for record in RECORDS:
+        sink.consume_record(record)
+    per_tenant: dict[str, float] = {}
+    per_model: dict[str, float] = {}
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(sink.render()):
+        for sample in family.samples:
+            if sample.name == M.TENANT_COST.series:
+                model = sample.labels[M.LABEL_MODEL]
+                per_tenant[model] = per_tenant.get(model, 0.0) + sample.value
+            elif sample.name == M.COST.series:
+                model = sample.labels[M.LABEL_MODEL]
+                per_model[model] = per_model.get(model, 0.0) + sample.value
+    assert per_tenant == pytest.approx(per_model)
+    assert set(per_model) == {"m", "n"}

@@ -1,0 +1,82 @@
+"""``tokenpath chargeback``: the window's dollars by tenant, idle included by a policy.
+
+Rows sum to the window's attributed plus idle dollars (collector/cost/chargeback.py has
+the policy and the formulas; docs/chargeback.md explains them).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from enum import StrEnum
+
+import typer
+from rich.table import Table
+
+from tokenpath.cli.client import Source
+from tokenpath.cli.common import console
+from tokenpath.cli.query_cmd import COLLECTOR_HELP, STORE_HELP
+from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy, chargeback
+
+CSV_COLUMNS = ("tenant", "requests", "input_tokens", "output_tokens", "cost_dollars",
+               "idle_dollars", "total_dollars")
+
+
+class ChargebackFormat(StrEnum):
+    TABLE = "table"
+    CSV = "csv"
+    JSON = "json"
+
+
+def chargeback_csv(rows: Sequence[ChargebackRow]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        data = row.to_json()
+        writer.writerow([data[column] for column in CSV_COLUMNS])
+    return out.getvalue()
+
+
+def render_chargeback(rows: Sequence[ChargebackRow], policy: IdlePolicy,
+                      title: str = "chargeback by tenant") -> None:
+    table = Table(title=f"{title} (idle: {policy.value})", title_justify="left")
+    for column in ("tenant", "requests", "input tokens", "output tokens", "attributed $",
+                   "idle $", "total $", "share"):
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    total = sum(r.total_dollars for r in rows)
+    for row in rows:
+        table.add_row(row.tenant, f"{row.requests:,}", f"{row.input_tokens:,}",
+                      f"{row.output_tokens:,}", f"${row.cost_dollars:.6f}",
+                      f"${row.idle_dollars:.6f}", f"${row.total_dollars:.6f}",
+                      f"{row.total_dollars / total:.1%}" if total > 0 else "-")
+    table.add_row("total", f"{sum(r.requests for r in rows):,}", "", "",
+                  f"${sum(r.cost_dollars for r in rows):.6f}",
+                  f"${sum(r.idle_dollars for r in rows):.6f}", f"${total:.6f}", "")
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("chargeback")
+    def chargeback_command(
+        store: str | None = typer.Option(None, help=STORE_HELP),
+        collector: str | None = typer.Option(None, help=COLLECTOR_HELP),
+        since: str | None = typer.Option(None, help="Only requests that ended in the last "
+                                         "DURATION (30d, 24h, ...)."),
+        idle: IdlePolicy = typer.Option(IdlePolicy.PROPORTIONAL, "--idle",
+                                        help="Idle GPU dollars: proportional to each "
+                                             "tenant's attributed dollars, or a platform row."),
+        format: ChargebackFormat = typer.Option(ChargebackFormat.TABLE, "--format"),
+    ) -> None:
+        """Dollars by tenant over the window: attributed plus allocated idle."""
+        source = Source(store, collector)
+        rows = chargeback(source.records(None, since), source.idle_cost(since), idle)
+        if format is ChargebackFormat.JSON:
+            print(json.dumps({"idle_policy": idle.value, "rows": [r.to_json() for r in rows],
+                              "total_dollars": sum(r.total_dollars for r in rows)}, indent=2))
+        elif format is ChargebackFormat.CSV:
+            print(chargeback_csv(rows), end="")
+        else:
+            render_chargeback(rows, idle)
