@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tokenpath import metric_names as M
 from tokenpath.collector import api_views
 from tokenpath.collector.auth import bearer_matches
+from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
 from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.collector.node_metrics import NodeMetricsState, nic_last_mile
 from tokenpath.collector.receivers.http import method_not_allowed, otlp_router
@@ -149,6 +150,16 @@ def build_app(
         # Which records these are: a replica holds the records it priced; with
         # forward_records the ones it maps are priced (and shown) elsewhere.
         return {**report.to_json(), "collector": {"forward_records": forward_records}}
+
+    @app.get("/api/chargeback")
+    def chargeback_view(since: str | None = None,
+                        idle: IdlePolicy = IdlePolicy.PROPORTIONAL) -> dict[str, Any]:
+        """Dollars by tenant: attributed plus idle by ``idle`` (collector/cost/chargeback)."""
+        since_unix = _since(since)
+        rows = chargeback(store.records(since_unix=since_unix),
+                          store.idle_cost_dollars(since_unix), idle)
+        return {"idle_policy": idle.value, "rows": [r.to_json() for r in rows],
+                "total_dollars": sum(r.total_dollars for r in rows)}
 
     @app.get("/api/stages")
     def stages() -> list[dict[str, Any]]:

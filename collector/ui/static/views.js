@@ -56,10 +56,13 @@
   }
 
   async function overview() {
-    const [summary, leaks, series, stages] = await Promise.all([
+    const [summary, leaks, series, stages, charge] = await Promise.all([
       api(withWindow("/api/summary")), api(withWindow("/api/leaks?limit=5")), api(withWindow("/api/timeseries?buckets=20")),
-      stageList(),
+      stageList(), api(withWindow("/api/chargeback")),
     ]);
+    const tenantRows = charge.rows.map((r) => el("tr", { "data-tenant": r.tenant },
+      td(r.tenant), td(fmtNum(r.requests), "num"), td(fmtDollars(r.cost_dollars), "num"),
+      td(fmtDollars(r.idle_dollars), "num"), td(fmtDollars(r.total_dollars), "num")));
     const byStage = Object.fromEntries(summary.stages.map((s) => [s.stage, s]));
     const anyCost = summary.cost_dollars > 0 || summary.idle_cost_dollars > 0;
     const modeledTag = summary.simulated ? " · simulated engine" : "";
@@ -109,6 +112,11 @@
         tp.lineChart(series.points.map((p) => ({ t: p.start_unix, v: p.prefix_cache_hit_ratio })),
                      { fmtY: (v) => fmtPct(v, 0), yMax: 1, width: 1300, height: 200,
                        title: "Token-weighted hit ratio" })),
+      card("Chargeback by tenant",
+        note(`Attributed dollars plus idle GPU dollars (${charge.idle_policy}); the rows sum `
+             + `to ${fmtDollars(charge.total_dollars)}. \`tokenpath chargeback\` exports them.`),
+        tenantRows.length ? table("Dollars by tenant", ["tenant", "requests", "attributed",
+          "idle", "total"], tenantRows, "data tenants-table") : note("No requests yet.")),
       groupLegend());
     return root;
   }

@@ -48,6 +48,16 @@ def test_views_render_workload_in_chromium(collector: CollectorService,
         "#kpi-ttft .kpi-sub")
     for leak in ("#leak-cache", "#leak-long-context", "#leak-small-packets"):
         assert browser_page.is_visible(leak)
+    # the chargeback table: the API's tenants, in its order
+    charge = httpx.get(f"{url}/api/chargeback").json()
+    tenants = browser_page.locator(".tenants-table tbody tr")
+    assert [tenants.nth(i).get_attribute("data-tenant") for i in range(tenants.count())] == [
+        row["tenant"] for row in charge["rows"]]
+    # attributed dollars are settled; idle keeps growing while the collector runs
+    assert sum(r["cost_dollars"] for r in charge["rows"]) == pytest.approx(
+        summary["cost_dollars"])
+    assert charge["total_dollars"] == pytest.approx(
+        sum(r["total_dollars"] for r in charge["rows"]))
     latency = browser_page.locator("svg[aria-label='p50 seconds by stage, in path order']")
     labels = latency.locator("text.axis-label").all_text_contents()
     assert labels == [f"{s.order}. {s.title}" for s in STAGES]
