@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenpath.dashboards import k8s, rules
+from tokenpath.dashboards import budgets, k8s, rules
 from tokenpath.dashboards.definitions import DASHBOARDS
 from tokenpath.dashboards.panels import to_json
 
 GRAFANA_DIR = Path("dashboards/grafana")
 RULES_FILE = Path("dashboards/rules/tokenpath-rules.yml")
+# The example budgets' rules: what `tokenpath dashboards budget-rules` makes of
+# deploy/budgets.example.yml, unit-tested by promtool (dashboards/rules/tests).
+BUDGETS_EXAMPLE = Path("deploy/budgets.example.yml")
+SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout the code runs from
+BUDGET_RULES_EXAMPLE_FILE = Path("dashboards/rules/tokenpath-budgets.example.yml")
 K8S_GENERATED_DIR = Path("deploy/k8s/generated")
 PROMETHEUS_RULE_FILE = K8S_GENERATED_DIR / "prometheusrule.yaml"
 DASHBOARD_CONFIGMAPS_FILE = K8S_GENERATED_DIR / "dashboard-configmaps.yaml"
@@ -26,12 +31,14 @@ def dashboard_files() -> dict[Path, str]:
 def generated_files(params: rules.RuleParams | None = None) -> dict[Path, str]:
     """Every generated file (relative to the repository root) and its exact content."""
     params = params or rules.RuleParams()
+    example_budgets = budgets.load_budgets(SOURCE_ROOT / BUDGETS_EXAMPLE)
     dashboards = dashboard_files()
     config_maps = [k8s.dashboard_config_map(path.stem, text)
                    for path, text in sorted(dashboards.items())]
     return {
         **dashboards,
         RULES_FILE: rules.rules_yaml(params),
+        BUDGET_RULES_EXAMPLE_FILE: budgets.budget_rules_yaml(example_budgets, params),
         PROMETHEUS_RULE_FILE: k8s.documents_yaml([k8s.prometheus_rule(params)]),
         DASHBOARD_CONFIGMAPS_FILE: k8s.documents_yaml(config_maps),
     }

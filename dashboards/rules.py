@@ -157,7 +157,7 @@ def _runbook(params: RuleParams, anchor: str) -> str:
     return f"{params.runbook_base_url}#{anchor}"
 
 
-def _alert(params: RuleParams, name: str, expr: str, for_: str, severity: str,
+def alert_rule(params: RuleParams, name: str, expr: str, for_: str, severity: str,
            summary: str, description: str, anchor: str) -> dict[str, Any]:
     return {
         "alert": name,
@@ -195,7 +195,7 @@ def alert_rules(params: RuleParams) -> list[dict[str, Any]]:
     percent = "{{ $value | humanizePercentage }}"
     dollars = '{{ $value | printf "%.4g" }}'
     baselines = " and ".join(params.hit_baselines)
-    alerts = [_alert(
+    alerts = [alert_rule(
         params, "TokenpathPrefixCacheHitRegression", _hit_regression_expr(params),
         params.hit_for, SEVERITY_WARNING,
         f"Prefix-cache hit ratio of {model} dropped",
@@ -204,7 +204,7 @@ def alert_rules(params: RuleParams) -> list[dict[str, Any]]:
         f"{params.hit_min_input_tokens_per_second:g} input tokens/s.",
         "prefix-cache-hit-regression")]
     for burn in params.burn_windows:
-        alerts.append(_alert(
+        alerts.append(alert_rule(
             params, f"TokenpathTTFTBudgetBurn{burn.long_window}", _burn_expr(params, burn),
             burn.for_, burn.severity,
             f"TTFT SLO of {model} burning {burn.burn_rate:g}x budget",
@@ -218,7 +218,7 @@ def alert_rules(params: RuleParams) -> list[dict[str, Any]]:
     dropped = q.sum_rate(mn.SPANS_DROPPED.series, params.rate_window, by=by_instance_reason)
     evicted = q.sum_rate(mn.TRACES_EVICTED.series, params.rate_window, by=by_instance_reason)
     alerts += [
-        _alert(params, "TokenpathCostPerTokenSpike",
+        alert_rule(params, "TokenpathCostPerTokenSpike",
                f"{now_cost}\n> on({mn.LABEL_MODEL}) {params.cost_spike_factor:g} * "
                f"{cost_per_token_series(params.cost_baseline_window)}\n"
                f"and on({mn.LABEL_MODEL}) {output_rate_series(params)} "
@@ -228,7 +228,7 @@ def alert_rules(params: RuleParams) -> list[dict[str, Any]]:
                f"Dollars per output token of {model} are {dollars}, over "
                f"{params.cost_spike_factor:g}x the {params.cost_baseline_window} average.",
                "cost-per-token-spike"),
-        _alert(params, "TokenpathCacheMissWasteHigh",
+        alert_rule(params, "TokenpathCacheMissWasteHigh",
                f"{q.SECONDS_PER_HOUR} * {miss_waste_series(params)} "
                f"> {params.miss_waste_dollars_per_hour:g}",
                params.miss_waste_for, SEVERITY_WARNING,
@@ -236,35 +236,35 @@ def alert_rules(params: RuleParams) -> list[dict[str, Any]]:
                f"{model} spends ${value}/h recomputing prefixes seen recently "
                f"(threshold ${params.miss_waste_dollars_per_hour:g}/h).",
                "cache-miss-waste-high"),
-        _alert(params, "TokenpathCollectorDroppingSpans",
+        alert_rule(params, "TokenpathCollectorDroppingSpans",
                f"{dropped} > {params.collector_drop_per_second:g}",
                params.collector_for, SEVERITY_WARNING,
                f"Collector {instance} drops spans",
                f"Collector {instance} drops {value} spans/s "
                f"(reason {{{{ $labels.{mn.LABEL_REASON} }}}}).",
                "collector-dropping-or-evicting"),
-        _alert(params, "TokenpathCollectorEvictingTraces",
+        alert_rule(params, "TokenpathCollectorEvictingTraces",
                f"{evicted} > {params.collector_evict_per_second:g}",
                params.collector_for, SEVERITY_WARNING,
                f"Collector {instance} evicts in-flight traces",
                f"Collector {instance} evicts {value} traces/s "
                f"(reason {{{{ $labels.{mn.LABEL_REASON} }}}}); records are incomplete.",
                "collector-dropping-or-evicting"),
-        _alert(params, "TokenpathCollectorStoreErrors",
+        alert_rule(params, "TokenpathCollectorStoreErrors",
                f"{q.sum_rate(mn.STORE_ERRORS.series, params.rate_window, by=(mn.LABEL_INSTANCE,))}"
                " > 0",
                params.collector_for, SEVERITY_WARNING,
                f"Collector {instance} fails to write records",
                f"Collector {instance} has {value} store write failures/s.",
                "collector-dropping-or-evicting"),
-        _alert(params, "TokenpathAgentDown",
+        alert_rule(params, "TokenpathAgentDown",
                f"{q.selector(mn.UP_SERIES, (q.eq(mn.LABEL_JOB, params.agent_job),))} == 0",
                params.agent_down_for, SEVERITY_CRITICAL,
                f"tokenpath agent {instance} is down",
                f"Prometheus cannot scrape the tokenpath agent at {instance}; GPU and NIC "
                "metrics and cost apportionment for that node are missing.",
                "agent-or-nvml-down"),
-        _alert(params, "TokenpathNVMLDown",
+        alert_rule(params, "TokenpathNVMLDown",
                f"{mn.AGENT_NVML_UP.series} == 0",
                params.nvml_down_for, SEVERITY_WARNING,
                f"NVML unavailable on {instance}",

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tokenpath.config import ConfigError
-from tokenpath.dashboards import generate, rules
+from tokenpath.dashboards import budgets, generate, rules
 
 REPO = Path(__file__).resolve().parents[2]
 RULES_DIR = REPO / generate.RULES_FILE.parent
@@ -53,6 +53,8 @@ def test_promtool_unit_tests_catch_a_broken_threshold(tmp_path: Path) -> None:
         shutil.copy(test_file, tmp_path / "rules" / "tests" / test_file.name)
     (tmp_path / "rules" / generate.RULES_FILE.name).write_text(rules.rules_yaml(broken),
                                                                   "utf-8")
+    shutil.copy(REPO / generate.BUDGET_RULES_EXAMPLE_FILE,
+                tmp_path / "rules" / generate.BUDGET_RULES_EXAMPLE_FILE.name)
     result = subprocess.run([promtool, "test", "rules",
                              *sorted(p.name for p in TESTS_DIR.glob("*.yml"))],
                             cwd=tmp_path / "rules" / "tests", capture_output=True, text=True,
@@ -108,3 +110,32 @@ def test_invalid_params_name_the_key(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as error:
         params.validate()
     assert error.value.key == field
+
+
+def test_budget_rules_pass_promtool_check_and_their_tests_can_fail(tmp_path: Path) -> None:
+    """The example budgets' rules are valid, and their unit test fails when acme's budget
+    is so large that its spend no longer burns it."""
+    promtool = _promtool()
+    check = subprocess.run([promtool, "check", "rules",
+                            str(REPO / generate.BUDGET_RULES_EXAMPLE_FILE)],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert check.returncode == 0 and "SUCCESS" in check.stdout, check.stdout + check.stderr
+    generous = [b if b.tenant != "acme" else budgets.Budget("acme", 1e6, "day")
+                for b in budgets.load_budgets(REPO / generate.BUDGETS_EXAMPLE)]
+    (tmp_path / "tests").mkdir()
+    test_name = "tokenpath-budgets.test.yml"
+    shutil.copy(TESTS_DIR / test_name, tmp_path / "tests" / test_name)
+    (tmp_path / generate.BUDGET_RULES_EXAMPLE_FILE.name).write_text(
+        budgets.budget_rules_yaml(generous), "utf-8")
+    result = subprocess.run([promtool, "test", "rules", test_name], cwd=tmp_path / "tests",
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode != 0
+    assert "TokenpathTenantBudgetBurn1h" in result.stdout + result.stderr
+
+
+def test_a_bad_budgets_file_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"budgets\.acme\.per"):
+        budgets.parse_budgets({"budgets": {"acme": {"dollars": 5, "per": "week"}}})
+    with pytest.raises(ConfigError, match=r"budgets\.acme\.dollars"):
+        budgets.parse_budgets({"budgets": {"acme": {"dollars": -1}}})
+

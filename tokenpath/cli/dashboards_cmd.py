@@ -49,6 +49,32 @@ def build(
         console.print(f"wrote {path}")
 
 
+@app.command("budget-rules")
+def budget_rules(
+    budgets_file: Path = typer.Argument(..., help="Budgets YAML: budgets: {tenant: "
+                                        "{dollars: N, per: day|month}}."),
+    out: Path = typer.Option(None, "--out", help="Write here (default: standard output)."),
+    runbook_base_url: str = typer.Option(None, "--runbook-base-url",
+                                         help="Base of the alerts' runbook_url annotations."),
+) -> None:
+    """Prometheus rules for tenant budgets: multi-window burn-rate alerts."""
+    from tokenpath.config import ConfigError
+    from tokenpath.dashboards import budgets, rules
+
+    params = (rules.RuleParams(runbook_base_url=runbook_base_url) if runbook_base_url
+              else rules.RuleParams())
+    try:
+        text = budgets.budget_rules_yaml(budgets.load_budgets(budgets_file), params)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    if out is None:
+        print(text, end="")
+    else:
+        out.write_text(text, encoding="utf-8")
+        console.print(f"wrote {out}")
+
+
 @app.command("push")
 def push(
     grafana_url: str = typer.Option("http://127.0.0.1:3000", "--grafana-url",
