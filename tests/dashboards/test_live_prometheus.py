@@ -25,7 +25,7 @@ import pytest
 from tests.dashboards import prometheus_stack as stack
 from tests.dashboards.demo_process import DemoPorts, DemoProcess
 from tokenpath import metric_names as mn
-from tokenpath.dashboards import generate, rules
+from tokenpath.dashboards import budgets, generate, rules
 from tokenpath.dashboards import queries as q
 from tokenpath.dashboards.definitions import VAR_BASELINE
 from tokenpath.instrumentation.reference.engine import DEFAULT_POOL
@@ -66,6 +66,12 @@ BASELINE_TIMEOUT_SECONDS = 90.0
 ALERT_TIMEOUT_SECONDS = 90.0
 POLL_SECONDS = 0.5
 REGRESSION_ALERT = "TokenpathPrefixCacheHitRegression"
+# The demo's tenants (tokenpath/cli/demo_cmd.py): acme's budget is a cent a day, which its
+# share of the demo's spend burns thousands of times over; the others' are unlimited.
+OVERSPENDING_TENANT = "acme"
+LIVE_BUDGETS = [budgets.Budget(OVERSPENDING_TENANT, 0.01, "day"),
+                budgets.Budget("globex", 1e9, "day"), budgets.Budget("initech", 1e9, "day")]
+BUDGET_ALERT = f"{budgets.BUDGET_ALERT_PREFIX}{LIVE_PARAMS.burn_windows[0].long_window}"
 # Panels that read only NVML metrics: with no NVIDIA GPU and driver the real agent reports
 # tokenpath_agent_nvml_up 0 and exports none of these, so their panels have no data here.
 # They are exempt only while the agent says NVML is down; on a GPU machine they must
@@ -151,7 +157,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
                     "(scripts/install-system-deps.sh installs them as root)")
     workdir = tmp_path_factory.mktemp("live-prometheus")
     rule_file = workdir / "rules.yml"
-    rule_file.write_text(rules.rules_yaml(LIVE_PARAMS), encoding="utf-8")
+    document = rules.rule_groups(LIVE_PARAMS)
+    document["groups"].append(budgets.budget_group(LIVE_BUDGETS, LIVE_PARAMS))
+    rule_file.write_text(rules.to_yaml(document), encoding="utf-8")
     ports = DemoPorts(collector=stack.free_port(), agent=stack.free_port())
     live = LiveStack(workdir, ports)
     try:
@@ -272,3 +280,23 @@ def test_unique_prompts_fire_the_cache_regression_alert_to_the_webhook(
     assert alert["annotations"]["runbook_url"].endswith("#prefix-cache-hit-regression")
     after = float(_values(live.prometheus, ratio)[0]["value"][1])
     assert after < (1 - LIVE_PARAMS.hit_relative_drop) * before
+
+
+def test_an_overspending_tenant_fires_its_budget_alert_and_the_others_do_not(
+        live: LiveStack) -> None:
+    """The demo's tenants spend at their shares; only acme's budget is burnt, and its
+    burn-rate alert reaches the webhook through Alertmanager."""
+    def budget_alerts() -> list[dict[str, Any]]:
+        return [a for a in live.webhook.alerts() if a["labels"]["alertname"] == BUDGET_ALERT]
+
+    _poll(f"{BUDGET_ALERT} at the webhook", ALERT_TIMEOUT_SECONDS, lambda: bool(budget_alerts()),
+          lambda: "Prometheus alerts: "
+                  f"{stack.http_json(live.prometheus + '/api/v1/alerts')}")
+    assert {a["labels"][mn.LABEL_TENANT] for a in budget_alerts()} == {OVERSPENDING_TENANT}
+    assert budget_alerts()[0]["annotations"]["runbook_url"].endswith(
+        f"#{budgets.BUDGET_RUNBOOK_ANCHOR}")
+    firing = stack.http_json(live.prometheus + "/api/v1/alerts")["data"]["alerts"]
+    tenants = {a["labels"].get(mn.LABEL_TENANT) for a in firing
+               if a["labels"]["alertname"] == BUDGET_ALERT}
+    assert tenants == {OVERSPENDING_TENANT}  # globex and initech spend within budget
+
