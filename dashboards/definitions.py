@@ -1,4 +1,4 @@
-"""The four tokenpath dashboards: Overview, Stages, Cache and leaks, Nodes.
+"""The five tokenpath dashboards: Overview, Stages, Cache and leaks, Nodes, Chargeback.
 
 Queries come from ``tokenpath.dashboards.queries`` (metric names from
 ``tokenpath.metric_names``), stage panels from ``tokenpath.stages.STAGES``.
@@ -15,6 +15,7 @@ from grafana_foundation_sdk.models import dashboard as dashboard_models
 from tokenpath import metric_names as mn
 from tokenpath.dashboards import panels as p
 from tokenpath.dashboards import queries as q
+from tokenpath.dashboards.budgets import BUDGET_SERIES
 from tokenpath.stages import STAGES, Phase, Provenance, Stage, StageGroup, StageId
 
 W = q.RATE_INTERVAL
@@ -266,9 +267,44 @@ def nodes() -> dashboard_builders.Dashboard:
     )
 
 
+def chargeback_board() -> dashboard_builders.Dashboard:
+    by_tenant = (mn.LABEL_TENANT,)
+    burn = (f"{q.sum_rate(mn.TENANT_COST.series, W, MODEL, by_tenant)}\n"
+            f"/ on({mn.LABEL_TENANT}) {BUDGET_SERIES}")
+    return (
+        p.base_dashboard("tokenpath-chargeback", "tokenpath / Chargeback",
+                         "Attributed dollars by tenant, and their budgets' burn rates. "
+                         "Idle dollars are per pool (Overview); `tokenpath chargeback` "
+                         "allocates them.")
+        .with_panel(p.stat_panel(
+            "Attributed $ in range", "Attributed dollars of every tenant in the range.",
+            [p.Query(q.sum_increase(mn.TENANT_COST.series, "$__range", MODEL), "attributed")],
+            p.UNIT_DOLLARS, width=p.THIRD_WIDTH))
+        .with_panel(p.timeseries_panel(
+            "Attributed $ per hour by tenant", "Each tenant's attributed dollars per hour.",
+            [p.Query(q.dollars_per_hour(mn.TENANT_COST, W, MODEL, by_tenant),
+                     _legend(mn.LABEL_TENANT))], p.UNIT_DOLLARS, width=2 * p.THIRD_WIDTH,
+            stacked=True))
+        .with_panel(p.timeseries_panel(
+            "Share of spend by tenant", "Each tenant's share of the attributed dollars.",
+            [p.Query(q.share_of_total(mn.TENANT_COST, mn.LABEL_TENANT, W, MODEL),
+                     _legend(mn.LABEL_TENANT))], p.UNIT_PERCENT_UNIT, stacked=True))
+        .with_panel(p.timeseries_panel(
+            "Requests per second by tenant", "Requests recorded per tenant.",
+            [p.Query(q.sum_rate(mn.TENANT_REQUESTS.series, W, MODEL, by_tenant),
+                     _legend(mn.LABEL_TENANT))], p.UNIT_REQUESTS_PER_SECOND))
+        .with_panel(p.timeseries_panel(
+            "Budget burn rate by tenant", "Spend rate over the budget rate (1 = on budget; "
+            "the alerts page at 14.4 over 1 h and 6 over 6 h). Needs the budget rules "
+            "(`tokenpath dashboards budget-rules`).",
+            [p.Query(burn, _legend(mn.LABEL_TENANT))], p.UNIT_PER_SECOND, width=p.FULL_WIDTH))
+    )
+
+
 DASHBOARDS: tuple[DashboardDefinition, ...] = (
     DashboardDefinition("overview", "tokenpath-overview", overview),
     DashboardDefinition("stages", "tokenpath-stages", stages),
     DashboardDefinition("cache-and-leaks", "tokenpath-cache-leaks", cache_and_leaks),
     DashboardDefinition("nodes", "tokenpath-nodes", nodes),
+    DashboardDefinition("chargeback", "tokenpath-chargeback", chargeback_board),
 )

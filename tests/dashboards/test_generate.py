@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from tokenpath import metric_names as mn
 from tokenpath.cli.main import app
-from tokenpath.dashboards import generate
+from tokenpath.dashboards import budgets, generate, rules
 from tokenpath.dashboards import queries as q
 from tokenpath.dashboards.definitions import DASHBOARDS, STAGE_QUANTILES
 from tokenpath.stages import STAGE_IDS, STAGES
@@ -42,6 +42,12 @@ def _known_series() -> set[str]:
             names |= {spec.series + suffix for suffix in (
                 mn.HISTOGRAM_BUCKET_SUFFIX, mn.HISTOGRAM_SUM_SUFFIX, mn.HISTOGRAM_COUNT_SUFFIX)}
     return names
+
+
+def _recorded_series() -> set[str]:
+    groups = rules.rule_groups(rules.RuleParams())["groups"] + [
+        budgets.budget_group([budgets.Budget("t", 1.0, "day")], rules.RuleParams())]
+    return {r["record"] for g in groups for r in g["rules"] if "record" in r}
 
 
 def test_committed_files_match_generated_byte_for_byte() -> None:
@@ -88,8 +94,11 @@ def test_queries_use_only_known_metric_series() -> None:
         exprs = _exprs(board)
         assert exprs, definition.uid
         for expr in exprs:
-            for name in re.findall(rf"\b{mn.NAMESPACE}_\w+", expr):
+            for name in re.findall(rf"(?<![:\w]){mn.NAMESPACE}_\w+", expr):
                 assert name in known, (definition.uid, name)
+            # recorded series (level:metric:operations) come from the generated rules
+            for name in re.findall(rf"\b\w+:{mn.NAMESPACE}_\w+:\w+", expr):
+                assert name in _recorded_series(), (definition.uid, name)
 
 
 def test_stages_dashboard_has_latency_and_cost_for_every_stage() -> None:
