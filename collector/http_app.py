@@ -146,7 +146,8 @@ def build_app(
     def summary(since: str | None = None) -> dict[str, Any]:
         since_unix = _since(since)
         report = build_report(store.records(since_unix=since_unix),
-                              store.idle_cost_dollars(since_unix))
+                              store.idle_cost_dollars(since_unix),
+                              store.idle_energy_joules(since_unix))
         # Which records these are: a replica holds the records it priced; with
         # forward_records the ones it maps are priced (and shown) elsewhere.
         return {**report.to_json(), "collector": {"forward_records": forward_records}}

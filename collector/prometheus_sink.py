@@ -21,7 +21,7 @@ from tokenpath.labels import BoundedLabel
 from tokenpath.leaks import MissCause, context_bucket_index, context_bucket_labels, context_tokens
 from tokenpath.pipeline import IdleCost
 from tokenpath.records import RequestRecord
-from tokenpath.stages import PLAIN_VALUES
+from tokenpath.stages import GPU_STAGES, PLAIN_VALUES
 
 MISS_CAUSE_VALUES = frozenset(cause.value for cause in MissCause)
 
@@ -75,6 +75,8 @@ class PrometheusSink:
         self.router_cache = FastCounter(M.ROUTER_CACHE_PREDICTION)
         self.miss_dollars = FastCounter(M.CACHE_MISS_DOLLARS)
         self.tenant_cost = FastCounter(M.TENANT_COST)
+        self.energy = FastCounter(M.ENERGY)
+        self.idle_energy = FastCounter(M.IDLE_ENERGY)
         self.tenant_requests = FastCounter(M.TENANT_REQUESTS)
         self.miss_tokens = FastCounter(M.CACHE_MISS_TOKENS)
         self._context_buckets = context_bucket_labels()
@@ -82,7 +84,7 @@ class PrometheusSink:
             self.requests, self.stage_duration, self.ttft, self.tpot, self.tokens, self.cost,
             self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
             self.context_cost, self.router_cache, self.miss_dollars, self.miss_tokens,
-            self.tenant_cost, self.tenant_requests,
+            self.tenant_cost, self.tenant_requests, self.energy, self.idle_energy,
         ]
         self.registry.register(
             _SelfTelemetry(self._stats, [self._model, self._pool, self._status, self._tenant]))
@@ -112,6 +114,17 @@ class PrometheusSink:
         self.tokens.labels(model, M.TOKEN_KIND_OUTPUT).inc(record.output_tokens)
         self.cache_miss_waste.labels(model).inc(max(0.0, record.cache_miss_waste_dollars))
         self.naive_cost.labels(model).inc(max(0.0, record.naive_cost_dollars))
+        if record.energy_joules > 0:  # split over the GPU stages as their dollars are
+            gpu_dollars = record.gpu_cost_dollars
+            for stage_id in GPU_STAGES:
+                gpu_timing = record.stages.get(stage_id)
+                if gpu_timing is None or gpu_dollars <= 0:
+                    continue
+                for phase, share in gpu_timing.phases.items():
+                    if share.cost_dollars > 0:
+                        self.energy.labels(PLAIN_VALUES[stage_id], PLAIN_VALUES[phase],
+                                           model).inc(record.energy_joules
+                                                      * share.cost_dollars / gpu_dollars)
         tenant = self._tenant(record.tenant or M.TENANT_UNATTRIBUTED)
         self.tenant_cost.labels(tenant, model).inc(max(0.0, record.cost_dollars))
         self.tenant_requests.labels(tenant, model).inc(1)
@@ -136,6 +149,8 @@ class PrometheusSink:
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
         self.idle_cost.labels(self._pool(idle.pool)).inc(max(0.0, idle.dollars))
+        if idle.energy_joules > 0:
+            self.idle_energy.labels(self._pool(idle.pool)).inc(idle.energy_joules)
 
     def render(self) -> str:
         """The /metrics body: request metrics, then the registry (self-telemetry)."""

@@ -58,7 +58,8 @@ CREATE TABLE IF NOT EXISTS idle_cost (
     pool TEXT NOT NULL,
     start_unix REAL NOT NULL,
     end_unix REAL NOT NULL,
-    dollars REAL NOT NULL
+    dollars REAL NOT NULL,
+    energy_joules REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS idle_cost_end ON idle_cost(end_unix);
 CREATE TABLE IF NOT EXISTS joined_traces (
@@ -148,6 +149,9 @@ class RecordStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(idle_cost)")}
+        if "energy_joules" not in columns:  # a store written before energy was kept
+            db.execute("ALTER TABLE idle_cost ADD COLUMN energy_joules REAL NOT NULL DEFAULT 0")
         return db
 
     # --- sink ------------------------------------------------------------------------------
@@ -248,8 +252,11 @@ class RecordStore:
                     [(t, r.record_id, r.end_unix) for r in records for t in r.joined_trace_ids],
                 )
                 self._db.executemany(
-                    "INSERT INTO idle_cost(pool, start_unix, end_unix, dollars) VALUES (?,?,?,?)",
-                    [(i.pool, i.start_unix, i.end_unix, i.dollars) for i in idle],
+                    "INSERT INTO idle_cost(pool, start_unix, end_unix, dollars, energy_joules)"
+                    " VALUES (?,?,?,?,?)",
+                    [(i.pool, i.start_unix, i.end_unix, i.dollars,
+                      i.energy_joules if math.isfinite(i.energy_joules) else 0.0)
+                     for i in idle],
                 )
                 self._db.execute("COMMIT")
         except sqlite3.Error:
@@ -345,7 +352,14 @@ class RecordStore:
         return sorted(records, key=lambda r: r.start_unix)
 
     def idle_cost_dollars(self, since_unix: float | None = None) -> float:
-        sql = "SELECT COALESCE(SUM(dollars), 0) FROM idle_cost"
+        return self._idle_sum("dollars", since_unix)
+
+    def idle_energy_joules(self, since_unix: float | None = None) -> float:
+        return self._idle_sum("energy_joules", since_unix)
+
+    def _idle_sum(self, column: str, since_unix: float | None) -> float:
+        assert column in ("dollars", "energy_joules")
+        sql = f"SELECT COALESCE(SUM({column}), 0) FROM idle_cost"
         args: list[object] = []
         if since_unix is not None:
             sql += " WHERE end_unix >= ?"

@@ -116,6 +116,14 @@ def overview() -> dashboard_builders.Dashboard:
             "active.",
             [p.Query(q.dollars_per_hour(mn.IDLE_COST, W, POOL, (mn.LABEL_POOL,)),
                      _legend(mn.LABEL_POOL))], p.UNIT_DOLLARS, stacked=True))
+        .with_panel(p.timeseries_panel(
+            "GPU energy per output token (modeled)", "Joules of GPU energy attributed per "
+            "output token, by model: apportioned GPU-seconds x TDP (collector/cost/energy.py; "
+            "modeled until the agent's energy counter is apportioned).",
+            [p.Query(f"{q.sum_rate(mn.ENERGY.series, W, MODEL, by_model)}\n/ on("
+                     f"{mn.LABEL_MODEL})\n{q.token_rate(mn.TOKEN_KIND_OUTPUT, W, MODEL, by_model)}",
+                     _legend(mn.LABEL_MODEL))],
+            p.UNIT_PER_SECOND, width=p.FULL_WIDTH))
     )
 
 

@@ -79,6 +79,12 @@ CACHE_MISS_WASTE = _m("cache_miss_waste_dollars", "counter", (LABEL_MODEL,),
                       "Prefill dollars spent on prefixes seen recently but recomputed.")
 NAIVE_COST = _m("naive_cost_dollars", "counter", (LABEL_MODEL,),
                 "Wall-clock cost (duration x GPU price), as gateway tools count it.")
+ENERGY = _m("energy_joules", "counter", (LABEL_STAGE, LABEL_PHASE, LABEL_MODEL),
+            "GPU energy attributed to requests, by GPU stage and phase; modeled (GPU-seconds "
+            "x TDP, collector/cost/energy.py) until the agent's energy counter is apportioned.")
+IDLE_ENERGY = _m("idle_energy_joules", "counter", (LABEL_POOL,),
+                 "GPU energy with no request active, by pool; modeled (idle GPU-seconds x "
+                 "TDP x 0.15).")
 LABEL_TENANT: Final = "tenant"
 TENANT_COST = _m("tenant_cost_dollars", "counter", (LABEL_TENANT, LABEL_MODEL),
                  "Attributed dollars by tenant (tokenpath.tenant; unattributed when none) "
@@ -171,7 +177,7 @@ RECORDS_PENDING_PRICE = _m("collector_records_pending_price", "gauge", (),
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
     NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS, ROUTER_CACHE_PREDICTION,
-    CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS, TENANT_COST, TENANT_REQUESTS,
+    CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS, TENANT_COST, TENANT_REQUESTS, ENERGY, IDLE_ENERGY,
 )
 
 # --- Agent ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ class IdleCost:
     start_unix: float
     end_unix: float
     dollars: float
+    energy_joules: float = 0.0  # modeled (collector/cost/energy.py)
 
 
 class RecordSink(Protocol):

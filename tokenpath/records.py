@@ -133,6 +133,10 @@ class RequestRecord:
     # causes sum to cache_miss_waste_dollars.
     miss_tokens: dict[str, int] = field(default_factory=dict)
     miss_dollars: dict[str, float] = field(default_factory=dict)
+    # GPU energy of its apportioned GPU time (collector/cost/energy.py), and how it was
+    # had: "modeled" (TDP x GPU-seconds) or "measured"; None: not priced.
+    energy_joules: float = 0.0
+    energy_provenance: str | None = None
     # The router's predicted prefix-cache hit (0-1 of the prompt), beside the engine's
     # actual one (cache_read_tokens / input_tokens): llm-d's prefix-cache scorer.
     router_predicted_cache_hit: float | None = None
@@ -204,6 +208,8 @@ class RequestRecord:
             "outer_hop": self.outer_hop,
             "joined_trace_ids": list(self.joined_trace_ids),
             "router_predicted_cache_hit": self.router_predicted_cache_hit,
+            "energy_joules": self.energy_joules,
+            "energy_provenance": self.energy_provenance,
             "miss_tokens": dict(self.miss_tokens),
             "miss_dollars": dict(self.miss_dollars),
         }
@@ -266,6 +272,8 @@ class RequestRecord:
             outer_hop=data.get("outer_hop"),
             joined_trace_ids=tuple(str(t) for t in data.get("joined_trace_ids") or ()),
             router_predicted_cache_hit=opt_float("router_predicted_cache_hit"),
+            energy_joules=float(data.get("energy_joules") or 0.0),
+            energy_provenance=data.get("energy_provenance"),
             miss_tokens={str(k): int(v) for k, v in (data.get("miss_tokens") or {}).items()},
             miss_dollars={str(k): float(v or 0.0)
                           for k, v in (data.get("miss_dollars") or {}).items()},

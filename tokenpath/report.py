@@ -117,6 +117,10 @@ class Report:
     wire_bytes_per_payload_byte: float | None = None
     leaking_streams: int = 0
     streams: int = 0
+    # GPU energy (collector/cost/energy.py): the records' and the idle GPUs'
+    energy_joules: float = 0.0
+    idle_energy_joules: float = 0.0
+    energy_provenance: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -152,6 +156,11 @@ class Report:
             "wire_bytes_per_payload_byte": self.wire_bytes_per_payload_byte,
             "leaking_streams": self.leaking_streams,
             "streams": self.streams,
+            "energy_joules": self.energy_joules,
+            "idle_energy_joules": self.idle_energy_joules,
+            "energy_provenance": self.energy_provenance,
+            "energy_joules_per_output_token": (self.energy_joules / self.output_tokens
+                                               if self.output_tokens else None),
         }
 
 
@@ -183,7 +192,16 @@ def miss_causes(records: Sequence[RequestRecord]) -> dict[str, MissCauseSummary]
         sum(r.miss_dollars.get(cause.value, 0.0) for r in records)) for cause in MissCause}
 
 
-def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.0) -> Report:
+def energy_provenance(records: Sequence[RequestRecord]) -> str | None:
+    """``measured`` when every priced record's energy was, ``modeled`` when any was."""
+    kinds = {r.energy_provenance for r in records if r.energy_provenance}
+    if not kinds:
+        return None
+    return "measured" if kinds == {"measured"} else "modeled"
+
+
+def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.0,
+                 idle_energy_joules: float = 0.0) -> Report:
     """Aggregate records into the report; stages listed in path order, all 15."""
     window = 0.0
     if records:
@@ -259,4 +277,7 @@ def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.
         wire_bytes_per_payload_byte=last_mile.wire_bytes_per_payload_byte,
         leaking_streams=last_mile.leaking_streams,
         streams=last_mile.streams,
+        energy_joules=sum(r.energy_joules for r in records),
+        idle_energy_joules=idle_energy_joules,
+        energy_provenance=energy_provenance(records),
     )

@@ -31,6 +31,7 @@ class GpuSpec:
     hbm_bytes: float
     nvlink_bandwidth: float  # bytes/s, per GPU, bidirectional aggregate
     source: str
+    tdp_watts: float = 0.0  # board power limit (datasheet): the modeled energy's busy draw
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,22 +67,26 @@ GPUS: dict[str, GpuSpec] = {
     "H100-SXM": GpuSpec(
         "H100-SXM", 989e12, 3.35e12, 80e9, 900e9,
         "NVIDIA H100 Tensor Core GPU datasheet: 989 TFLOPS BF16 dense, 3.35 TB/s HBM3, "
-        "80 GB, NVLink 900 GB/s",
+        "80 GB, NVLink 900 GB/s, 700 W TDP",
+        tdp_watts=700.0,
     ),
     "H200": GpuSpec(
         "H200", 989e12, 4.8e12, 141e9, 900e9,
         "NVIDIA H200 Tensor Core GPU datasheet: 989 TFLOPS BF16 dense, 4.8 TB/s HBM3e, "
-        "141 GB, NVLink 900 GB/s",
+        "141 GB, NVLink 900 GB/s, 700 W TDP",
+        tdp_watts=700.0,
     ),
     "A100-SXM-80GB": GpuSpec(
         "A100-SXM-80GB", 312e12, 2.039e12, 80e9, 600e9,
         "NVIDIA A100 datasheet: 312 TFLOPS BF16 dense, 2,039 GB/s HBM2e, 80 GB, "
-        "NVLink 600 GB/s",
+        "NVLink 600 GB/s, 400 W TDP",
+        tdp_watts=400.0,
     ),
     "L4": GpuSpec(
         "L4", 121e12, 300e9, 24e9, 0.0,
         "NVIDIA L4 datasheet: 121 TFLOPS BF16 dense (242 with sparsity), 300 GB/s GDDR6, "
-        "24 GB, no NVLink",
+        "24 GB, no NVLink, 72 W TDP",
+        tdp_watts=72.0,
     ),
 }
 

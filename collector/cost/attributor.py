@@ -44,6 +44,11 @@ from tokenpath.collector.cost.cache import (
     PrefixCacheTracker,
 )
 from tokenpath.collector.cost.catalog import roofline_for_record
+from tokenpath.collector.cost.energy import (
+    ENERGY_MODELED,
+    modeled_busy_joules,
+    modeled_idle_joules,
+)
 from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.collector.cost.stage_cost import (
     has_kv_transfer,
@@ -460,7 +465,10 @@ class CostAttributor:
         ledger.attributed_dollars += result.attributed_dollars
         ledger.idle_dollars += result.idle_dollars
         ledger.gpu_count = timeline.gpu_count
-        out_idle.extend(_merge_idle(ledger.pool, result.idle_spans))
+        per_second = self._prices.gpu_price(ledger.gpu_type).dollars_per_second
+        out_idle.extend(_merge_idle(ledger.pool, [
+            (start, end, dollars, modeled_idle_joules(dollars, per_second, ledger.gpu_type))
+            for start, end, dollars in result.idle_spans]))
         for interval in result.finished:
             item = node.pending.pop(interval.key, None)
             if item is None:
@@ -484,6 +492,12 @@ class CostAttributor:
         )
         record.cache_miss_waste_dollars = self.cache.observe(
             record, iv.cost_by_phase.get(Phase.PREFILL, 0.0), item.roofline)
+        gpu_type = iv.group[2]
+        joules = modeled_busy_joules(sum(iv.cost_by_phase.values()),
+                                     self._prices.gpu_price(gpu_type).dollars_per_second,
+                                     gpu_type)
+        if joules is not None:
+            record.energy_joules, record.energy_provenance = joules, ENERGY_MODELED
         record.cost_dollars = sum(t.cost_dollars for t in record.stages.values())
 
 
@@ -509,12 +523,13 @@ def _prefill_steps(record: RequestRecord) -> float | None:
     return None
 
 
-def _merge_idle(pool: str, spans: list[tuple[float, float, float]]) -> list[IdleCost]:
+def _merge_idle(pool: str, spans: list[tuple[float, float, float, float]]) -> list[IdleCost]:
     merged: list[IdleCost] = []
-    for start, end, dollars in spans:
+    for start, end, dollars, joules in spans:
         if merged and merged[-1].end_unix == start:
             last = merged[-1]
-            merged[-1] = IdleCost(pool, last.start_unix, end, last.dollars + dollars)
+            merged[-1] = IdleCost(pool, last.start_unix, end, last.dollars + dollars,
+                                  last.energy_joules + joules)
         else:
-            merged.append(IdleCost(pool, start, end, dollars))
+            merged.append(IdleCost(pool, start, end, dollars, joules))
     return merged

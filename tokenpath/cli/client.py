@@ -89,11 +89,21 @@ class Source:
         return out if limit is None else out[:limit]
 
     def idle_cost(self, since: str | None) -> float:
+        return self._idle("idle_cost_dollars", since)
+
+    def idle_energy(self, since: str | None) -> float:
+        return self._idle("idle_energy_joules", since)
+
+    def _idle(self, key: str, since: str | None) -> float:
+        """The window's idle dollars or joules, summed over the collectors (each prices
+        its own units) or read from the store."""
         if self.collectors:
             return sum(float(self._get(base, "/api/summary", {"since": since} if since else {})
-                             .get("idle_cost_dollars") or 0.0) for base in self.collectors)
+                             .get(key) or 0.0) for base in self.collectors)
         store = self._open()
         try:
+            if key == "idle_energy_joules":
+                return store.idle_energy_joules(_since_unix(since))
             return store.idle_cost_dollars(_since_unix(since))
         finally:
             store.shutdown()

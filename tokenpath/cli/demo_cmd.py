@@ -390,7 +390,8 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
     store = open_store_readonly(str(Path(config.store_path).expanduser()))
     try:
         records = store.records(since_unix=started_unix)
-        report = build_report(records, store.idle_cost_dollars(started_unix))
+        report = build_report(records, store.idle_cost_dollars(started_unix),
+                              store.idle_energy_joules(started_unix))
     finally:
         store.shutdown()
     out.print()

@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         source = Source(store, collector)
         records = source.records(None, since)
         idle = source.idle_cost(since)
-        result = build_report(records, idle)
+        result = build_report(records, idle, source.idle_energy(since))
         ranked = rank_leaks(records, load_price_sheet(None).network_dollars_per_byte)
         groups = None if by is None else chargeback(records, idle, IdlePolicy.PROPORTIONAL,
                                                     GROUP_KEYS[by])

@@ -80,6 +80,12 @@ def render_report(report: Report, console: Console) -> None:
     facts.add_row("idle GPU cost", _usd(report.idle_cost_dollars))
     facts.add_row("naive wall-clock cost", _usd(report.naive_cost_dollars))
     facts.add_row("$ per million output tokens", _usd(report.cost_per_million_output_tokens))
+    if report.energy_provenance is not None:
+        per_token = (f", {report.energy_joules / report.output_tokens:.2f} J per output token"
+                     if report.output_tokens else "")
+        facts.add_row(f"GPU energy ({report.energy_provenance})",
+                      f"{report.energy_joules / 3.6e6:.4f} kWh{per_token}; idle "
+                      f"{report.idle_energy_joules / 3.6e6:.4f} kWh")
     facts.add_row("leak 1: cache-miss waste", _usd(report.cache_miss_waste_dollars))
     for cause, miss in report.miss_by_cause.items():
         if miss.tokens:

@@ -88,7 +88,13 @@
           ? `naive wall-clock: ${fmtDollars(summary.naive_cost_dollars)}` : "not priced yet",
         "kpi-cost"),
         kpi("Idle cost", anyCost ? fmtDollars(summary.idle_cost_dollars) : DASH,
-            "GPU time with no request", "kpi-idle")),
+            "GPU time with no request", "kpi-idle"),
+        kpi(`GPU energy${summary.energy_provenance ? ` (${summary.energy_provenance})` : ""}`,
+            summary.energy_provenance ? `${fmtNum(summary.energy_joules / 3.6e6, 4)} kWh` : DASH,
+            summary.energy_joules_per_output_token != null
+              ? `${fmtNum(summary.energy_joules_per_output_token, 2)} J per output token · idle `
+                + `${fmtNum(summary.idle_energy_joules / 3.6e6, 4)} kWh` : "not priced yet",
+            "kpi-energy")),
       el("h2", { class: "section", text: "The three money leaks" }),
       el("div", { class: "leaks" }, leakCards(leaks)),
       el("div", { class: "grid2" },

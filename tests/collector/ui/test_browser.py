@@ -48,6 +48,9 @@ def test_views_render_workload_in_chromium(collector: CollectorService,
         "#kpi-ttft .kpi-sub")
     for leak in ("#leak-cache", "#leak-long-context", "#leak-small-packets"):
         assert browser_page.is_visible(leak)
+    # energy, labelled as the API labels it (modeled here: no NVML)
+    assert summary["energy_provenance"] == "modeled"
+    assert "GPU energy (modeled)" in browser_page.text_content("#kpi-energy")
     # the chargeback table: the API's tenants, in its order
     charge = httpx.get(f"{url}/api/chargeback").json()
     tenants = browser_page.locator(".tenants-table tbody tr")
