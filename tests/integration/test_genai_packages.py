@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.processes import free_port
+from tests.support.processes import free_port, stop_process
 from tokenpath import metric_names as mn
 from tokenpath.instrumentation.reference.serving_path import (
     ReferencePathConfig,
@@ -79,16 +79,6 @@ def _wait(what: str, seconds: float, check: Callable[[], Any]) -> Any:
         time.sleep(0.2)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("genai")
@@ -113,7 +103,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     finally:
         serving.shutdown()
         provider.shutdown()
-        _stop(collector)
+        stop_process(collector)
 
 
 def _records(stack: Stack) -> list[dict[str, Any]]:
@@ -252,7 +242,7 @@ def litellm_url(stack: Stack) -> Iterator[str]:
             f"{url}/health/liveliness").status_code == 200)
         yield url
     finally:
-        _stop(proxy)
+        stop_process(proxy)
 
 
 def test_calls_through_litellm_are_one_record_each_with_its_stages(
