@@ -199,7 +199,8 @@ def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT
         "long_context": long_context_view(records, long_context_tokens),
         "small_packets": small_packet_view(records),
         "last_mile": summarize_last_mile(records, packets_per_token_threshold).to_json(),
-        "ranked": ([leak.to_json() for leak in rank_leaks(records, network_dollars_per_byte)]
+        "ranked": ([leak.to_json() for leak in rank_leaks(records, network_dollars_per_byte,
+                                                          replay_routing=False)]
                    if records else []),
     }
 

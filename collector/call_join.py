@@ -18,9 +18,12 @@ Inner records pass at once until an outer record has been seen (``mode: auto``):
 on, for ``active_seconds``, each inner record with a response id waits up to
 ``wait_seconds`` for its outer one, so that the merged record is what gets priced. An outer
 record that arrives after its inner record was handed on is not a second request: it is
-counted (``late``) and dropped, so counts and tokens are exact in every case; only its
+counted (``late``) and dropped, so counts and tokens stay exact; only its
 client-side detail is lost. An outer record whose inner never comes (a call to a provider
-outside the cluster) goes on alone after ``wait_seconds``.
+outside the cluster) goes on alone after ``wait_seconds``; should its serving half still
+come later (more than ``wait_seconds`` apart, or before auto mode held it), the call is
+counted twice and ``serving_after_alone`` says how often. Several outer hops of one call
+(a client, then the proxy it called) all join the serving record, proxies first.
 
 Records forwarded by other replicas are not joined here (docs/architecture.md).
 """
@@ -46,6 +49,7 @@ JOIN_MODES = ("auto", "always", "off")
 JOINED = "joined"
 LATE = "late"
 ALONE = "alone"
+SERVING_AFTER_ALONE = "serving_after_alone"  # counted twice: the halves came too far apart
 HOP_CLIENT = "client"
 HOP_PROXY = "proxy"
 _MIN_TICK_SECONDS = 0.25
@@ -108,27 +112,34 @@ def merge_outer(inner: RequestRecord, outer: RequestRecord) -> RequestRecord:
     - A proxy hop's stages (LiteLLM's auth, router and its own gateway time) are a hop in
       series with the inner gateway's: they add to the same stages.
     - A client hop (a GenAI client span with nothing under it) gives the client stages
-      the inner record lacks, derived from the gaps (:func:`add_client_gaps`).
+      the inner record lacks, derived from the gaps between its client span and the
+      serving side (:func:`add_client_gaps`); an app's server span around the client adds
+      no stage.
     - TTFT is the user's: the outer record's when it measured one, else the inner one's
       plus the time before the serving side began.
     - Start and end span both; the outer trace id is kept in ``joined_trace_ids``.
     """
-    lead = max(0.0, inner.start_unix - outer.start_unix)
-    for stage, timing in outer.stages.items():
-        mine = inner.stages.get(stage)
-        if mine is None:
-            inner.stages[stage] = timing
-        else:
-            mine.seconds += timing.seconds
-    if outer.outer_hop == HOP_CLIENT:
-        add_client_gaps(inner.stages, outer.start_unix, outer.end_unix, inner.start_unix,
-                        inner.end_unix)
+    client = outer.outer_hop == HOP_CLIENT
+    start = (outer.client_start_unix if client and outer.client_start_unix is not None
+             else outer.start_unix)
+    end = (outer.client_end_unix if client and outer.client_end_unix is not None
+           else outer.end_unix)
+    lead = max(0.0, inner.start_unix - start)
+    if client:  # an app's own spans around its client call are not the call's stages
+        add_client_gaps(inner.stages, start, end, inner.start_unix, inner.end_unix)
+    else:
+        for stage, timing in outer.stages.items():
+            mine = inner.stages.get(stage)
+            if mine is None:
+                inner.stages[stage] = timing
+            else:
+                mine.seconds += timing.seconds
     if outer.ttft_seconds is not None:
         inner.ttft_seconds = outer.ttft_seconds
     elif inner.ttft_seconds is not None:
         inner.ttft_seconds += lead
-    inner.start_unix = min(inner.start_unix, outer.start_unix)
-    inner.end_unix = max(inner.end_unix, outer.end_unix)
+    inner.start_unix = min(inner.start_unix, start)
+    inner.end_unix = max(inner.end_unix, end)
     inner.span_count += outer.span_count
     inner.complete = inner.complete and outer.complete
     if inner.status == "ok" and outer.status != "ok":
@@ -159,9 +170,13 @@ class CallJoiner:
         self._stats = stats or CollectorStats()
         self._clock = clock
         self._held: OrderedDict[int, _Held] = OrderedDict()  # by id(record), oldest first
-        self._by_key: dict[tuple[bool, str], int] = {}  # (is outer, key) -> held
+        # (is outer, key) -> held records: one inner, or the outer hops of one call (a
+        # client and the proxy it called)
+        self._by_key: dict[tuple[bool, str], list[int]] = {}
         # keys of inner records already handed on, to recognise a late outer record
         self._passed: OrderedDict[str, float] = OrderedDict()
+        # keys of outer records that went on alone: a serving half after them is counted
+        self._alone: OrderedDict[str, float] = OrderedDict()
         self._active_until = float("inf") if self._config.mode == "always" else float("-inf")
         self._closed = False
 
@@ -186,17 +201,24 @@ class CallJoiner:
         outer = record.outer_hop is not None
         if outer and self._config.mode == "auto":
             self._active_until = now + self._config.active_seconds
-        partner = next((self._by_key[(not outer, k)] for k in keys
-                        if (not outer, k) in self._by_key), None)
-        if partner is not None:
-            other = self._release(partner)
-            inner, outer_record = (other, record) if outer else (record, other)
-            self._stats.add(self._stats.calls_joined, JOINED)
-            self._pass(merge_outer(inner, outer_record), join_keys(inner), now)
-            return
-        if outer and any(k in self._passed for k in keys):
-            self._stats.add(self._stats.calls_joined, LATE)  # its inner was counted
-            return
+        if outer:
+            inner_ident = next((self._by_key[(False, k)][0] for k in keys
+                                if (False, k) in self._by_key), None)
+            if inner_ident is not None:  # the serving half waits for it
+                inner = self._release(inner_ident)
+                self._pass(self._merge_all(inner, [record]), join_keys(inner), now)
+                return
+            if any(k in self._passed for k in keys):
+                self._stats.add(self._stats.calls_joined, LATE)  # its inner was counted
+                return
+        else:
+            if any((True, k) in self._by_key for k in keys):
+                self._pass(self._merge_all(record, []), keys, now)
+                return
+            if any(k in self._alone for k in keys):
+                # its outer half went on alone (it came over join.wait_seconds apart):
+                # this call is counted twice; say so
+                self._stats.add(self._stats.calls_joined, SERVING_AFTER_ALONE)
         if not outer and now >= self._active_until:
             self._pass(record, keys, now)
             return
@@ -219,6 +241,17 @@ class CallJoiner:
 
     # --- internals -----------------------------------------------------------------------
 
+    def _merge_all(self, inner: RequestRecord, arrived: list[RequestRecord]) -> RequestRecord:
+        """``inner`` with every outer hop of its call merged in: those just ``arrived`` and
+        those held under its keys; proxies first, then the client."""
+        idents = [i for k in join_keys(inner) for i in self._by_key.get((True, k), ())]
+        outers = [*arrived, *(self._release(i) for i in dict.fromkeys(idents))]
+        outers.sort(key=lambda r: r.outer_hop != HOP_PROXY)
+        for outer in outers:
+            self._stats.add(self._stats.calls_joined, JOINED)
+            inner = merge_outer(inner, outer)
+        return inner
+
     def _hold(self, record: RequestRecord, keys: set[str], deadline: float) -> None:
         if len(self._held) >= self._config.max_held:
             self._timeout(next(iter(self._held)))
@@ -226,21 +259,28 @@ class CallJoiner:
         self._held[ident] = _Held(record, keys, deadline)
         outer = record.outer_hop is not None
         for key in keys:
-            self._by_key[(outer, key)] = ident
+            self._by_key.setdefault((outer, key), []).append(ident)
 
     def _release(self, ident: int) -> RequestRecord:
         held = self._held.pop(ident)
         outer = held.record.outer_hop is not None
         for key in held.keys:
-            if self._by_key.get((outer, key)) == ident:
-                del self._by_key[(outer, key)]
+            idents = self._by_key.get((outer, key))
+            if idents is not None and ident in idents:
+                idents.remove(ident)
+                if not idents:
+                    del self._by_key[(outer, key)]
         return held.record
 
     def _timeout(self, ident: int) -> None:
         record = self._release(ident)
+        now = self._clock()
         if record.outer_hop is not None:
             self._stats.add(self._stats.calls_joined, ALONE)
-        self._pass(record, join_keys(record), self._clock())
+            for key in join_keys(record):
+                self._alone[key] = now
+                self._alone.move_to_end(key)
+        self._pass(record, join_keys(record), now)
 
     def _pass(self, record: RequestRecord, keys: set[str], now: float) -> None:
         if record.outer_hop is None:
@@ -257,8 +297,9 @@ class CallJoiner:
             self._timeout(ident)
         horizon = now - max(_MIN_PASSED_MEMORY_SECONDS,
                             _PASSED_MEMORY_FACTOR * self._config.wait_seconds)
-        while self._passed:
-            key, seen = next(iter(self._passed.items()))
-            if seen > horizon and len(self._passed) <= self._config.max_held:
-                break
-            del self._passed[key]
+        for memory in (self._passed, self._alone):
+            while memory:
+                key, seen = next(iter(memory.items()))
+                if seen > horizon and len(memory) <= self._config.max_held:
+                    break
+                del memory[key]

@@ -41,6 +41,7 @@ from tokenpath.collector.native import (
     DYNAMO_OUTPUT_TOKENS,
     DYNAMO_TTFT_MS,
     KV_TRANSFER_SPANS,
+    LITELLM_SERVICE_SPANS,
     LLMD_PREFIX_SCORER_SPAN,
     LLMD_SCORE_MAX,
     NAMED_STAGE_SPANS,
@@ -229,8 +230,8 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
             stage, phase = KV_TRANSFER_SPANS[span.name], Phase.KV_TRANSFER
         if stage is not None:  # decoding keeps end >= start; add() clamps at 0 anyway
             seconds = (span.end_unix_nano - span.start_unix_nano) / 1e9
-            if named and upstream:  # LiteLLM's router span holds its upstream call
-                seconds -= _overlap_seconds(span, upstream)
+            if named and upstream and span.name in LITELLM_SERVICE_SPANS:
+                seconds -= _overlap_seconds(span, upstream)  # its router span holds the call
             add(stage, seconds, provenance_of(attributes.get(A.PROVENANCE), measured), phase)
         for event in span.events:
             if event.name != A.STAGE_EVENT:
@@ -297,6 +298,10 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
         record.router_predicted_cache_hit = min(1.0, max(0.0, scored))
     record.response_id = _first_text(token_layers, A.GEN_AI_RESPONSE_ID)
     record.outer_hop = _outer_hop(spans, engine_spans, server_spans)
+    if record.outer_hop == HOP_CLIENT:
+        client_span = next(s for s in spans if s.kind == SPAN_KIND_CLIENT and is_call_span(s))
+        record.client_start_unix = client_span.start_unix_nano / 1e9
+        record.client_end_unix = client_span.end_unix_nano / 1e9
     record.response_bytes = look.count(A.RESPONSE_BYTES) or 0
     record.response_chunks = look.count(A.RESPONSE_CHUNKS) or 0
     outer_sends = trace.body_sends.get(server_spans[0].span_id) if server_spans else None
@@ -439,19 +444,23 @@ def _outer_hop(spans: list[SpanData], engine_spans: list[SpanData],
     None when the record holds its serving side (collector/call_join.py)."""
     if engine_spans:
         return None
-    if server_spans:
-        upstream = {s.span_id for s in _outermost_upstream(spans)}
-        if not upstream:
-            return None
-        by_id = {s.span_id: s for s in spans}
-        for server in server_spans:  # a server under the upstream call: it was propagated
+    by_id = {s.span_id: s for s in spans}
+
+    def has_server_under(ids: set[str]) -> bool:
+        for server in server_spans:  # a server under it: the call was propagated
             parent, hops = by_id.get(server.parent_span_id), 0
             while parent is not None and hops < len(spans):
-                if parent.span_id in upstream:
-                    return None
+                if parent.span_id in ids:
+                    return True
                 parent, hops = by_id.get(parent.parent_span_id), hops + 1
-        return HOP_PROXY
-    if any(s.kind == SPAN_KIND_CLIENT and is_call_span(s) for s in spans):
+        return False
+
+    upstream = {s.span_id for s in _outermost_upstream(spans)}
+    if upstream:
+        return None if has_server_under(upstream) else HOP_PROXY
+    # a GenAI client span with no server span under it, whatever app server is above it
+    clients = {s.span_id for s in spans if s.kind == SPAN_KIND_CLIENT and is_call_span(s)}
+    if clients and not has_server_under(clients):
         return HOP_CLIENT
     return None
 

@@ -61,5 +61,8 @@ KV_TRANSFER_SPANS: Final[dict[str, StageId]] = {
 LLMD_PREFIX_SCORER_SPAN: Final = "llm_d.epp.scorer.prefix_cache"
 LLMD_SCORE_MAX: Final = "llm_d.scorer.score.max"
 
+# LiteLLM's service spans, which may hold its upstream call (less its overlap with it)
+LITELLM_SERVICE_SPANS: Final = frozenset({"auth", "router"})
+
 # --- a proxy's upstream call: its wait is not gateway time ---------------------------------
 UPSTREAM_SPAN_NAMES: Final = frozenset({"litellm_request", "raw_gen_ai_request"})

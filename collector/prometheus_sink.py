@@ -120,11 +120,17 @@ class PrometheusSink:
                 gpu_timing = record.stages.get(stage_id)
                 if gpu_timing is None or gpu_dollars <= 0:
                     continue
+                per_dollar = record.energy_joules / gpu_dollars
+                stage = PLAIN_VALUES[stage_id]
+                booked = 0.0
                 for phase, share in gpu_timing.phases.items():
                     if share.cost_dollars > 0:
-                        self.energy.labels(PLAIN_VALUES[stage_id], PLAIN_VALUES[phase],
-                                           model).inc(record.energy_joules
-                                                      * share.cost_dollars / gpu_dollars)
+                        self.energy.labels(stage, PLAIN_VALUES[phase], model).inc(
+                            share.cost_dollars * per_dollar)
+                        booked += share.cost_dollars
+                rest = gpu_timing.cost_dollars - booked  # as the cost metric books it
+                if rest > 1e-15:
+                    self.energy.labels(stage, M.PHASE_NONE, model).inc(rest * per_dollar)
         tenant = self._tenant(record.tenant or M.TENANT_UNATTRIBUTED)
         self.tenant_cost.labels(tenant, model).inc(max(0.0, record.cost_dollars))
         self.tenant_requests.labels(tenant, model).inc(1)

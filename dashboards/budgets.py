@@ -16,6 +16,7 @@ and 5 m spends a day's budget in 100 minutes (critical); 6x over 6 h and 30 m in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,12 +56,14 @@ def parse_budgets(document: Any) -> list[Budget]:
         if not isinstance(entry, dict) or set(entry) - {"dollars", "per"}:
             raise ConfigError(key, "must be {dollars: N, per: day|month}")
         dollars, per = entry.get("dollars"), entry.get("per", "day")
-        if isinstance(dollars, bool) or not isinstance(dollars, int | float) or dollars <= 0:
-            raise ConfigError(f"{key}.dollars", "must be a positive number")
+        if (isinstance(dollars, bool) or not isinstance(dollars, int | float)
+                or not math.isfinite(dollars) or dollars <= 0):
+            raise ConfigError(f"{key}.dollars", "must be a positive, finite number")
         if per not in PERIOD_SECONDS:
             raise ConfigError(f"{key}.per", f"must be one of {', '.join(PERIOD_SECONDS)}")
-        if not str(tenant) or '"' in str(tenant) or "\\" in str(tenant):
-            raise ConfigError(key, "a tenant name with no quote or backslash")
+        if not isinstance(tenant, str) or not tenant or '"' in tenant or "\\" in tenant:
+            raise ConfigError(key, "a tenant name: a string with no quote or backslash "
+                                   "(quote names YAML reads as booleans or numbers)")
         out.append(Budget(str(tenant), float(dollars), str(per)))
     return out
 

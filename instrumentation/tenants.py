@@ -2,9 +2,12 @@
 
 Derived from what the gateway knows, in this order:
 
-1. a configured request header (``header``, e.g. ``x-tenant-id``), when present;
-2. the API key (``Authorization: Bearer ...``) looked up in a configured table of
-   key -> tenant. The table is held as SHA-256 digests of the keys, never the keys;
+1. the API key (``Authorization: Bearer ...``) looked up in a configured table of
+   key -> tenant. The table is held as SHA-256 digests of the keys; an authenticated key
+   always wins, so no header can bill another tenant;
+2. a request header (``header``, e.g. ``x-tenant-id``), only when configured: off by
+   default, because a client can send any value. Turn it on only behind a proxy that sets
+   it and strips the client's;
 3. else, with ``hash_salt`` set, ``key-`` and 12 hex digits of HMAC-SHA256(salt, key): a
    stable pseudonym per key that cannot be turned back into it;
 4. else none (the record's tenant is unset; chargeback shows it as ``unattributed``).
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 
 from tokenpath.config import ConfigError
 
-DEFAULT_TENANT_HEADER = "x-tenant-id"
+TENANT_HEADER_EXAMPLE = "x-tenant-id"  # the usual name, when a trusted proxy sets it
 MAX_TENANT_LENGTH = 64
 HASHED_TENANT_PREFIX = "key-"
 HASHED_TENANT_HEX_DIGITS = 12
@@ -36,10 +39,11 @@ def _digest(key: str) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class TenantConfig:
-    """``header``: a request header naming the tenant (None: not read); ``key_tenants``:
-    API key -> tenant (kept as digests); ``hash_salt``: pseudonymize other keys."""
+    """``key_tenants``: API key -> tenant (kept as digests); ``header``: a request header
+    naming the tenant, set by a trusted proxy (None, the default: not read); ``hash_salt``:
+    pseudonymize other keys."""
 
-    header: str | None = DEFAULT_TENANT_HEADER
+    header: str | None = None  # opt-in: only behind a proxy that sets it
     key_tenants: Mapping[str, str] = field(default_factory=dict, repr=False)
     hash_salt: str | None = field(default=None, repr=False)
 
@@ -83,13 +87,13 @@ class TenantResolver:
                 named = value.strip()[:MAX_TENANT_LENGTH]
             elif name == AUTHORIZATION_HEADER and value[:len(_BEARER)].lower() == _BEARER:
                 key = value[len(_BEARER):].strip() or None
+        tenant = self._by_digest.get(_digest(key)) if key is not None else None
+        if tenant is not None:
+            return tenant
         if named is not None:
             return named
         if key is None:
             return None
-        tenant = self._by_digest.get(_digest(key))
-        if tenant is not None:
-            return tenant
         if self._salt is not None:
             mac = hmac.new(self._salt, key.encode("utf-8"), hashlib.sha256).hexdigest()
             return HASHED_TENANT_PREFIX + mac[:HASHED_TENANT_HEX_DIGITS]

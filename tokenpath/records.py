@@ -128,6 +128,9 @@ class RequestRecord:
     outer_hop: str | None = None
     # Traces of the same call joined into this record by response id.
     joined_trace_ids: tuple[str, ...] = ()
+    # The GenAI client span of a client hop (unix seconds): what its gaps are taken from.
+    client_start_unix: float | None = None
+    client_end_unix: float | None = None
     # Prefill of fingerprinted prefix blocks computed instead of read from the cache, by
     # cause (tokenpath.leaks.MissCause values): tokens and their prefill dollars. The waste
     # causes sum to cache_miss_waste_dollars.
@@ -207,6 +210,8 @@ class RequestRecord:
             "response_id": self.response_id,
             "outer_hop": self.outer_hop,
             "joined_trace_ids": list(self.joined_trace_ids),
+            "client_start_unix": self.client_start_unix,
+            "client_end_unix": self.client_end_unix,
             "router_predicted_cache_hit": self.router_predicted_cache_hit,
             "energy_joules": self.energy_joules,
             "energy_provenance": self.energy_provenance,
@@ -271,6 +276,8 @@ class RequestRecord:
             response_id=data.get("response_id"),
             outer_hop=data.get("outer_hop"),
             joined_trace_ids=tuple(str(t) for t in data.get("joined_trace_ids") or ()),
+            client_start_unix=opt_float("client_start_unix"),
+            client_end_unix=opt_float("client_end_unix"),
             router_predicted_cache_hit=opt_float("router_predicted_cache_hit"),
             energy_joules=float(data.get("energy_joules") or 0.0),
             energy_provenance=data.get("energy_provenance"),

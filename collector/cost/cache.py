@@ -125,8 +125,9 @@ class PrefixCacheTracker:
         self._ttl = ttl_seconds
         self._capacity = capacity
         self._recent: OrderedDict[str, _Seen] = OrderedDict()
-        # fingerprint -> last seen, per engine; at most ``capacity`` in all (oldest first)
-        self._by_engine: dict[str, OrderedDict[str, float]] = {}
+        # fingerprint -> when first and last seen, per engine; at most ``capacity`` in all
+        # (least recently seen first)
+        self._by_engine: dict[str, OrderedDict[str, _Seen]] = {}
         self._engine_entries = 0
         self.heavy_hitters = HeavyHitters(heavy_hitter_capacity)
         self.waste_dollars = 0.0
@@ -150,8 +151,8 @@ class PrefixCacheTracker:
         if here is None:
             return depth
         for index, fingerprint in enumerate(record.prefix_fingerprints):
-            last = here.get(fingerprint)
-            if last is None or not last < at or at - last > self._ttl:
+            seen = here.get(fingerprint)
+            if seen is None or not seen.first < at or at - seen.last > self._ttl:
                 break
             depth = index
         return depth
@@ -236,17 +237,21 @@ class PrefixCacheTracker:
         key = _engine_key(record)
         here = self._by_engine.setdefault(key, OrderedDict())
         for fingerprint in fingerprints:
-            last = here.pop(fingerprint, None)
-            if last is None:
+            seen_here = here.pop(fingerprint, None)
+            if seen_here is None:
                 self._engine_entries += 1
-            here[fingerprint] = at if last is None else max(last, at)
+                seen_here = _Seen(at, at)
+            else:  # records come in close order, not prefill order: keep both ends
+                seen_here.first = min(seen_here.first, at)
+                seen_here.last = max(seen_here.last, at)
+            here[fingerprint] = seen_here
         self._trim_engine(key, at)
 
     def _trim_engine(self, key: str, at: float) -> None:
         """Per-engine memory: this engine's entries past the TTL go, and the engines'
         oldest entries go while they hold more than ``capacity`` in all."""
         here = self._by_engine[key]
-        while here and at - next(iter(here.values())) > self._ttl:
+        while here and at - next(iter(here.values())).last > self._ttl:
             here.popitem(last=False)
             self._engine_entries -= 1
         while self._engine_entries > self._capacity and self._by_engine:

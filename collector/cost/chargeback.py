@@ -84,6 +84,8 @@ def chargeback(records: Iterable[RequestRecord], idle_dollars: float,
             ordered.append(row)
         row.idle_dollars = idle
         return ordered
+    if idle <= 0 or attributed <= 0:
+        return ordered
     given = 0.0
     for index, row in enumerate(ordered):
         if index == len(ordered) - 1:

@@ -2,8 +2,9 @@
 
 - **Cache misses**: the waste causes' dollars. The fix is the costliest cause's; the
   saving is the routing what-if's prefill dollars when routing is the cause
-  (collector/cost/routing_whatif.py), else that cause's dollars (what it cost is what a
-  cache that kept the prefix would have saved: an upper bound).
+  (collector/cost/routing_whatif.py; the API skips that replay and gives the upper bound),
+  else that cause's dollars (what it cost is what a cache that kept the prefix would have
+  saved: an upper bound).
 - **Long contexts**: the dollars of requests past LONG_CONTEXT_TOKENS. The saving is what
   their last doubling of context cost in prefill (collector/cost/longcontext.py).
 - **Last mile**: the response path's dollars plus the framing bytes' (segments x 90 B x
@@ -44,12 +45,12 @@ class RankedLeak:
                 "saving_provenance": "modeled"}
 
 
-def _cache_leak(records: Sequence[RequestRecord]) -> RankedLeak:
+def _cache_leak(records: Sequence[RequestRecord], replay_routing: bool) -> RankedLeak:
     causes = miss_causes(records)
     waste = {c: causes[c.value] for c in WASTE_CAUSES}
     top = max(waste.values(), key=lambda m: m.dollars)
     dollars = sum(m.dollars for m in waste.values())
-    if top.cause is MissCause.ROUTED_ELSEWHERE and top.dollars > 0:
+    if top.cause is MissCause.ROUTED_ELSEWHERE and top.dollars > 0 and replay_routing:
         routed = prefix_affine_whatif(records)
         gain = routed.hit_ratio_gain or 0.0
         return RankedLeak("cache_misses", dollars, top.fix, max(0.0, routed.prefill_dollars_saved),
@@ -81,8 +82,11 @@ def _last_mile_leak(records: Sequence[RequestRecord], dollars_per_byte: float) -
         f"the framing of {COALESCE_FIX_TOKENS}-token writes instead of one per token")
 
 
-def rank_leaks(records: Sequence[RequestRecord], network_dollars_per_byte: float
-               ) -> list[RankedLeak]:
-    leaks = [_cache_leak(records), _long_context_leak(records),
+def rank_leaks(records: Sequence[RequestRecord], network_dollars_per_byte: float,
+               replay_routing: bool = True) -> list[RankedLeak]:
+    """``replay_routing``: price the routing fix by the routing what-if's replay (the CLI
+    and the demo; seconds on a large window), else by the routed misses' dollars (an upper
+    bound: the API, which answers every UI refresh)."""
+    leaks = [_cache_leak(records, replay_routing), _long_context_leak(records),
              _last_mile_leak(records, network_dollars_per_byte)]
     return sorted(leaks, key=lambda leak: -leak.dollars)

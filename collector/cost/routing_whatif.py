@@ -16,7 +16,8 @@ The recorded requests are replayed in prefill order through one prefix cache per
 The gain in token-weighted hit ratio, the prefill tokens and dollars it saves (each
 request's prefill dollars per computed token, times the tokens it no longer computes) and
 the load skew it would cause (the busiest engine's share of requests over the mean share;
-a real router caps it, which gives back part of the gain) are reported, all modeled.
+a real router caps it, which gives back part of the gain) are reported, all modeled, over
+the newest ``MAX_REPLAY_RECORDS`` requests of the window.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from tokenpath.collector.cost.cache import prefill_dollars
 from tokenpath.records import RequestRecord
 
 MAX_CAPACITY_BLOCKS = 1 << 24
+# The newest requests replayed (each bisection step replays them all): about a second of
+# CPU at 64 blocks per request.
+MAX_REPLAY_RECORDS = 5_000
 
 
 def engine_of(record: RequestRecord) -> str:
@@ -115,7 +119,7 @@ def prefix_affine_whatif(records: Sequence[RequestRecord],
                          block_tokens: int = 16) -> RoutingWhatIf:
     """The routing what-if over the records that carry fingerprints and an engine."""
     usable = sorted((r for r in records if r.prefix_fingerprints and r.input_tokens > 0),
-                    key=lambda r: r.prefill_start_unix or r.start_unix)
+                    key=lambda r: r.prefill_start_unix or r.start_unix)[-MAX_REPLAY_RECORDS:]
     engines = sorted({engine_of(r) for r in usable})
     inputs = sum(r.input_tokens for r in usable)
     recorded = sum(min(r.cache_read_tokens, r.input_tokens) for r in usable)

@@ -206,3 +206,55 @@ def test_bad_join_config_names_the_key() -> None:
         JoinConfig(mode="sometimes").validate()
     with pytest.raises(ConfigError, match=r"join\.wait_seconds"):
         JoinConfig(wait_seconds=-1).validate()
+
+
+def app_client_record(response_id: str = RESPONSE_ID) -> RequestRecord:
+    """An app's own HTTP server span (not an LLM route) around its openai-v2 client span:
+    the commonest setup; the client did not propagate."""
+    trace = new_trace_id()
+    app = span(trace, "POST /ask", kind=SPAN_KIND_SERVER, start=99.8, end=101.5,
+               attributes={"http.route": "/ask", "http.response.status_code": 200})
+    client = span(trace, "chat m", parent=app.span_id, kind=SPAN_KIND_CLIENT, start=100.0,
+                  end=101.3, attributes={A.GEN_AI_OPERATION_NAME: "chat",
+                                         A.GEN_AI_REQUEST_MODEL: "m",
+                                         A.GEN_AI_RESPONSE_ID: response_id,
+                                         A.GEN_AI_USAGE_INPUT_TOKENS: 41})
+    (record,) = map_calls(AssembledTrace(trace, [app, client], True))
+    return record
+
+
+def test_a_client_under_an_apps_server_span_is_an_outer_hop_and_joins() -> None:
+    outer = app_client_record()
+    assert outer.outer_hop == HOP_CLIENT
+    join, sink, stats, _ = joiner(mode="always")
+    join.consume_record(serving_record())
+    join.consume_record(outer)
+    (merged,) = sink.records
+    assert merged.input_tokens == 40 and stats.calls_joined[JOINED] == 1
+    # the app's own time is not gateway time of the call
+    assert merged.stages[StageId.API_GATEWAY].seconds == pytest.approx(0.9 - 0.7)
+
+
+def test_a_client_then_a_proxy_then_the_gateway_untraced_is_one_record() -> None:
+    join, sink, stats, _ = joiner(mode="always")
+    join.consume_record(client_record())
+    join.consume_record(litellm_record())
+    join.consume_record(serving_record(start=100.1, end=101.0))
+    (merged,) = sink.records
+    assert stats.calls_joined[JOINED] == 2 and stats.calls_joined[ALONE] == 0
+    assert merged.input_tokens == 40
+    assert len(merged.joined_trace_ids) == 2
+    assert StageId.ROUTER in merged.stages and StageId.CLIENT_TOKENIZE in merged.stages
+
+
+def test_a_serving_half_after_its_outer_went_alone_is_counted_as_such() -> None:
+    from tokenpath.collector.call_join import SERVING_AFTER_ALONE
+
+    join, _, stats, clock = joiner(mode="always", wait=10.0)
+    join.consume_record(client_record())
+    clock.advance(10.5)
+    join.tick()
+    assert stats.calls_joined[ALONE] == 1
+    clock.advance(0.5)
+    join.consume_record(serving_record())
+    assert stats.calls_joined[SERVING_AFTER_ALONE] == 1  # counted twice, and said so

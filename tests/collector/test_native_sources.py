@@ -177,3 +177,17 @@ def test_sglang_pd_prefill_bootstrap_is_queueing_on_the_prefill_node() -> None:
                             end=10.3)  # beside the prefill: not added
     record = _one([prefill, bootstrap, decode, decode_bootstrap])
     assert record.stages[StageId.SCHEDULER_QUEUE].seconds == pytest.approx(0.05)
+
+
+def test_stage_slices_under_a_propagating_litellm_keep_their_time() -> None:
+    """Only LiteLLM's own service spans lose their overlap with its upstream call; an
+    SGLang slice inside that call (traceparent forwarded) keeps its 0.5 s."""
+    tid = new_trace_id()
+    proxy = span(tid, "Received Proxy Server Request", kind=SPAN_KIND_SERVER, start=0.0,
+                 end=3.0, attributes={"http.route": CHAT})
+    upstream = span(tid, "litellm_request", parent=proxy.span_id, start=0.1, end=2.9)
+    root = _sglang_root(tid, "", 0.2, 2.8, 0.2, 1.8)
+    root.parent_span_id = upstream.span_id
+    waiting = span(tid, "prefill_waiting", parent=root.span_id, start=0.2, end=0.7)
+    record = _one([proxy, upstream, root, waiting])
+    assert record.stages[StageId.SCHEDULER_QUEUE].seconds == pytest.approx(0.5)

@@ -86,3 +86,17 @@ def test_miss_dollars_by_cause_on_the_dashboard_equal_the_reports() -> None:
     in_report = {cause: summary.dollars for cause, summary in miss_causes(records).items()
                  if summary.tokens}
     assert on_board == pytest.approx(in_report)
+
+
+def test_energy_of_a_stage_without_phase_dollars_is_booked_under_none() -> None:
+    """A measured kernel/HBM split spreads dollars over the stages, not their phases: its
+    energy still reaches the metric (phase "none", as the cost metric books it)."""
+    record = _record(1, 1000, 10, 0.01)
+    record.stages = {StageId.KERNEL_EXEC: StageTiming(StageId.KERNEL_EXEC, 0.5,
+                                                      Provenance.MEASURED, 0.01)}
+    record.energy_joules = 700.0
+    sink = PrometheusSink()
+    sink.consume_record(record)
+    energy = _samples(sink, M.ENERGY.series)
+    assert sum(energy.values()) == pytest.approx(700.0)
+    assert {dict(k)[M.LABEL_PHASE] for k in energy} == {M.PHASE_NONE}

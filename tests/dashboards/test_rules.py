@@ -139,3 +139,10 @@ def test_a_bad_budgets_file_names_the_key() -> None:
     with pytest.raises(ConfigError, match=r"budgets\.acme\.dollars"):
         budgets.parse_budgets({"budgets": {"acme": {"dollars": -1}}})
 
+
+
+def test_budgets_refuse_nan_and_names_yaml_reads_as_booleans() -> None:
+    with pytest.raises(ConfigError, match=r"budgets\.acme\.dollars"):
+        budgets.parse_budgets({"budgets": {"acme": {"dollars": float("nan")}}})
+    with pytest.raises(ConfigError, match=r"budgets\.True"):
+        budgets.parse_budgets(yaml.safe_load("budgets:\n  on: {dollars: 5}\n"))

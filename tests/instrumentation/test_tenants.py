@@ -22,7 +22,11 @@ from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.collector.receivers.otlp_decode import decode_traces
 from tokenpath.config import ConfigError
 from tokenpath.instrumentation.gateway import GatewayConfig, GatewayInstrumentor
-from tokenpath.instrumentation.tenants import TenantConfig, TenantResolver
+from tokenpath.instrumentation.tenants import (
+    TENANT_HEADER_EXAMPLE,
+    TenantConfig,
+    TenantResolver,
+)
 
 MAPPED_KEY = "sk-live-acme-5f0c1d2e3f4a5b6c7d8e9f"
 OTHER_KEY = "sk-live-stranger-0a1b2c3d4e5f60718293"
@@ -55,20 +59,22 @@ def _tenants(sink: SpanSink) -> list[object]:
     return [s.attributes.get(attr.TENANT) for s in sink.spans() if s.kind is SpanKind.SERVER]
 
 
-CONFIG = TenantConfig(key_tenants={MAPPED_KEY: "acme"}, hash_salt=SALT)
+CONFIG = TenantConfig(key_tenants={MAPPED_KEY: "acme"}, header=TENANT_HEADER_EXAMPLE,
+                      hash_salt=SALT)
 
 
-def test_tenant_from_header_then_key_table_then_salted_hash(
+def test_tenant_from_key_table_then_header_then_salted_hash(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     sink = SpanSink()
     app = _app(CONFIG, sink)
-    _call(app, {"x-tenant-id": "team-blue", "authorization": f"Bearer {MAPPED_KEY}"})
-    _call(app, {"authorization": f"Bearer {MAPPED_KEY}"})
+    _call(app, {"x-tenant-id": "globex", "authorization": f"Bearer {MAPPED_KEY}"})
+    _call(app, {"x-tenant-id": "team-blue", "authorization": f"Bearer {OTHER_KEY}"})
     _call(app, {"authorization": f"Bearer {OTHER_KEY}"})
     _call(app, {})
     first, second, third, fourth = _tenants(sink)
-    assert (first, second, fourth) == ("team-blue", "acme", None)  # header wins
+    # an authenticated key wins: a header cannot bill another tenant
+    assert (first, second, fourth) == ("acme", "team-blue", None)
     assert isinstance(third, str) and third.startswith("key-") and len(third) == 16
     assert third == TenantResolver(CONFIG).resolve({"authorization": f"Bearer {OTHER_KEY}"})
 
@@ -79,7 +85,7 @@ def test_tenant_from_header_then_key_table_then_salted_hash(
     for trace_id in {s.trace_id for s in spans}:
         records += map_calls(AssembledTrace(trace_id, [s for s in spans
                                                        if s.trace_id == trace_id], True))
-    assert sorted(r.tenant or "" for r in records) == sorted(["team-blue", "acme", third, ""])
+    assert sorted(r.tenant or "" for r in records) == sorted(["acme", "team-blue", third, ""])
     prometheus = PrometheusSink()
     for record in records:
         prometheus.consume_record(record)
@@ -89,6 +95,13 @@ def test_tenant_from_header_then_key_table_then_salted_hash(
                            *(str(r.to_json()) for r in records)])
     for key in (MAPPED_KEY, OTHER_KEY, SALT):
         assert key not in everything
+
+
+def test_the_header_is_not_read_unless_configured() -> None:
+    resolver = TenantResolver(TenantConfig(hash_salt=SALT))
+    assert resolver.resolve({"x-tenant-id": "acme"}) is None
+    assert resolver.resolve({"x-tenant-id": "acme", "authorization": f"Bearer {OTHER_KEY}"}
+                            ).startswith("key-")
 
 
 def test_without_a_salt_an_unknown_key_names_no_tenant() -> None:

@@ -185,3 +185,19 @@ def test_a_prefix_seen_on_this_engine_and_another_splits_at_what_this_engine_saw
     assert again.miss_tokens == {MissCause.EVICTED.value: 64,
                                  MissCause.ROUTED_ELSEWHERE.value: 96}
     assert again.miss_dollars[MissCause.EVICTED.value] == 64 / 160  # token share
+
+
+def test_an_eviction_is_an_eviction_whatever_order_the_records_close_in() -> None:
+    """Records reach the tracker in close order: a short request prefilled later on the
+    same engine closes before a long one prefilled earlier. The block was still on this
+    engine first: evicted, not routed elsewhere."""
+    from tokenpath.leaks import MissCause
+
+    tracker = PrefixCacheTracker(block_tokens=16, ttl_seconds=60)
+    prompt = _prompt("s", "x-", 10, 8)
+    tracker.observe(_on("node-a", 0, 0.0, 0, prompt), 1.0, None)   # a: first
+    tracker.observe(_on("node-a", 1, 5.0, 0, prompt), 1.0, None)   # c: closes second
+    late = _on("node-a", 2, 3.0, 0, prompt)                        # b: prefilled at 3
+    tracker.observe(late, 1.0, None)
+    assert MissCause.ROUTED_ELSEWHERE.value not in late.miss_tokens
+    assert late.miss_tokens[MissCause.EVICTED.value] == 160

@@ -65,3 +65,8 @@ def test_the_per_tenant_metric_sums_to_the_per_model_one() -> None:
                 per_model[model] = per_model.get(model, 0.0) + sample.value
     assert per_tenant == pytest.approx(per_model)
     assert set(per_model) == {"m", "n"}
+
+
+def test_zero_cost_rows_and_no_idle_do_not_divide_by_zero() -> None:
+    rows = chargeback([_record("a", 0.0), _record("b", 0.0)], 0.0)
+    assert sum(r.total_dollars for r in rows) == 0.0 and len(rows) == 2
