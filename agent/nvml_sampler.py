@@ -61,6 +61,8 @@ NVML_SUCCESS = 0
 NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
 NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
 NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+MILLIJOULES_PER_JOULE = 1000.0
 # The field pairs a request may hold, named as in the log line that drops one.
 NVLINK = "NVLink"
 PCIE = "PCIe"
@@ -76,7 +78,7 @@ Series = dict[LabelValues, float]
 GPU_ROW_METRICS: tuple[mn.MetricSpec, ...] = (
     mn.GPU_UTILIZATION, mn.GPU_MEMORY_BW_UTIL, mn.GPU_MEMORY_USED, mn.GPU_MEMORY_TOTAL,
     mn.GPU_BUSY_SECONDS, mn.GPU_POWER, mn.GPU_SM_CLOCK, mn.GPU_NVLINK_TX, mn.GPU_NVLINK_RX,
-    mn.GPU_PCIE_TX, mn.GPU_PCIE_RX,
+    mn.GPU_PCIE_TX, mn.GPU_PCIE_RX, mn.GPU_ENERGY,
 )
 GpuRow = tuple[Any, ...]
 # Row positions of the counters, which a GPU folded into "other" keeps adding.
@@ -181,9 +183,10 @@ COUNTER_WRAP = {NVML_VALUE_TYPE_UNSIGNED_INT: 2**32, NVML_VALUE_TYPE_UNSIGNED_SH
 class _Gpu:
     """What the sampler keeps for one GPU index between polls."""
 
-    __slots__ = ("ask_power", "ask_sm_clock", "ask_utilization", "busy_seconds", "counters",
-                 "error_source", "fields", "folded", "handle", "held", "index", "labels",
-                 "last_seen", "pcie_last", "pcie_time")
+    __slots__ = ("ask_energy", "ask_power", "ask_sm_clock", "ask_utilization", "busy_seconds",
+                 "counters", "energy_joules", "error_source", "fields", "folded", "handle",
+                 "held", "index", "labels", "last_seen", "pcie_last", "pcie_time",
+                 "power_seen")
 
     def __init__(self, index: int, labels: LabelValues, fields: _FieldRequest | None) -> None:
         self.index = index
@@ -208,6 +211,10 @@ class _Gpu:
         self.pcie_time = 0.0
         self.busy_seconds = 0.0
         self.last_seen: float | None = None
+        # NVML's total-energy counter (Volta and later), else power integrated over time
+        self.ask_energy = True
+        self.energy_joules = 0.0
+        self.power_seen: float | None = None
 
 
 def _hold_counters(gpu: _Gpu, rows: list[GpuRow], appended: bool) -> None:
@@ -389,6 +396,22 @@ class NvmlSampler:
                     gpu.ask_power = False
                 else:
                     ok = False
+        energy = None
+        if gpu.ask_energy:
+            try:
+                energy = (nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+                          / MILLIJOULES_PER_JOULE)
+            except Exception as exc:
+                if self._is_not_supported(exc) or self._is_missing(exc):
+                    gpu.ask_energy = False
+                else:
+                    ok = False
+        if not gpu.ask_energy and power is not None:  # the counter's stand-in
+            seen = gpu.power_seen
+            if seen is not None and 0 < now - seen <= MAX_SAMPLE_GAP_SECONDS:
+                gpu.energy_joules += power * (now - seen)
+            gpu.power_seen = now
+            energy = gpu.energy_joules
         if gpu.ask_sm_clock:
             try:
                 sm_clock = nvml.nvmlDeviceGetClockInfo(handle, self._clock_sm) * HERTZ_PER_MHZ
@@ -434,7 +457,7 @@ class NvmlSampler:
         busy = gpu.busy_seconds if gpu.last_seen is not None else None
         rows.append((gpu.labels, utilization, memory_busy, float(memory_used),
                      float(memory_total), busy, power, sm_clock, nvlink_tx, nvlink_rx,
-                     pcie_tx, pcie_rx))
+                     pcie_tx, pcie_rx, energy))
         return ok
 
     def _check_fields(self, gpu: _Gpu,
@@ -484,6 +507,11 @@ class NvmlSampler:
 
     def _is_not_supported(self, exc: Exception) -> bool:
         return getattr(exc, "value", None) == self._not_supported
+
+    def _is_missing(self, exc: Exception) -> bool:
+        """The driver (or the binding) has no such function: an older NVML."""
+        return isinstance(exc, AttributeError) or getattr(
+            exc, "value", None) == NVML_ERROR_FUNCTION_NOT_FOUND
 
     def device_names(self) -> dict[int, str]:
         """GPU names for ``--once`` output (not used in the polling loop)."""

@@ -192,6 +192,9 @@ GPU_MEMORY_BW_UTIL = _m("gpu_memory_bandwidth_utilization_ratio", "gauge", (LABE
                         "Share of time HBM was being read or written (NVML utilization.memory).")
 GPU_POWER = _m("gpu_power_watts", "gauge", (LABEL_GPU,), "Board power draw.")
 GPU_SM_CLOCK = _m("gpu_sm_clock_hertz", "gauge", (LABEL_GPU,), "SM clock.")
+GPU_ENERGY = _m("gpu_energy_joules", "counter", (LABEL_GPU,),
+                "GPU energy: NVML's total energy since the driver loaded, else board power "
+                "integrated over the agent's samples.")
 GPU_NVLINK_TX = _m("gpu_nvlink_transmit_bytes", "counter", (LABEL_GPU,),
                    "NVLink bytes transmitted.")
 GPU_NVLINK_RX = _m("gpu_nvlink_receive_bytes", "counter", (LABEL_GPU,),

@@ -10,8 +10,9 @@ datasheet in tokenpath/roofline.py):
 - idle joules = the idle GPU-seconds x TDP x ``IDLE_POWER_FRACTION`` (0.15: an idle H100
   draws 70 to 100 W of its 700 W).
 
-Measured joules (the agent's NVML total-energy counter apportioned over the same slices)
-are not built yet; every joule shown today is labelled ``modeled``.
+The agent pushes each GPU's measured energy (``tokenpath_gpu_energy_joules_total``, NVML's
+total-energy counter); apportioning those measured joules over the same slices is not
+built yet, so every joule shown today is labelled ``modeled``.
 """
 
 from __future__ import annotations

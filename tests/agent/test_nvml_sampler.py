@@ -503,3 +503,26 @@ def test_other_never_goes_backwards_when_a_folded_gpu_loses_utilization() -> Non
     history += [poll_folded(poller, clock, gpus) for _ in range(2)]
     assert_never_backwards(history)
     assert history[-1][2] > history[-2][2]  # GPU 1 still adds busy time
+
+
+def test_energy_is_nvmls_total_energy_counter_in_joules() -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu(energy_millijoules=5_000_000)]
+    poller = make_poller(FakeNvml(gpus), clock)
+    assert poller.poll().get(mn.GPU_ENERGY, ("0",)) == pytest.approx(5_000.0)
+    gpus[0].energy_millijoules += 700_000  # 700 J in a second: a GPU at 700 W
+    clock.now += 1.0
+    assert poller.poll().get(mn.GPU_ENERGY, ("0",)) == pytest.approx(5_700.0)
+
+
+def test_without_the_counter_energy_is_power_integrated_over_time() -> None:
+    clock = FakeClock()
+    gpus = [FakeGpu(has_energy=False, power_milliwatts=350_000)]
+    nvml = FakeNvml(gpus)
+    poller = make_poller(nvml, clock)
+    assert poller.poll().get(mn.GPU_ENERGY, ("0",)) == 0.0
+    clock.now += 2.0
+    assert poller.poll().get(mn.GPU_ENERGY, ("0",)) == pytest.approx(700.0)  # 350 W x 2 s
+    clock.now += 3600.0  # a stall is not guessed
+    assert poller.poll().get(mn.GPU_ENERGY, ("0",)) == pytest.approx(700.0)
+    assert nvml.calls["nvmlDeviceGetTotalEnergyConsumption"] == 1  # asked once

@@ -89,6 +89,9 @@ class FakeGpu:
     # NVML's value type for the NVLink and PCIe counters (a 32-bit one wraps at 2**32).
     counter_value_type: int = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
     has_power: bool = True
+    # NVML's total energy since the driver loaded; has_energy False: NOT_SUPPORTED
+    energy_millijoules: int = 0
+    has_energy: bool = True
     # False: the utilization query answers NOT_SUPPORTED (a GPU with MIG mode enabled).
     has_utilization: bool = True
     # A return code the utilization query fails with while set (0: none).
@@ -194,6 +197,13 @@ class FakeNvml:
             raise NVMLError_NotSupported()
         return gpu.power_milliwatts
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeHandle) -> int:
+        self.calls["nvmlDeviceGetTotalEnergyConsumption"] += 1
+        gpu = self._gpu(handle)
+        if not gpu.has_energy:
+            raise NVMLError_NotSupported()
+        return gpu.energy_millijoules
+
     def nvmlDeviceGetClockInfo(self, handle: FakeHandle, type: int) -> int:
         self.calls["nvmlDeviceGetClockInfo"] += 1
         gpu = self._gpu(handle)
@@ -263,4 +273,5 @@ AGENT_NVML_FUNCTIONS = (
     "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
     "nvmlDeviceGetName", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo", "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetTotalEnergyConsumption",
 )
