@@ -14,17 +14,24 @@ NAMESPACE_ROOTS = {
     "tokenpath.dashboards": "dashboards",
 }
 
+# Folders of data files, installed as data-only packages (declared, so setuptools does
+# not warn that it would ignore them).
+PACKAGE_DATA = {
+    "tokenpath.data": ["*.yaml"],
+    "tokenpath.dashboards.grafana": ["*.json"],
+    "tokenpath.dashboards.rules": ["*.yml"],
+    "tokenpath.dashboards.rules.tests": ["*.yml"],
+    "tokenpath.collector.ui.static": ["*"],
+}
+
 packages: list[str] = []
 for package, folder in NAMESPACE_ROOTS.items():
     packages.append(package)
     packages.extend(f"{package}.{sub}" for sub in find_packages(folder))
+packages.extend(p for p in PACKAGE_DATA if p not in packages)
 
 setup(
     packages=packages,
     package_dir=NAMESPACE_ROOTS,
-    package_data={
-        "tokenpath.dashboards": ["grafana/*.json", "rules/*.yml", "rules/tests/*.yml"],
-        "tokenpath.collector": ["ui/static/*"],
-        "tokenpath": ["data/*.yaml"],
-    },
+    package_data=PACKAGE_DATA,
 )
