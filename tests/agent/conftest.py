@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,6 +10,8 @@ from string import Template
 from typing import Any
 
 import pytest
+
+from tests.support.processes import free_port
 
 PAGES = Path(__file__).parent / "pages"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -130,10 +131,6 @@ def page_server() -> Iterator[PageServer]:
     server.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.support.processes import free_port
 
 PROMETHEUS_BINARIES = ("prometheus",)
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
@@ -30,10 +31,6 @@ def find_binary(names: tuple[str, ...]) -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_json(url: str, timeout: float = 5.0) -> Any:

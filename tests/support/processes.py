@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,9 +18,35 @@ from typing import Any
 
 import httpx
 
+# Ports a test hands to a process it starts come from below the kernel's ephemeral range:
+# a port bind(0) returns is an ephemeral one, which any outgoing connection on the machine
+# may take before the process listens on it ("Address already in use", seen once in CI).
+LISTEN_PORT_FLOOR = 20_000
+_PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(_PORT_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+_random_ports = random.Random()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nobody listens on, outside the ephemeral range when there is room."""
+    ceiling = _ephemeral_floor()
+    for _ in range(64):
+        port = _random_ports.randrange(LISTEN_PORT_FLOOR, max(LISTEN_PORT_FLOOR + 1, ceiling))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the range: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
