@@ -260,7 +260,8 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.start_unix = spans[0].start_unix_nano / 1e9
     record.end_unix = max(s.end_unix_nano for s in spans) / 1e9
     record.model = (look.text(A.GEN_AI_REQUEST_MODEL, A.GEN_AI_RESPONSE_MODEL)
-                    or _text(engine_spans, DYNAMO_MODEL) or UNKNOWN_MODEL)
+                    or _first_text([s.attributes for s in engine_spans], DYNAMO_MODEL)
+                    or UNKNOWN_MODEL)
     record.request_id = look.text(A.GEN_AI_REQUEST_ID)
     if engine_spans:  # the engine's own spans name its GPUs, never the gateway's host
         identity = identity_from([*trace.annotations,
@@ -297,7 +298,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     if scored is not None:
         record.router_predicted_cache_hit = min(1.0, max(0.0, scored))
     record.response_id = _first_text(token_layers, A.GEN_AI_RESPONSE_ID)
-    record.outer_hop = _outer_hop(spans, engine_spans, server_spans)
+    record.outer_hop = _outer_hop(spans, engine_spans, server_spans, upstream)
     if record.outer_hop == HOP_CLIENT:
         client_span = next(s for s in spans if s.kind == SPAN_KIND_CLIENT and is_call_span(s))
         record.client_start_unix = client_span.start_unix_nano / 1e9
@@ -321,7 +322,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.status = status
 
     _map_engine(record, acc, engine_spans)
-    _map_gateway(acc, spans, server_spans, engine_spans)
+    _map_gateway(acc, upstream, server_spans, engine_spans)
     client = next((s for s in spans if s.kind == SPAN_KIND_CLIENT and is_call_span(s)), None)
     if client is not None and server_spans and client.start_unix_nano <= server_spans[
             0].start_unix_nano and client.end_unix_nano >= server_spans[0].end_unix_nano:
@@ -402,15 +403,14 @@ def _map_engine(record: RequestRecord, acc: _StageAccumulator,
     record.prefill_start_unix = end - decode - prefill
 
 
-def _map_gateway(acc: _StageAccumulator, spans: list[SpanData], server_spans: list[SpanData],
-                 engine_spans: Iterable[SpanData]) -> None:
+def _map_gateway(acc: _StageAccumulator, upstream: list[SpanData],
+                 server_spans: list[SpanData], engine_spans: Iterable[SpanData]) -> None:
     """api_gateway derived from the outermost gateway span: its time less what happened
     downstream of it (a proxy's upstream call, else the engines) and less the gateway
     stages timed on their own (auth, router)."""
     if StageId.API_GATEWAY in acc.stages or not server_spans:
         return
     outer = server_spans[0]
-    upstream = _outermost_upstream(spans)
     inner = sum(s.duration_seconds for s in (upstream or engine_spans))
     timed = sum(acc.stages[s].seconds for s in (StageId.AUTH_RATELIMIT, StageId.ROUTER)
                 if s in acc.stages)
@@ -438,7 +438,7 @@ def _first_text(layers: list[dict[str, AttrValue]], key: str) -> str | None:
 
 
 def _outer_hop(spans: list[SpanData], engine_spans: list[SpanData],
-               server_spans: list[SpanData]) -> str | None:
+               server_spans: list[SpanData], upstream_spans: list[SpanData]) -> str | None:
     """"proxy" for a proxy's record whose upstream call is traced apart (LiteLLM without
     a forwarded traceparent), "client" for a GenAI client span with nothing under it;
     None when the record holds its serving side (collector/call_join.py)."""
@@ -455,7 +455,7 @@ def _outer_hop(spans: list[SpanData], engine_spans: list[SpanData],
                 parent, hops = by_id.get(parent.parent_span_id), hops + 1
         return False
 
-    upstream = {s.span_id for s in _outermost_upstream(spans)}
+    upstream = {s.span_id for s in upstream_spans}
     if upstream:
         return None if has_server_under(upstream) else HOP_PROXY
     # a GenAI client span with no server span under it, whatever app server is above it
@@ -473,14 +473,6 @@ def _client_first_chunk(spans: list[SpanData]) -> float | None:
         for event in span.events:
             if event.name == A.OPENLLMETRY_CHUNK_EVENT:
                 return max(0.0, (event.time_unix_nano - span.start_unix_nano) / 1e9)
-    return None
-
-
-def _text(spans: list[SpanData], key: str) -> str | None:
-    for span in spans:
-        value = span.attributes.get(key)
-        if isinstance(value, str) and value:
-            return value
     return None
 
 

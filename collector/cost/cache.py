@@ -94,7 +94,8 @@ class _Seen:
     last: float
 
 
-def _engine_key(record: RequestRecord) -> str:
+def engine_key(record: RequestRecord) -> str:
+    """The engine (GPU set) a record ran on: its node and engine id."""
     return f"{record.node or ''}/{record.engine_id or ''}"
 
 
@@ -146,7 +147,7 @@ class PrefixCacheTracker:
         return tokens, depth
 
     def _seen_here_depth(self, record: RequestRecord, at: float) -> int:
-        here = self._by_engine.get(_engine_key(record))
+        here = self._by_engine.get(engine_key(record))
         depth = -1
         if here is None:
             return depth
@@ -234,7 +235,7 @@ class PrefixCacheTracker:
             if at - oldest.last <= self._ttl:
                 break
             self._recent.popitem(last=False)
-        key = _engine_key(record)
+        key = engine_key(record)
         here = self._by_engine.setdefault(key, OrderedDict())
         for fingerprint in fingerprints:
             seen_here = here.pop(fingerprint, None)

@@ -27,17 +27,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tokenpath.collector.cost.cache import prefill_dollars
+from tokenpath.collector.cost.cache import engine_key, prefill_dollars
 from tokenpath.records import RequestRecord
 
 MAX_CAPACITY_BLOCKS = 1 << 24
 # The newest requests replayed (each bisection step replays them all): about a second of
 # CPU at 64 blocks per request.
 MAX_REPLAY_RECORDS = 5_000
-
-
-def engine_of(record: RequestRecord) -> str:
-    return f"{record.node or ''}/{record.engine_id or ''}"
 
 
 def rendezvous(key: str, engines: Sequence[str]) -> str:
@@ -120,14 +116,14 @@ def prefix_affine_whatif(records: Sequence[RequestRecord],
     """The routing what-if over the records that carry fingerprints and an engine."""
     usable = sorted((r for r in records if r.prefix_fingerprints and r.input_tokens > 0),
                     key=lambda r: r.prefill_start_unix or r.start_unix)[-MAX_REPLAY_RECORDS:]
-    engines = sorted({engine_of(r) for r in usable})
+    engines = sorted({engine_key(r) for r in usable})
     inputs = sum(r.input_tokens for r in usable)
     recorded = sum(min(r.cache_read_tokens, r.input_tokens) for r in usable)
     if not usable or inputs == 0:
         return RoutingWhatIf(0, len(engines), 0, None, None, None, 0, 0.0, None, None)
 
     def replayed(capacity: int) -> int:
-        return sum(replay_hits(usable, engine_of, capacity, block_tokens))
+        return sum(replay_hits(usable, engine_key, capacity, block_tokens))
 
     low, high = 1, max(1, sum(len(r.prefix_fingerprints) for r in usable))
     high = min(high, MAX_CAPACITY_BLOCKS)
@@ -147,7 +143,7 @@ def prefix_affine_whatif(records: Sequence[RequestRecord],
         return rendezvous(record.prefix_fingerprints[0], engines)
 
     predicted = replay_hits(usable, affine, capacity, block_tokens)
-    baseline = replay_hits(usable, engine_of, capacity, block_tokens)
+    baseline = replay_hits(usable, engine_key, capacity, block_tokens)
     saved_tokens = 0
     saved_dollars = 0.0
     for record, now, then in zip(usable, baseline, predicted, strict=True):
@@ -161,5 +157,5 @@ def prefix_affine_whatif(records: Sequence[RequestRecord],
         recorded_hit_ratio=recorded / inputs, replayed_hit_ratio=calibrated / inputs,
         predicted_hit_ratio=(recorded + saved_tokens) / inputs,
         prefill_tokens_saved=saved_tokens, prefill_dollars_saved=saved_dollars,
-        load_skew_recorded=_skew([engine_of(r) for r in usable]),
+        load_skew_recorded=_skew([engine_key(r) for r in usable]),
         load_skew_predicted=_skew([affine(r) for r in usable]))
