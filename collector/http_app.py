@@ -158,7 +158,8 @@ def build_app(
         """Dollars by tenant: attributed plus idle by ``idle`` (collector/cost/chargeback)."""
         since_unix = _since(since)
         rows = chargeback(store.records(since_unix=since_unix),
-                          store.idle_cost_dollars(since_unix), idle)
+                          store.idle_cost_dollars(since_unix), idle,
+                          idle_energy_joules=store.idle_energy_joules(since_unix))
         return {"idle_policy": idle.value, "rows": [r.to_json() for r in rows],
                 "total_dollars": sum(r.total_dollars for r in rows)}
 

@@ -1,10 +1,13 @@
-"""Latest OTLP metric points per node (from the agent): used by cost attribution."""
+"""Latest OTLP metric points per node (from the agent): the NIC last-mile view reads them;
+the GPU energy counters also go on to the cost attributor's readings
+(:class:`tokenpath.collector.cost.energy.GpuEnergyReadings`)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from tokenpath.attributes import HOST_NAME, NODE
 from tokenpath.collector.receivers.otlp_decode import MetricPoint
@@ -19,17 +22,27 @@ class SeriesKey:
     labels: tuple[tuple[str, str], ...]
 
 
-class NodeMetricsState:
-    """Bounded map of the newest value of each (node, metric, labels) series."""
+class PointsConsumer(Protocol):
+    def consume_points(self, points: Iterable[MetricPoint]) -> int: ...
 
-    def __init__(self, max_series: int = DEFAULT_MAX_SERIES) -> None:
+
+class NodeMetricsState:
+    """Bounded map of the newest value of each (node, metric, labels) series; the points
+    also go to ``downstream`` (the GPU energy readings)."""
+
+    def __init__(self, max_series: int = DEFAULT_MAX_SERIES,
+                 downstream: Sequence[PointsConsumer] = ()) -> None:
         self._max_series = max_series
+        self._downstream = tuple(downstream)
         self._lock = threading.Lock()
         self._latest: dict[SeriesKey, tuple[int, float]] = {}
         self._previous: dict[SeriesKey, tuple[int, float]] = {}  # the point before it
         self.dropped = 0
 
     def consume_points(self, points: Iterable[MetricPoint]) -> int:
+        points = list(points)
+        for consumer in self._downstream:
+            consumer.consume_points(points)
         accepted = 0
         with self._lock:
             for p in points:

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from tokenpath import metric_names as M
 from tokenpath.collector.cost.attributor import AttributorStats
+from tokenpath.collector.cost.energy import ENERGY_MEASURED
 from tokenpath.collector.exposition import FastCounter, FastHistogram, render
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.labels import BoundedLabel
@@ -77,6 +78,7 @@ class PrometheusSink:
         self.tenant_cost = FastCounter(M.TENANT_COST)
         self.energy = FastCounter(M.ENERGY)
         self.idle_energy = FastCounter(M.IDLE_ENERGY)
+        self.energy_measured = FastCounter(M.ENERGY_MEASURED)
         self.tenant_requests = FastCounter(M.TENANT_REQUESTS)
         self.miss_tokens = FastCounter(M.CACHE_MISS_TOKENS)
         self._context_buckets = context_bucket_labels()
@@ -85,6 +87,7 @@ class PrometheusSink:
             self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
             self.context_cost, self.router_cache, self.miss_dollars, self.miss_tokens,
             self.tenant_cost, self.tenant_requests, self.energy, self.idle_energy,
+            self.energy_measured,
         ]
         self.registry.register(
             _SelfTelemetry(self._stats, [self._model, self._pool, self._status, self._tenant]))
@@ -131,6 +134,8 @@ class PrometheusSink:
                 rest = gpu_timing.cost_dollars - booked  # as the cost metric books it
                 if rest > 1e-15:
                     self.energy.labels(stage, M.PHASE_NONE, model).inc(rest * per_dollar)
+            if record.energy_provenance == ENERGY_MEASURED:
+                self.energy_measured.labels(model).inc(record.energy_joules)
         tenant = self._tenant(record.tenant or M.TENANT_UNATTRIBUTED)
         self.tenant_cost.labels(tenant, model).inc(max(0.0, record.cost_dollars))
         self.tenant_requests.labels(tenant, model).inc(1)

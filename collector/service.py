@@ -23,6 +23,7 @@ from tokenpath.collector.assembler import Assembler
 from tokenpath.collector.call_join import CallJoiner
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.attributor import CostAttributor
+from tokenpath.collector.cost.energy import GpuEnergyReadings
 from tokenpath.collector.cost.prices import PriceSheet, load_price_sheet
 from tokenpath.collector.forwarder import RecordForwarder
 from tokenpath.collector.http_app import HttpListener, build_app
@@ -41,9 +42,11 @@ log = logging.getLogger(__name__)
 
 
 def build_attributor(downstream: RecordSink, config: CollectorConfig,
-                     prices: PriceSheet) -> CostAttributor:
-    """The cost attributor in front of the sinks: dollars per stage, idle cost per pool."""
-    return CostAttributor(downstream, prices, config=config.cost)
+                     prices: PriceSheet, energy: GpuEnergyReadings | None = None
+                     ) -> CostAttributor:
+    """The cost attributor in front of the sinks: dollars and joules per stage, idle cost
+    per pool."""
+    return CostAttributor(downstream, prices, config=config.cost, energy=energy)
 
 
 class CollectorService:
@@ -60,10 +63,11 @@ class CollectorService:
                                          max_models=config.limits.max_label_values,
                                          max_pools=config.limits.max_label_values,
                                          max_statuses=config.limits.max_label_values)
-        self.node_metrics = NodeMetricsState()
+        self.energy = GpuEnergyReadings()
+        self.node_metrics = NodeMetricsState(downstream=[self.energy])
         sinks = FanOut([self.prometheus, self.store])
         self.prices = load_price_sheet(config.prices_path)
-        self.attributor = build_attributor(sinks, config, self.prices)
+        self.attributor = build_attributor(sinks, config, self.prices, self.energy)
         self.registry.register(PricingTelemetry(self.attributor))
         self.forwarder: RecordForwarder | None = None
         mapped: RecordSink = self.attributor

@@ -117,9 +117,11 @@ def overview() -> dashboard_builders.Dashboard:
             [p.Query(q.dollars_per_hour(mn.IDLE_COST, W, POOL, (mn.LABEL_POOL,)),
                      _legend(mn.LABEL_POOL))], p.UNIT_DOLLARS, stacked=True))
         .with_panel(p.timeseries_panel(
-            "GPU energy per output token (modeled)", "Joules of GPU energy attributed per "
-            "output token, by model: apportioned GPU-seconds x TDP (collector/cost/energy.py; "
-            "modeled until the agent's energy counter is apportioned).",
+            "GPU energy per output token", "Joules of GPU energy attributed per output "
+            "token, by model: the node agents' measured GPU joules apportioned like dollars, "
+            "modeled (GPU-seconds x TDP) where no agent reports them "
+            "(collector/cost/energy.py). The measured share is "
+            f"{mn.ENERGY_MEASURED.series} / {mn.ENERGY.series}.",
             [p.Query(f"{q.sum_rate(mn.ENERGY.series, W, MODEL, by_model)}\n/ on("
                      f"{mn.LABEL_MODEL})\n{q.token_rate(mn.TOKEN_KIND_OUTPUT, W, MODEL, by_model)}",
                      _legend(mn.LABEL_MODEL))],

@@ -80,11 +80,16 @@ CACHE_MISS_WASTE = _m("cache_miss_waste_dollars", "counter", (LABEL_MODEL,),
 NAIVE_COST = _m("naive_cost_dollars", "counter", (LABEL_MODEL,),
                 "Wall-clock cost (duration x GPU price), as gateway tools count it.")
 ENERGY = _m("energy_joules", "counter", (LABEL_STAGE, LABEL_PHASE, LABEL_MODEL),
-            "GPU energy attributed to requests, by GPU stage and phase; modeled (GPU-seconds "
-            "x TDP, collector/cost/energy.py) until the agent's energy counter is apportioned.")
+            "GPU energy attributed to requests, by GPU stage and phase: the node agent's "
+            "measured GPU joules apportioned like dollars, modeled (GPU-seconds x TDP) where "
+            "no agent reports them (collector/cost/energy.py; the measured part is "
+            "tokenpath_energy_measured_joules_total).")
+ENERGY_MEASURED = _m("energy_measured_joules", "counter", (LABEL_MODEL,),
+                     "The part of tokenpath_energy_joules_total apportioned from measured "
+                     "GPU energy (records whose every slice the agent's counters covered).")
 IDLE_ENERGY = _m("idle_energy_joules", "counter", (LABEL_POOL,),
-                 "GPU energy with no request active, by pool; modeled (idle GPU-seconds x "
-                 "TDP x 0.15).")
+                 "GPU energy with no request active, by pool: measured where the node's "
+                 "agent reports it, else modeled (idle GPU-seconds x TDP x 0.15).")
 LABEL_TENANT: Final = "tenant"
 TENANT_COST = _m("tenant_cost_dollars", "counter", (LABEL_TENANT, LABEL_MODEL),
                  "Attributed dollars by tenant (tokenpath.tenant; unattributed when none) "
@@ -178,6 +183,7 @@ COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
     NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS, ROUTER_CACHE_PREDICTION,
     CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS, TENANT_COST, TENANT_REQUESTS, ENERGY, IDLE_ENERGY,
+    ENERGY_MEASURED,
 )
 
 # --- Agent ---------------------------------------------------------------------------

@@ -32,7 +32,17 @@ Slices are cut only at engine events, never at the watermark while a request is 
 so the same records give the same dollars whichever collector prices them and whenever it
 closes (the sharded pricing of docs/deploy.md relies on it).
 
-Everything here is modeled (provenance ``modeled``); the inputs are measured timestamps.
+Energy rides on the same shares. Each slice's joules are the node's measured GPU energy
+over it (``meter``) when the agent reports one, else modeled (``modeled_joules_per_dollar``:
+the GPU's TDP over its price). They are split between the busy and the idle GPU time of the
+slice in proportion to their dollars, an idle GPU-second weighing ``IDLE_POWER_FRACTION``
+of a busy one; the busy part follows the dollars, member by member, through four more
+prefix sums (the dollar ones scaled by the slice's joules per weighted dollar). Busy plus
+idle joules are the slice's joules, so per node they add up to the measured energy of the
+window wherever it was measured.
+
+Everything here is modeled (provenance ``modeled``); the inputs are measured timestamps
+(and, for energy, the measured counter).
 """
 
 from __future__ import annotations
@@ -40,9 +50,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+from tokenpath.collector.cost.energy import IDLE_POWER_FRACTION
 from tokenpath.roofline import Roofline
 from tokenpath.stages import Phase
 
@@ -61,9 +73,12 @@ REBASE_SLICES = 1024
 # Running-sum slots of a group (and coefficient slots of a member)
 _K, _M, _R, _DC0, _DC1, _DM0, _DM1, _PC, _PM, _PNV, _DECODERS, _RATIO, _RATIOS, _COUNT = range(14)
 _SLOTS = 14
-# Prefix-sum slots of a group
-_P1, _P2, _P3, _P4, _PB, _PD = range(6)
-_PREFIXES = 6
+# Prefix-sum slots of a group: dollars (P1-P4), batch and decode seconds, joules (E1-E4)
+# and slices whose joules were modeled or measured
+_P1, _P2, _P3, _P4, _PB, _PD, _E1, _E2, _E3, _E4, _EMODELED, _EMEASURED = range(12)
+_PREFIXES = 12
+# measured GPU joules of the node between two times; None where the meter cannot say
+EnergyMeter = Callable[[float, float], "float | None"]
 
 
 @dataclass(slots=True)
@@ -81,6 +96,11 @@ class EngineInterval:
     output_tokens: int
     gpus: int
     cost_by_phase: dict[Phase, float] = field(default_factory=dict)
+    energy_joules: float = 0.0
+    # slices of its life whose joules were modeled, and measured
+    modeled_energy_slices: float = 0.0
+    measured_energy_slices: float = 0.0
+    late_dollars: float = 0.0  # charged from closed slices (their joules are modeled)
     decode_batch_seconds: float = 0.0  # integral of batch size over decode time
     decode_seconds_seen: float = 0.0
     prefill_steps: float | None = None  # engine steps of its prefill, when measured
@@ -139,8 +159,22 @@ class SliceResult:
     node_dollars: float = 0.0
     attributed_dollars: float = 0.0
     idle_dollars: float = 0.0
-    idle_spans: list[tuple[float, float, float]] = field(default_factory=list)
+    attributed_joules: float = 0.0
+    idle_joules: float = 0.0
+    measured_joules: float = 0.0  # the meter's joules over the slices it covered
+    measured_seconds: float = 0.0
+    modeled_seconds: float = 0.0  # slices priced without a meter reading
+    # (start, end, dollars, joules) of each slice's unused GPU time
+    idle_spans: list[tuple[float, float, float, float]] = field(default_factory=list)
     finished: list[EngineInterval] = field(default_factory=list)
+
+    def add(self, other: SliceResult) -> None:
+        for name in ("node_dollars", "attributed_dollars", "idle_dollars",
+                     "attributed_joules", "idle_joules", "measured_joules",
+                     "measured_seconds", "modeled_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.idle_spans.extend(other.idle_spans)
+        self.finished.extend(other.finished)
 
 
 def _coefficients(iv: EngineInterval, phase: Phase, origin: float) -> list[float]:
@@ -248,16 +282,20 @@ class _GroupSweep:
             return 1.0
         return min(1.0, max(MIN_IN_MODEL_FRACTION, sums[_RATIO] / sums[_RATIOS]))
 
-    def close(self, dt: float, t: float, dollars: float, in_model_fraction: float
-              ) -> GroupSummary:
-        """Add the slice ``dt`` long, midpoint ``t``, worth ``dollars`` to the prefix sums."""
+    def close(self, dt: float, t: float, dollars: float, in_model_fraction: float,
+              joules_per_dollar: float, modeled: bool) -> GroupSummary:
+        """Add the slice ``dt`` long, midpoint ``t``, worth ``dollars`` (and
+        ``joules_per_dollar`` of energy per dollar) to the prefix sums."""
         s = self.sums
         batch = self.count
         prefix = self.prefix
         roofline = self.roofline
+        rho = joules_per_dollar
+        prefix[_EMODELED if modeled else _EMEASURED] += 1.0
         if roofline is None:
             total, steps = float(batch), 1.0
             prefix[_P1] += dollars / total
+            prefix[_E1] += rho * dollars / total
         else:
             weight_share = roofline.memory_seconds(roofline.model.weight_bytes / batch)
             steps = 1.0
@@ -277,16 +315,23 @@ class _GroupSweep:
                 prefix[_P2] += q * steps * t
                 prefix[_P3] += q * steps * weight_share
                 prefix[_P4] += q * dt
+                q *= rho
+                prefix[_E1] += q * steps
+                prefix[_E2] += q * steps * t
+                prefix[_E3] += q * steps * weight_share
+                prefix[_E4] += q * dt
         prefix[_PB] += batch * dt
         prefix[_PD] += dt
         return GroupSummary(total, steps, batch, dollars)
 
 
-def _share(iv: EngineInterval, prefix: list[float]) -> float:
-    """The member's dollars since it entered its phase (or since the last rebase)."""
+def _share(iv: EngineInterval, prefix: list[float], first: int = _P1) -> float:
+    """The member's dollars (``first`` = ``_E1``: joules) since it entered its phase (or
+    since the last rebase)."""
     entry, c = iv.entry, iv.coefficients
-    return (c[_K] * (prefix[_P1] - entry[_P1]) + c[_M] * (prefix[_P2] - entry[_P2])
-            + (prefix[_P3] - entry[_P3]) + c[_R] * (prefix[_P4] - entry[_P4]))
+    p1, p2, p3, p4 = first, first + 1, first + 2, first + 3
+    return (c[_K] * (prefix[p1] - entry[p1]) + c[_M] * (prefix[p2] - entry[p2])
+            + (prefix[p3] - entry[p3]) + c[_R] * (prefix[p4] - entry[p4]))
 
 
 def _bank(iv: EngineInterval, prefix: list[float]) -> None:
@@ -294,6 +339,9 @@ def _bank(iv: EngineInterval, prefix: list[float]) -> None:
     assert iv.phase is not None
     iv.cost_by_phase[iv.phase] = (iv.cost_by_phase.get(iv.phase, 0.0)
                                   + max(0.0, _share(iv, prefix)))
+    iv.energy_joules += max(0.0, _share(iv, prefix, _E1))
+    iv.modeled_energy_slices += prefix[_EMODELED] - iv.entry[_EMODELED]
+    iv.measured_energy_slices += prefix[_EMEASURED] - iv.entry[_EMEASURED]
     if iv.phase is Phase.DECODE:
         iv.decode_batch_seconds += prefix[_PB] - iv.entry[_PB]
         iv.decode_seconds_seen += prefix[_PD] - iv.entry[_PD]
@@ -310,8 +358,12 @@ class NodeTimeline:
 
     def __init__(self, dollars_per_gpu_second: float, gpu_count: int | None,
                  max_closed_slices: int, late_horizon_seconds: float,
-                 engine_retire_seconds: float = DEFAULT_ENGINE_RETIRE_SECONDS) -> None:
+                 engine_retire_seconds: float = DEFAULT_ENGINE_RETIRE_SECONDS,
+                 modeled_joules_per_dollar: float = 0.0,
+                 meter: EnergyMeter | None = None) -> None:
         self.dollars_per_gpu_second = dollars_per_gpu_second
+        self.modeled_joules_per_dollar = modeled_joules_per_dollar
+        self.meter = meter
         self.fixed_gpu_count = gpu_count  # from the inventory; None: its engines' GPUs
         self.groups: dict[GroupKey, _GroupSweep] = {}
         # per engine (its id; "" when unnamed): its GPUs (the largest TP seen) and the
@@ -398,12 +450,7 @@ class NodeTimeline:
         """Close every slice up to the last event: every interval finishes."""
         total = SliceResult()
         while self._events:
-            result = self.advance(max(e[0] for e in self._events))
-            total.node_dollars += result.node_dollars
-            total.attributed_dollars += result.attributed_dollars
-            total.idle_dollars += result.idle_dollars
-            total.idle_spans.extend(result.idle_spans)
-            total.finished.extend(result.finished)
+            total.add(self.advance(max(e[0] for e in self._events)))
         return total
 
     def advance(self, stop: float) -> SliceResult:
@@ -441,8 +488,8 @@ class NodeTimeline:
         piece = ClosedSlice(a, b)
         used = 0.0
         node_gpus = self.gpus_at(a)
+        parts: list[tuple[GroupKey, _GroupSweep, float, float]] = []
         if self._active:
-            t = (a + b) / 2.0 - self._origin
             # the engines busy in the slice and how many of their groups (models) are
             members: dict[str, int] = {}
             for key, group in self._active.items():
@@ -456,15 +503,24 @@ class NodeTimeline:
                 # an engine's GPUs, shared by its models' groups by their requests
                 share = group.count / members[key[0]]
                 dollars = price * self.engines[key[0]][0] * share * scale * dt * fraction
-                piece.groups[key] = group.close(dt, t, dollars, fraction)
+                parts.append((key, group, dollars, fraction))
                 used += dollars
         node_dollars = node_gpus * price * dt
+        idle = node_dollars - used
+        if idle <= node_dollars * IDLE_ROUNDING_FLOOR:
+            idle = 0.0
+        rho, modeled = self._joules_per_dollar(a, b, used + IDLE_POWER_FRACTION * idle, result)
+        t = (a + b) / 2.0 - self._origin
+        for key, group, dollars, fraction in parts:
+            piece.groups[key] = group.close(dt, t, dollars, fraction, rho, modeled)
         result.node_dollars += node_dollars
         result.attributed_dollars += used
-        idle = node_dollars - used
-        if idle > node_dollars * IDLE_ROUNDING_FLOOR:
+        result.attributed_joules += used * rho
+        if idle > 0:
+            idle_joules = idle * IDLE_POWER_FRACTION * rho
             result.idle_dollars += idle
-            result.idle_spans.append((a, b, idle))
+            result.idle_joules += idle_joules
+            result.idle_spans.append((a, b, idle, idle_joules))
         self.closed.append(piece)
         horizon = b - self._late_horizon
         while self.closed and self.closed[0].end < horizon:
@@ -472,6 +528,19 @@ class NodeTimeline:
         self._slices_since_rebase += 1
         if self._slices_since_rebase >= REBASE_SLICES or not self._active:
             self._rebase(b)
+
+    def _joules_per_dollar(self, a: float, b: float, weighted_dollars: float,
+                           result: SliceResult) -> tuple[float, bool]:
+        """Joules per (idle-weighted) dollar of the slice ``[a, b]`` and whether they were
+        modeled: the meter's joules over the slice where it covers it, else the modeled
+        rate (TDP over price)."""
+        joules = None if self.meter is None or b <= a else self.meter(a, b)
+        if joules is not None and weighted_dollars > 0:
+            result.measured_joules += joules
+            result.measured_seconds += b - a
+            return joules / weighted_dollars, False
+        result.modeled_seconds += b - a
+        return self.modeled_joules_per_dollar, True
 
     def _rebase(self, t: float) -> None:
         shift = t - self._origin

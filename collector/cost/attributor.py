@@ -45,9 +45,10 @@ from tokenpath.collector.cost.cache import (
 )
 from tokenpath.collector.cost.catalog import roofline_for_record
 from tokenpath.collector.cost.energy import (
+    ENERGY_MEASURED,
     ENERGY_MODELED,
-    modeled_busy_joules,
-    modeled_idle_joules,
+    GpuEnergyReadings,
+    modeled_joules_per_dollar,
 )
 from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.collector.cost.stage_cost import (
@@ -71,6 +72,9 @@ DEFAULT_LAG_MARGIN_SECONDS = 2.0
 DEFAULT_LATE_HORIZON_SECONDS = 120.0  # closed slices kept this long to price late records
 MAX_CLOSED_SLICES_PER_NODE = 50_000  # bounds memory: a few hundred bytes each
 DEFAULT_TICK_SECONDS = 1.0
+# a node whose agent reports GPU energy is closed no further than its readings reach, for
+# at most this long behind the watermark (then its slices are priced with modeled joules)
+DEFAULT_ENERGY_MAX_WAIT_SECONDS = 30.0
 DEFAULT_MAX_PENDING_RECORDS = 100_000
 MAX_REMEMBERED_RECORD_IDS = 200_000  # to drop a record priced already (re-sent batches)
 
@@ -91,6 +95,7 @@ class AttributorConfig:
     # without an inventory entry, an engine's GPUs count (for idle) until it has served
     # nothing this long: a restarted pod or a gone process stops costing idle
     engine_retire_seconds: float = DEFAULT_ENGINE_RETIRE_SECONDS
+    energy_max_wait_seconds: float = DEFAULT_ENERGY_MAX_WAIT_SECONDS
 
     def validate(self) -> None:
         if not self.min_delay_seconds >= 0:
@@ -105,6 +110,8 @@ class AttributorConfig:
             raise ConfigError("cost.tick_seconds", "must be >= 0")
         if not self.engine_retire_seconds > 0:
             raise ConfigError("cost.engine_retire_seconds", "must be > 0")
+        if not self.energy_max_wait_seconds >= 0:
+            raise ConfigError("cost.energy_max_wait_seconds", "must be >= 0")
         for key, value in (
             ("cost.max_pending_records", self.max_pending_records),
             ("cost.lag_window", self.lag_window),
@@ -130,6 +137,14 @@ class NodeLedger:
     node_dollars: float = 0.0
     attributed_dollars: float = 0.0
     idle_dollars: float = 0.0
+    # GPU energy: the records' and the idle GPU time's joules; the meter's joules over
+    # the slices it covered (busy + idle there equal them) and the seconds with and
+    # without a reading
+    attributed_joules: float = 0.0
+    idle_joules: float = 0.0
+    measured_joules: float = 0.0
+    measured_seconds: float = 0.0
+    modeled_seconds: float = 0.0
     # seconds the engine reports in-model vs the wall time they took (all its records)
     in_model_seconds: float = 0.0
     elapsed_seconds: float = 0.0
@@ -158,6 +173,7 @@ class AttributorStats:
     late_dollars: float = 0.0  # charged to late records for slices others already paid
     forced_closes: int = 0
     duplicates: int = 0  # a record id seen again (a re-sent forwarded batch): dropped
+    energy_waits_expired: int = 0  # closed past a node's energy readings (modeled joules)
 
 
 @dataclass(slots=True)
@@ -192,6 +208,7 @@ class _LagWindow:
 
 @dataclass(slots=True)
 class _Node:
+    name: str
     ledger: NodeLedger
     timeline: NodeTimeline
     lags: _LagWindow
@@ -207,6 +224,7 @@ class CostAttributor:
         prices: PriceSheet,
         clock: Callable[[], float] = time.time,
         config: AttributorConfig | None = None,
+        energy: GpuEnergyReadings | None = None,
     ) -> None:
         self._config = config or AttributorConfig()
         self._config.validate()
@@ -214,6 +232,7 @@ class CostAttributor:
         self._downstream = downstream
         self._prices = prices
         self._clock = clock
+        self._energy = energy
         self._nodes: dict[str, _Node] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()  # recent record ids
         self._next_key = 0
@@ -341,12 +360,15 @@ class CostAttributor:
             if gpu_type not in self._prices.gpus:
                 gpu_type = self._prices.default_gpu_type
             price = self._prices.gpu_price(gpu_type).dollars_per_second
-            timeline = NodeTimeline(price, spec.gpu_count, MAX_CLOSED_SLICES_PER_NODE,
-                                    self._late_horizon, self._config.engine_retire_seconds)
+            timeline = NodeTimeline(
+                price, spec.gpu_count, MAX_CLOSED_SLICES_PER_NODE, self._late_horizon,
+                self._config.engine_retire_seconds,
+                modeled_joules_per_dollar=modeled_joules_per_dollar(price, gpu_type),
+                meter=None if self._energy is None else self._energy.meter(name))
             ledger = NodeLedger(pool=record.pool or spec.pool, gpu_type=gpu_type,
                                 gpu_count=timeline.gpu_count,
                                 in_inventory=in_inventory and spec.gpu_count is not None)
-            node = _Node(ledger, timeline, _LagWindow(self._config.lag_window))
+            node = _Node(name, ledger, timeline, _LagWindow(self._config.lag_window))
             self._nodes[name] = node
         return node
 
@@ -432,8 +454,9 @@ class CostAttributor:
             log.warning("cost: record %s arrived after its node's slices closed; priced from "
                         "the closed slices (cost.max_delay_seconds bounds the wait); "
                         "further ones are only counted", trace_id)
-        self.stats.late_dollars += price_late_interval(
+        interval.late_dollars = price_late_interval(
             interval, list(node.timeline.closed), closed, node.timeline.dollars_per_gpu_second)
+        self.stats.late_dollars += interval.late_dollars
 
     def _force_if_over_capacity(self, out_records: list[RequestRecord],
                                 out_idle: list[IdleCost]) -> None:
@@ -446,12 +469,33 @@ class CostAttributor:
                                         for p in node.pending.values()))
         stop = ends[-1]
         for node in self._nodes.values():
-            self._close_node(node, max(stop, self._watermark(node)), out_records, out_idle)
+            self._close_node(node, max(stop, self._watermark(node)), out_records, out_idle,
+                             wait_for_energy=False)
+
+    def _energy_stop(self, node: _Node, stop: float) -> float:
+        """``stop``, held back to where the node's energy readings reach (for at most
+        ``energy_max_wait_seconds``)."""
+        if self._energy is None:
+            return stop
+        known = self._energy.known_until(node.name)
+        if known is None or known >= stop:
+            return stop
+        if known >= stop - self._config.energy_max_wait_seconds:
+            return known
+        self.stats.energy_waits_expired += 1
+        if self.stats.energy_waits_expired == 1:
+            log.warning("cost: node %s's GPU energy readings stopped at %.1f; its slices "
+                        "past them are priced with modeled joules (cost."
+                        "energy_max_wait_seconds); further ones are only counted",
+                        node.name, known)
+        return stop
 
     def _close_node(self, node: _Node, stop: float | None, out_records: list[RequestRecord],
-                    out_idle: list[IdleCost]) -> None:
+                    out_idle: list[IdleCost], wait_for_energy: bool = True) -> None:
         """Close ``node``'s slices up to ``stop`` (None: all of them, at shutdown)."""
         timeline = node.timeline
+        if stop is not None and wait_for_energy:
+            stop = self._energy_stop(node, stop)
         if stop is None:
             result = timeline.flush()
         elif timeline.closed_until is not None and stop < timeline.closed_until:
@@ -464,11 +508,13 @@ class CostAttributor:
         ledger.node_dollars += result.node_dollars
         ledger.attributed_dollars += result.attributed_dollars
         ledger.idle_dollars += result.idle_dollars
+        ledger.attributed_joules += result.attributed_joules
+        ledger.idle_joules += result.idle_joules
+        ledger.measured_joules += result.measured_joules
+        ledger.measured_seconds += result.measured_seconds
+        ledger.modeled_seconds += result.modeled_seconds
         ledger.gpu_count = timeline.gpu_count
-        per_second = self._prices.gpu_price(ledger.gpu_type).dollars_per_second
-        out_idle.extend(_merge_idle(ledger.pool, [
-            (start, end, dollars, modeled_idle_joules(dollars, per_second, ledger.gpu_type))
-            for start, end, dollars in result.idle_spans]))
+        out_idle.extend(_merge_idle(ledger.pool, result.idle_spans))
         for interval in result.finished:
             item = node.pending.pop(interval.key, None)
             if item is None:
@@ -493,11 +539,15 @@ class CostAttributor:
         record.cache_miss_waste_dollars = self.cache.observe(
             record, iv.cost_by_phase.get(Phase.PREFILL, 0.0), item.roofline)
         gpu_type = iv.group[2]
-        joules = modeled_busy_joules(sum(iv.cost_by_phase.values()),
-                                     self._prices.gpu_price(gpu_type).dollars_per_second,
-                                     gpu_type)
-        if joules is not None:
-            record.energy_joules, record.energy_provenance = joules, ENERGY_MODELED
+        per_dollar = modeled_joules_per_dollar(
+            self._prices.gpu_price(gpu_type).dollars_per_second, gpu_type)
+        # the part priced from closed slices others already paid for is modeled
+        joules = iv.energy_joules + iv.late_dollars * per_dollar
+        measured = (iv.modeled_energy_slices < 0.5 and iv.measured_energy_slices > 0.5
+                    and iv.late_dollars == 0.0)
+        if measured or per_dollar > 0:
+            record.energy_joules = joules
+            record.energy_provenance = ENERGY_MEASURED if measured else ENERGY_MODELED
         record.cost_dollars = sum(t.cost_dollars for t in record.stages.values())
 
 

@@ -10,7 +10,9 @@ window's idle dollars (GPU time no request used) follow a policy:
 - ``platform``: kept as one ``platform`` row, the platform team's own line.
 
 Rows sum to the window's attributed plus idle dollars (the last row takes the rounding
-remainder, so the sum is exact to the float).
+remainder, so the sum is exact to the float). GPU energy goes the same way: each record's
+joules to its tenant, the idle joules by the same policy and the same shares (by attributed
+dollars), so the rows' joules sum to the window's request plus idle joules.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class ChargebackRow:
     output_tokens: int = 0
     cost_dollars: float = 0.0
     idle_dollars: float = 0.0
+    energy_joules: float = 0.0
+    idle_energy_joules: float = 0.0
 
     @property
     def total_dollars(self) -> float:
@@ -48,7 +52,8 @@ class ChargebackRow:
         return {"tenant": self.tenant, "requests": self.requests,
                 "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
                 "cost_dollars": self.cost_dollars, "idle_dollars": self.idle_dollars,
-                "total_dollars": self.total_dollars}
+                "total_dollars": self.total_dollars, "energy_joules": self.energy_joules,
+                "idle_energy_joules": self.idle_energy_joules}
 
 
 def tenant_of(record: RequestRecord) -> str | None:
@@ -57,7 +62,8 @@ def tenant_of(record: RequestRecord) -> str | None:
 
 def chargeback(records: Iterable[RequestRecord], idle_dollars: float,
                policy: IdlePolicy = IdlePolicy.PROPORTIONAL,
-               key: Callable[[RequestRecord], str | None] = tenant_of) -> list[ChargebackRow]:
+               key: Callable[[RequestRecord], str | None] = tenant_of,
+               idle_energy_joules: float = 0.0) -> list[ChargebackRow]:
     """One row per tenant (or per ``key``: model, pool; ``unattributed`` when it has none)
     and a platform row under ``platform``, costliest first."""
     rows: dict[str, ChargebackRow] = {}
@@ -70,27 +76,33 @@ def chargeback(records: Iterable[RequestRecord], idle_dollars: float,
         row.input_tokens += max(0, record.input_tokens)
         row.output_tokens += max(0, record.output_tokens)
         row.cost_dollars += record.cost_dollars
+        row.energy_joules += max(0.0, record.energy_joules)
     idle = max(0.0, idle_dollars)
+    idle_joules = max(0.0, idle_energy_joules)
     ordered = sorted(rows.values(), key=lambda r: (-r.cost_dollars, r.tenant))
     if policy is IdlePolicy.PLATFORM:
-        if idle > 0 or not ordered:
-            ordered.append(ChargebackRow(PLATFORM_ROW, idle_dollars=idle))
+        if idle > 0 or idle_joules > 0 or not ordered:
+            ordered.append(ChargebackRow(PLATFORM_ROW, idle_dollars=idle,
+                                         idle_energy_joules=idle_joules))
         return ordered
     attributed = sum(r.cost_dollars for r in ordered)
-    if idle > 0 and attributed <= 0:
-        row = rows.get(TENANT_UNATTRIBUTED)
-        if row is None:
-            row = ChargebackRow(TENANT_UNATTRIBUTED)
-            ordered.append(row)
-        row.idle_dollars = idle
+    if attributed <= 0:
+        if idle > 0 or idle_joules > 0:
+            row = rows.get(TENANT_UNATTRIBUTED)
+            if row is None:
+                row = ChargebackRow(TENANT_UNATTRIBUTED)
+                ordered.append(row)
+            row.idle_dollars, row.idle_energy_joules = idle, idle_joules
         return ordered
-    if idle <= 0 or attributed <= 0:
-        return ordered
-    given = 0.0
+    given = given_joules = 0.0
     for index, row in enumerate(ordered):
-        if index == len(ordered) - 1:
-            row.idle_dollars = idle - given  # the remainder: rows sum to the window exactly
+        if index == len(ordered) - 1:  # the remainder: rows sum to the window exactly
+            row.idle_dollars = idle - given
+            row.idle_energy_joules = idle_joules - given_joules
         else:
-            row.idle_dollars = idle * row.cost_dollars / attributed
+            share = row.cost_dollars / attributed
+            row.idle_dollars = idle * share
+            row.idle_energy_joules = idle_joules * share
             given += row.idle_dollars
+            given_joules += row.idle_energy_joules
     return ordered

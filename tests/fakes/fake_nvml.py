@@ -16,6 +16,7 @@ for expensive data.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,10 @@ class FakeGpu:
     # NVML's total energy since the driver loaded; has_energy False: NOT_SUPPORTED
     energy_millijoules: int = 0
     has_energy: bool = True
+    # Set: the energy counter rises by the board power over this clock's seconds between
+    # reads (a GPU drawing power_milliwatts), as a real one does.
+    energy_clock: Callable[[], float] | None = None
+    energy_read_at: float | None = None
     # False: the utilization query answers NOT_SUPPORTED (a GPU with MIG mode enabled).
     has_utilization: bool = True
     # A return code the utilization query fails with while set (0: none).
@@ -202,6 +207,11 @@ class FakeNvml:
         gpu = self._gpu(handle)
         if not gpu.has_energy:
             raise NVMLError_NotSupported()
+        if gpu.energy_clock is not None:
+            now = gpu.energy_clock()
+            if gpu.energy_read_at is not None:
+                gpu.energy_millijoules += round(gpu.power_milliwatts * (now - gpu.energy_read_at))
+            gpu.energy_read_at = now
         return gpu.energy_millijoules
 
     def nvmlDeviceGetClockInfo(self, handle: FakeHandle, type: int) -> int:

@@ -21,7 +21,7 @@ from tokenpath.cli.query_cmd import COLLECTOR_HELP, STORE_HELP
 from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy, chargeback
 
 CSV_COLUMNS = ("tenant", "requests", "input_tokens", "output_tokens", "cost_dollars",
-               "idle_dollars", "total_dollars")
+               "idle_dollars", "total_dollars", "energy_joules", "idle_energy_joules")
 
 
 class ChargebackFormat(StrEnum):
@@ -44,17 +44,19 @@ def render_chargeback(rows: Sequence[ChargebackRow], policy: IdlePolicy,
                       title: str = "chargeback by tenant") -> None:
     table = Table(title=f"{title} (idle: {policy.value})", title_justify="left")
     for column in ("tenant", "requests", "input tokens", "output tokens", "attributed $",
-                   "idle $", "total $", "share"):
+                   "idle $", "total $", "share", "energy kJ"):
         table.add_column(column, justify="left" if column == "tenant" else "right")
     total = sum(r.total_dollars for r in rows)
     for row in rows:
         table.add_row(row.tenant, f"{row.requests:,}", f"{row.input_tokens:,}",
                       f"{row.output_tokens:,}", f"${row.cost_dollars:.6f}",
                       f"${row.idle_dollars:.6f}", f"${row.total_dollars:.6f}",
-                      f"{row.total_dollars / total:.1%}" if total > 0 else "-")
+                      f"{row.total_dollars / total:.1%}" if total > 0 else "-",
+                      f"{(row.energy_joules + row.idle_energy_joules) / 1e3:,.2f}")
     table.add_row("total", f"{sum(r.requests for r in rows):,}", "", "",
                   f"${sum(r.cost_dollars for r in rows):.6f}",
-                  f"${sum(r.idle_dollars for r in rows):.6f}", f"${total:.6f}", "")
+                  f"${sum(r.idle_dollars for r in rows):.6f}", f"${total:.6f}", "",
+                  f"{sum(r.energy_joules + r.idle_energy_joules for r in rows) / 1e3:,.2f}")
     console.print(table)
 
 
@@ -72,7 +74,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Dollars by tenant over the window: attributed plus allocated idle."""
         source = Source(store, collector)
-        rows = chargeback(source.records(None, since), source.idle_cost(since), idle)
+        rows = chargeback(source.records(None, since), source.idle_cost(since), idle,
+                          idle_energy_joules=source.idle_energy(since))
         if format is ChargebackFormat.JSON:
             print(json.dumps({"idle_policy": idle.value, "rows": [r.to_json() for r in rows],
                               "total_dollars": sum(r.total_dollars for r in rows)}, indent=2))

@@ -401,7 +401,9 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
         render_leak_ranking(rank_leaks(records, load_price_sheet(
             config.prices_path).network_dollars_per_byte), out)
         out.print()
-        render_chargeback(chargeback(records, report.idle_cost_dollars), IdlePolicy.PROPORTIONAL)
+        render_chargeback(chargeback(records, report.idle_cost_dollars,
+                                     idle_energy_joules=report.idle_energy_joules),
+                          IdlePolicy.PROPORTIONAL)
     out.print()
     out.print(f"This run: {report.requests} request records, stored in {config.store_path}.")
     # The collector suggested here listens where the demo's did, unless that was a free

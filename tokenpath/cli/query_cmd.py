@@ -54,11 +54,11 @@ def register(app: typer.Typer) -> None:
         """Per-stage latency and cost over the recorded requests."""
         source = Source(store, collector)
         records = source.records(None, since)
-        idle = source.idle_cost(since)
-        result = build_report(records, idle, source.idle_energy(since))
+        idle, idle_joules = source.idle_cost(since), source.idle_energy(since)
+        result = build_report(records, idle, idle_joules)
         ranked = rank_leaks(records, load_price_sheet(None).network_dollars_per_byte)
         groups = None if by is None else chargeback(records, idle, IdlePolicy.PROPORTIONAL,
-                                                    GROUP_KEYS[by])
+                                                    GROUP_KEYS[by], idle_joules)
         if format is OutputFormat.JSON:
             out = result.to_json()
             out["leaks_ranked"] = [leak.to_json() for leak in ranked]

@@ -70,3 +70,19 @@ def test_the_per_tenant_metric_sums_to_the_per_model_one() -> None:
 def test_zero_cost_rows_and_no_idle_do_not_divide_by_zero() -> None:
     rows = chargeback([_record("a", 0.0), _record("b", 0.0)], 0.0)
     assert sum(r.total_dollars for r in rows) == 0.0 and len(rows) == 2
+
+
+@pytest.mark.parametrize("policy", list(IdlePolicy))
+def test_rows_carry_the_windows_request_and_idle_joules(policy: IdlePolicy) -> None:
+    for i, record in enumerate(RECORDS):
+        record.energy_joules = 50.0 + i
+    idle_joules = 987.654
+    rows = chargeback(RECORDS, IDLE, policy, idle_energy_joules=idle_joules)
+    total = sum(r.energy_joules + r.idle_energy_joules for r in rows)
+    assert total == pytest.approx(sum(r.energy_joules for r in RECORDS) + idle_joules,
+                                  rel=1e-12)
+    acme = next(r for r in rows if r.tenant == "acme")
+    if policy is IdlePolicy.PLATFORM:
+        assert rows[-1].idle_energy_joules == idle_joules and acme.idle_energy_joules == 0
+    else:  # the same shares as the idle dollars
+        assert acme.idle_energy_joules / idle_joules == pytest.approx(acme.idle_dollars / IDLE)
