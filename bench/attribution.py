@@ -83,7 +83,7 @@ def run(requests: int = DEFAULT_REQUESTS, rps: float = DEFAULT_RPS, seed: int = 
     cost.shutdown()
     summary = _summary(compare_to_ground_truth(sink.records, result.ground_truth),
                        "step simulator")
-    summary["late_records"] = cost.stats.late_records
+    summary["late_records"] = cost.stats.late_records.value
     summary["mean_batch"] = sum(result.batch_sizes) / max(1, len(result.batch_sizes))
     summary["prefill_chunk_tokens"] = prefill_chunk_tokens
     summary["measured_dispatch"] = record_dispatch

@@ -52,7 +52,7 @@ from tokenpath.attributes import (
 )
 from tokenpath.collector.calls import is_call_span
 from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, Attributes, SpanData
-from tokenpath.collector.stats import CollectorStats
+from tokenpath.collector.stats import PIPELINE_STEP_HAND_OFF, CollectorStats
 from tokenpath.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -256,12 +256,12 @@ class Assembler:
                 self._sleep_until = earliest
         if wake:
             self._wake.set()
-        stats.add(stats.spans_dropped, "late", late)
-        stats.add(stats.spans_dropped, "duplicate", duplicate)
-        stats.add(stats.spans_dropped, "spans_per_trace", over_limit)
-        stats.add(stats.spans_summarised, "asgi_message", summarised)
+        stats.spans_dropped.inc("late", late)
+        stats.spans_dropped.inc("duplicate", duplicate)
+        stats.spans_dropped.inc("spans_per_trace", over_limit)
+        stats.spans_summarised.inc("asgi_message", summarised)
         if evicted:
-            stats.add(stats.traces_evicted, "capacity", len(evicted))
+            stats.traces_evicted.inc("capacity", len(evicted))
             self._emit(evicted)
         return {reason: n for reason, n in (("late", late), ("spans_per_trace", over_limit))
                 if n}
@@ -282,14 +282,14 @@ class Assembler:
     def _remember_annotation(self, span: SpanData, now: float) -> None:
         request_id = span.attr(GEN_AI_REQUEST_ID)
         if not isinstance(request_id, str) or not request_id:
-            self._stats.add(self._stats.spans_dropped, "annotation_without_request_id")
+            self._stats.spans_dropped.inc("annotation_without_request_id")
             return
         # Kept oldest first (expiry reads the head): a request annotated again moves to
         # the end.
         if self._annotations.pop(request_id, None) is None and (
                 len(self._annotations) >= self._config.max_annotations):
             self._annotations.popitem(last=False)
-            self._stats.add(self._stats.spans_dropped, "annotation_capacity")
+            self._stats.spans_dropped.inc("annotation_capacity")
         self._annotations[request_id] = (now, dict(span.attributes))
 
     def _evict_oldest(self) -> AssembledTrace:
@@ -365,8 +365,8 @@ class Assembler:
                 expired += 1
             self._stats.set_gauges(len(self._pending), self._span_count)
         incomplete = sum(1 for t in done if not t.complete)
-        self._stats.add(self._stats.traces_evicted, "idle_timeout", incomplete)
-        self._stats.add(self._stats.spans_dropped, "annotation_unmatched", expired)
+        self._stats.traces_evicted.inc("idle_timeout", incomplete)
+        self._stats.spans_dropped.inc("annotation_unmatched", expired)
         self._emit(done)
         return len(done)
 
@@ -389,7 +389,7 @@ class Assembler:
                 self._downstream.consume_trace(trace)
             except Exception:
                 log.exception("downstream failed on trace %s", trace.trace_id)
-                self._stats.add(self._stats.traces_evicted, "downstream_error")
+                self._stats.pipeline_errors.inc(PIPELINE_STEP_HAND_OFF)
 
     # --- lifecycle -----------------------------------------------------------------------
 

@@ -209,7 +209,7 @@ class CallJoiner:
                 self._pass(self._merge_all(inner, [record]), join_keys(inner), now)
                 return
             if any(k in self._passed for k in keys):
-                self._stats.add(self._stats.calls_joined, LATE)  # its inner was counted
+                self._stats.calls_joined.inc(LATE)  # its inner was counted
                 return
         else:
             if any((True, k) in self._by_key for k in keys):
@@ -218,7 +218,7 @@ class CallJoiner:
             if any(k in self._alone for k in keys):
                 # its outer half went on alone (it came over join.wait_seconds apart):
                 # this call is counted twice; say so
-                self._stats.add(self._stats.calls_joined, SERVING_AFTER_ALONE)
+                self._stats.calls_joined.inc(SERVING_AFTER_ALONE)
         if not outer and now >= self._active_until:
             self._pass(record, keys, now)
             return
@@ -248,7 +248,7 @@ class CallJoiner:
         outers = [*arrived, *(self._release(i) for i in dict.fromkeys(idents))]
         outers.sort(key=lambda r: r.outer_hop != HOP_PROXY)
         for outer in outers:
-            self._stats.add(self._stats.calls_joined, JOINED)
+            self._stats.calls_joined.inc(JOINED)
             inner = merge_outer(inner, outer)
         return inner
 
@@ -276,7 +276,7 @@ class CallJoiner:
         record = self._release(ident)
         now = self._clock()
         if record.outer_hop is not None:
-            self._stats.add(self._stats.calls_joined, ALONE)
+            self._stats.calls_joined.inc(ALONE)
             for key in join_keys(record):
                 self._alone[key] = now
                 self._alone.move_to_end(key)

@@ -113,7 +113,7 @@ class RecordForwarder:
             full = len(self._queue) + self._in_flight >= self._config.max_queue_records
             if full and self._queue:  # the oldest makes room (all in flight: it waits)
                 self._queue.popleft()
-                self._stats.add(self._stats.records_forward_dropped, "queue_full")
+                self._stats.records_forward_dropped.inc("queue_full")
             self._queue.append(record)
             self._cond.notify()
         if self._thread is None:
@@ -147,7 +147,7 @@ class RecordForwarder:
         with self._cond:
             left = len(self._queue)
             self._queue.clear()
-        self._stats.add(self._stats.records_forward_dropped, "shutdown", left)
+        self._stats.records_forward_dropped.inc("shutdown", left)
         if left:
             log.warning("forwarder: %d records not sent before the shutdown deadline", left)
         self._client.close()
@@ -186,7 +186,7 @@ class RecordForwarder:
                 try:
                     rejected = self._post(body)
                 except _GiveUp as exc:
-                    self._stats.add(self._stats.records_forward_dropped, exc.reason, len(batch))
+                    self._stats.records_forward_dropped.inc(exc.reason, len(batch))
                     return
                 except _Retry as retry:
                     delay = retry.after if retry.after is not None else backoff
@@ -196,16 +196,15 @@ class RecordForwarder:
                             self._queue.extendleft(reversed(batch))  # counted as shutdown
                         return
                     if self._clock() + delay > deadline:
-                        self._stats.add(self._stats.records_forward_dropped,
-                                        "retry_expired", len(batch))
+                        self._stats.records_forward_dropped.inc("retry_expired", len(batch))
                         log.warning("forwarder: gave up on %d records after retrying: %s",
                                     len(batch), retry)
                         return
                     self._stop.wait(delay)
                     continue
                 with self._cond:
-                    self._stats.records_forwarded += len(batch) - rejected
-                self._stats.add(self._stats.records_forward_dropped, "rejected", rejected)
+                    self._stats.records_forwarded.inc(len(batch) - rejected)
+                self._stats.records_forward_dropped.inc("rejected", rejected)
                 return
         finally:
             with self._cond:

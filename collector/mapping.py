@@ -541,12 +541,12 @@ class StageMapper:
             records = map_calls(trace)
         except Exception:
             log.exception("mapping failed for trace %s", trace.trace_id)
-            self._stats.add(self._stats.spans_dropped, "mapping_error", len(trace.spans))
+            self._stats.spans_dropped.inc("mapping_error", len(trace.spans))
             return
         if not records:
-            self._stats.incr("spans_unmapped", len(trace.spans))
+            self._stats.spans_unmapped.inc(len(trace.spans))
             if any(is_http_server(s) for s in trace.spans):  # a health check, a docs page
-                self._stats.add(self._stats.http_calls_not_llm, _route_class(trace.spans))
+                self._stats.http_calls_not_llm.inc(_route_class(trace.spans))
             return
         for record in records:
             self._downstream.consume_record(record)

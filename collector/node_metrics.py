@@ -37,7 +37,6 @@ class NodeMetricsState:
         self._lock = threading.Lock()
         self._latest: dict[SeriesKey, tuple[int, float]] = {}
         self._previous: dict[SeriesKey, tuple[int, float]] = {}  # the point before it
-        self.dropped = 0
 
     def consume_points(self, points: Iterable[MetricPoint]) -> int:
         points = list(points)
@@ -50,8 +49,7 @@ class NodeMetricsState:
                 key = SeriesKey(str(node), p.name,
                                 tuple(sorted((k, str(v)) for k, v in p.attributes.items())))
                 if key not in self._latest and len(self._latest) >= self._max_series:
-                    self.dropped += 1
-                    continue
+                    continue  # not accepted: the ingest counts it (metric_points_dropped)
                 older = self._latest.get(key)
                 if older is not None and p.time_unix_nano > older[0]:
                     self._previous[key] = older

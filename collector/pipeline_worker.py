@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from tokenpath.collector.assembler import AssembledTrace, TraceConsumer
-from tokenpath.collector.stats import CollectorStats
+from tokenpath.collector.stats import PIPELINE_STEP_RECORDS, PIPELINE_STEP_TRACE, CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
 
@@ -137,14 +137,14 @@ class PipelineWorker:
             if next_tick is not None and interval is not None and self._clock() >= next_tick:
                 self._tick()
                 next_tick = self._clock() + interval
-            self._stats.pipeline_queue_depth = self._queue.qsize()
+            self._stats.pipeline_queue_depth.set(self._queue.qsize())
 
     def _run_trace(self, trace: AssembledTrace) -> None:
         try:
             self._traces.consume_trace(trace)
         except Exception:
             log.exception("pipeline: trace %s failed downstream", trace.trace_id)
-            self._stats.add(self._stats.traces_evicted, "downstream_error")
+            self._stats.pipeline_errors.inc(PIPELINE_STEP_TRACE)
 
     def _run_records(self, records: list[RequestRecord]) -> None:
         assert self._records is not None
@@ -154,7 +154,7 @@ class PipelineWorker:
             except Exception:
                 log.exception("pipeline: forwarded record %s failed downstream",
                               record.trace_id)
-                self._stats.add(self._stats.traces_evicted, "downstream_error")
+                self._stats.pipeline_errors.inc(PIPELINE_STEP_RECORDS)
 
     def _tick(self) -> None:
         for ticker in self._tickers:

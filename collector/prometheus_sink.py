@@ -6,15 +6,13 @@ A sink: it consumes finished RequestRecords and IdleCost slices and owns its met
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tokenpath import metric_names as M
-from tokenpath.collector.cost.attributor import AttributorStats
 from tokenpath.collector.cost.energy import ENERGY_MEASURED
 from tokenpath.collector.exposition import FastCounter, FastHistogram, render
 from tokenpath.collector.stats import CollectorStats
@@ -23,6 +21,7 @@ from tokenpath.leaks import MissCause, context_bucket_index, context_bucket_labe
 from tokenpath.pipeline import IdleCost
 from tokenpath.records import RequestRecord
 from tokenpath.stages import GPU_STAGES, PLAIN_VALUES
+from tokenpath.telemetry import Count, CountsRead, Instrument, Level, Telemetry
 
 MISS_CAUSE_VALUES = frozenset(cause.value for cause in MissCause)
 
@@ -89,8 +88,13 @@ class PrometheusSink:
             self.tenant_cost, self.tenant_requests, self.energy, self.idle_energy,
             self.energy_measured,
         ]
-        self.registry.register(
-            _SelfTelemetry(self._stats, [self._model, self._pool, self._status, self._tenant]))
+        labels = (self._model, self._pool, self._status, self._tenant)
+        self.telemetry = TelemetryExporter([self._stats, _LabelTelemetry(labels)])
+        self.registry.register(self.telemetry)
+
+    def export_telemetry(self, holder: Telemetry) -> None:
+        """Write ``holder``'s instruments on /metrics too (a component built later)."""
+        self.telemetry.add(holder)
 
     def consume_record(self, record: RequestRecord) -> None:
         model = self._model(record.model)
@@ -171,70 +175,44 @@ class PrometheusSink:
         """Nothing buffered: metrics are updated as records arrive."""
 
 
-class _SelfTelemetry(Collector):
-    """Exposes CollectorStats as tokenpath_collector_* metrics at scrape time."""
+class _LabelTelemetry(Telemetry):
+    """How often each bounded label of the request metrics overflowed to ``other``."""
 
-    def __init__(self, stats: CollectorStats, labels: list[BoundedLabel]) -> None:
-        self._stats = stats
-        self._labels = labels
+    def __init__(self, labels: Sequence[BoundedLabel]) -> None:
+        self.label_overflow = CountsRead(M.LABEL_OVERFLOW,
+                                         lambda: {b.name: b.overflowed for b in labels})
+
+
+class TelemetryExporter(Collector):
+    """Writes every instrument of every component's telemetry holder
+    (:mod:`tokenpath.telemetry`) at scrape time; a renamed metric also under its old name
+    (``metric_names.RENAMED_FROM``)."""
+
+    def __init__(self, holders: Sequence[Telemetry]) -> None:
+        self._holders = list(holders)
+
+    def add(self, holder: Telemetry) -> None:
+        self._holders.append(holder)
 
     def collect(self) -> Iterator[Metric]:
-        s = self._stats
-        labelled: tuple[tuple[M.MetricSpec, Mapping[Any, int]], ...] = (
-            (M.SPANS_RECEIVED, s.spans_received),
-            (M.SPANS_REJECTED, s.spans_rejected),
-            (M.SPANS_DROPPED, s.spans_dropped),
-            (M.SPANS_SUMMARISED, s.spans_summarised),
-            (M.TRACES_EVICTED, s.traces_evicted),
-            (M.ATTRIBUTES_DROPPED, s.attributes_dropped),
-            (M.REQUESTS_REJECTED, s.requests_rejected),
-            (M.METRIC_POINTS_RECEIVED, s.metric_points_received),
-            (M.METRIC_POINTS_DROPPED, s.metric_points_dropped),
-            (M.SPAN_EVENTS_DROPPED, s.events_dropped),
-            (M.RECORDS_FORWARD_DROPPED, s.records_forward_dropped),
-            (M.RECORDS_RECEIVED, s.records_received),
-            (M.HTTP_CALLS_NOT_LLM, s.http_calls_not_llm),
-            (M.CALLS_JOINED, s.calls_joined),
-            (M.LABEL_OVERFLOW, {b.name: b.overflowed for b in self._labels}),
-        )
-        for spec, counts in labelled:
-            family = CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
-            for key, n in sorted(counts.items()):
-                family.add_metric(list(key) if isinstance(key, tuple) else [key], n)
+        for holder in self._holders:
+            for instrument in holder.instruments():
+                yield from _families(instrument)
+
+
+def _families(instrument: Instrument) -> Iterator[Metric]:
+    spec = instrument.spec
+    names = [spec.name]
+    old = M.RENAMED_FROM.get(spec.name.removeprefix(M.NAMESPACE + "_"))
+    if old is not None:
+        names.append(f"{M.NAMESPACE}_{old}")
+    for name in names:
+        if isinstance(instrument, Level):
+            yield GaugeMetricFamily(name, spec.help, value=instrument.value)
+        elif isinstance(instrument, Count):
+            yield CounterMetricFamily(name, spec.help, value=instrument.value)
+        else:
+            family = CounterMetricFamily(name, spec.help, labels=list(spec.labels))
+            for key, n in instrument.snapshot():
+                family.add_metric(list(key) if isinstance(key, tuple) else [str(key)], n)
             yield family
-        for spec, value in ((M.SPANS_UNMAPPED, s.spans_unmapped),
-                            (M.RECORDS_STORED, s.records_stored),
-                            (M.STORE_ERRORS, s.store_errors),
-                            (M.RECORDS_FORWARDED, s.records_forwarded)):
-            yield CounterMetricFamily(spec.name, spec.help, value=value)
-        for spec, value in ((M.TRACES_IN_FLIGHT, s.traces_in_flight),
-                            (M.SPANS_BUFFERED, s.spans_buffered),
-                            (M.PIPELINE_QUEUE_DEPTH, s.pipeline_queue_depth)):
-            yield GaugeMetricFamily(spec.name, spec.help, value=value)
-
-
-class PricingSource(Protocol):
-    """What the pricing telemetry reads (the cost attributor)."""
-
-    @property
-    def stats(self) -> AttributorStats: ...
-
-    @property
-    def pending_records(self) -> int: ...
-
-
-class PricingTelemetry(Collector):
-    """The cost attributor's own counters, read at scrape time."""
-
-    def __init__(self, source: PricingSource) -> None:
-        self._source = source
-
-    def collect(self) -> Iterator[Metric]:
-        stats = self._source.stats
-        for spec, value in ((M.RECORDS_LATE, stats.late_records),
-                            (M.RECORDS_DUPLICATE, stats.duplicates),
-                            (M.RECORDS_WITHOUT_TIMELINE, stats.without_timeline),
-                            (M.PRICING_FORCED_CLOSES, stats.forced_closes)):
-            yield CounterMetricFamily(spec.name, spec.help, value=value)
-        yield GaugeMetricFamily(M.RECORDS_PENDING_PRICE.name, M.RECORDS_PENDING_PRICE.help,
-                                value=self._source.pending_records)

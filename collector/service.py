@@ -30,7 +30,7 @@ from tokenpath.collector.http_app import HttpListener, build_app
 from tokenpath.collector.mapping import StageMapper
 from tokenpath.collector.node_metrics import NodeMetricsState
 from tokenpath.collector.pipeline_worker import PipelineWorker
-from tokenpath.collector.prometheus_sink import PricingTelemetry, PrometheusSink
+from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.collector.receivers.grpc import GrpcReceiver
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
@@ -68,7 +68,8 @@ class CollectorService:
         sinks = FanOut([self.prometheus, self.store])
         self.prices = load_price_sheet(config.prices_path)
         self.attributor = build_attributor(sinks, config, self.prices, self.energy)
-        self.registry.register(PricingTelemetry(self.attributor))
+        for holder in (sinks.telemetry, self.attributor.stats, self.energy.stats):
+            self.prometheus.export_telemetry(holder)
         self.forwarder: RecordForwarder | None = None
         mapped: RecordSink = self.attributor
         if config.forwarder is not None:

@@ -166,7 +166,7 @@ class RecordStore:
         try:
             self._queue.put_nowait(item)
         except queue.Full:
-            self._stats.incr("store_errors")
+            self._stats.store_errors.inc()
             log.warning("store queue full; record dropped")
             return
         if self._thread is None:
@@ -231,14 +231,14 @@ class RecordStore:
                 idle.append(i)
             else:  # loses this slice only, not the batch it came in
                 log.error("store: idle cost slice of pool %s is not finite", i.pool)
-                self._stats.incr("store_errors")
+                self._stats.store_errors.inc()
         rows = []
         for r in records:
             try:
                 rows.append((r.record_id, r.end_unix, r.model, int(r.complete), encode_body(r)))
             except (TypeError, ValueError, OverflowError):  # loses this record only
                 log.exception("store: record %s could not be encoded", r.trace_id)
-                self._stats.incr("store_errors")
+                self._stats.store_errors.inc()
         try:
             with self._db_lock:
                 self._db.execute("BEGIN")
@@ -261,7 +261,7 @@ class RecordStore:
                 self._db.execute("COMMIT")
         except sqlite3.Error:
             log.exception("store write failed (%d items)", len(rows) + len(idle))
-            self._stats.incr("store_errors", len(rows) + len(idle))
+            self._stats.store_errors.inc(len(rows) + len(idle))
             try:
                 with self._db_lock:
                     if self._db.in_transaction:
@@ -269,7 +269,7 @@ class RecordStore:
             except sqlite3.Error:
                 pass
             return
-        self._stats.incr("records_stored", len(rows))
+        self._stats.records_stored.inc(len(rows))
 
     def _maybe_apply_retention(self) -> None:
         now = self._clock()

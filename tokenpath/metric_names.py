@@ -133,16 +133,27 @@ ATTRIBUTES_DROPPED = _m("collector_attributes_dropped", "counter", (LABEL_REASON
 SPANS_UNMAPPED = _m("collector_spans_unmapped", "counter", (),
                     "Spans that map to no stage and were ignored.")
 TRACES_EVICTED = _m("collector_traces_evicted", "counter", (LABEL_REASON,),
-                    "In-flight traces finalized early or discarded, by reason.")
+                    "In-flight traces finalized early, by reason (capacity, idle_timeout).")
+PIPELINE_ERRORS = _m("collector_pipeline_errors", "counter", ("step",),
+                     "Traces or record batches lost to an error in a pipeline step "
+                     "(hand_off: assembler to worker; trace: mapping and pricing a trace; "
+                     "records: pricing forwarded records); the error is logged.")
+SINK_ERRORS = _m("collector_sink_errors", "counter", ("sink",),
+                 "Records or idle slices a sink (store, Prometheus) failed to take.")
 TRACES_IN_FLIGHT = _m("collector_traces_in_flight", "gauge", (),
                       "Traces being assembled.")
 SPANS_BUFFERED = _m("collector_spans_buffered", "gauge", (), "Spans held in the assembler.")
 RECORDS_STORED = _m("collector_records_stored", "counter", (),
                     "Request records written to the store.")
 STORE_ERRORS = _m("collector_store_errors", "counter", (), "Store write failures.")
-REQUESTS_REJECTED = _m("collector_http_requests_rejected", "counter",
+REQUESTS_REJECTED = _m("collector_export_requests_rejected", "counter",
                        (LABEL_RECEIVER, LABEL_STATUS),
-                       "Export requests refused with an error status.")
+                       "Export requests (OTLP/HTTP, gRPC, records) refused with an error "
+                       "status, by receiver and status.")
+# Names kept working after a rename: the exporter also writes each under its old name.
+RENAMED_FROM: dict[str, str] = {
+    "collector_export_requests_rejected": "collector_http_requests_rejected",
+}
 LABEL_OVERFLOW = _m("collector_label_values_overflow", "counter", ("label",),
                     "Label values replaced by 'other' past the cardinality cap.")
 METRIC_POINTS_RECEIVED = _m("collector_metric_points_received", "counter", (LABEL_RECEIVER,),
@@ -178,6 +189,19 @@ PRICING_FORCED_CLOSES = _m("collector_pricing_forced_closes", "counter", (),
                            "Times the attributor closed slices early (cost.max_pending_records).")
 RECORDS_PENDING_PRICE = _m("collector_records_pending_price", "gauge", (),
                            "Records held until their node's slices close.")
+PRICING_RECORDS_IN = _m("collector_pricing_records_in", "counter", (),
+                        "Records the cost attributor received.")
+PRICING_RECORDS_OUT = _m("collector_pricing_records_out", "counter", (),
+                         "Records the cost attributor priced and passed to the sinks.")
+RECORDS_LATE_DOLLARS = _m("collector_records_late_dollars", "counter", (),
+                          "Dollars charged to late records for slices the others in them "
+                          "had already paid for (double-counted by design, so bounded).")
+ENERGY_WAITS_EXPIRED = _m("collector_pricing_energy_waits_expired", "counter", (),
+                          "Times a metered node was closed past its GPU energy readings "
+                          "(cost.energy_max_wait_seconds): those slices' joules are modeled.")
+ENERGY_READINGS = _m("collector_energy_readings", "counter", (LABEL_OUTCOME,),
+                     "GPU energy counter points from node agents, by outcome (kept, "
+                     "out_of_order, counter_reset, over_gpu_cap).")
 
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,

@@ -10,7 +10,9 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
+from tokenpath import metric_names as M
 from tokenpath.records import RequestRecord
+from tokenpath.telemetry import LabelledCount, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +25,7 @@ class IdleCost:
     start_unix: float
     end_unix: float
     dollars: float
-    energy_joules: float = 0.0  # modeled (collector/cost/energy.py)
+    energy_joules: float = 0.0  # measured or modeled (collector/cost/energy.py)
 
 
 class RecordSink(Protocol):
@@ -36,13 +38,18 @@ class RecordSink(Protocol):
     def shutdown(self) -> None: ...
 
 
+class FanOutTelemetry(Telemetry):
+    def __init__(self) -> None:
+        self.sink_errors = LabelledCount(M.SINK_ERRORS)  # by sink class
+
+
 class FanOut:
     """Hands every record and idle slice to each sink in turn; one failing sink never
     starves the others. Failures are counted in ``errors`` and logged."""
 
     def __init__(self, sinks: list[RecordSink]) -> None:
         self._sinks = list(sinks)
-        self.errors = 0
+        self.telemetry = FanOutTelemetry()
 
     def consume_record(self, record: RequestRecord) -> None:
         for sink in self._sinks:
@@ -59,8 +66,10 @@ class FanOut:
                 self._failed(sink)
 
     def _failed(self, sink: RecordSink) -> None:
-        self.errors += 1
-        log.exception("sink %s failed (%d failures so far)", type(sink).__name__, self.errors)
+        name = type(sink).__name__
+        self.telemetry.sink_errors.inc(name)
+        log.exception("sink %s failed (%d failures so far)", name,
+                      self.telemetry.sink_errors[name])
 
     def shutdown(self) -> None:
         for sink in self._sinks:

@@ -28,6 +28,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tokenpath import metric_names as M
 from tokenpath.collector.cost.apportion import (
     DEFAULT_ENGINE_RETIRE_SECONDS,
     MIN_IN_MODEL_FRACTION,
@@ -62,6 +63,7 @@ from tokenpath.pipeline import IdleCost, RecordSink
 from tokenpath.records import RequestRecord
 from tokenpath.roofline import Roofline
 from tokenpath.stages import Phase, Provenance, StageId
+from tokenpath.telemetry import Count, Level, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -164,16 +166,22 @@ class NodeLedger:
         return min(1.0, max(MIN_IN_MODEL_FRACTION, fraction))
 
 
-@dataclass(slots=True)
-class AttributorStats:
-    records_in: int = 0
-    records_out: int = 0
-    without_timeline: int = 0
-    late_records: int = 0
-    late_dollars: float = 0.0  # charged to late records for slices others already paid
-    forced_closes: int = 0
-    duplicates: int = 0  # a record id seen again (a re-sent forwarded batch): dropped
-    energy_waits_expired: int = 0  # closed past a node's energy readings (modeled joules)
+class AttributorStats(Telemetry):
+    """The cost attributor's telemetry (written by the pipeline worker alone)."""
+
+    def __init__(self, pending: Callable[[], float]) -> None:
+        self.records_in = Count(M.PRICING_RECORDS_IN)
+        self.records_out = Count(M.PRICING_RECORDS_OUT)
+        self.without_timeline = Count(M.RECORDS_WITHOUT_TIMELINE)
+        self.late_records = Count(M.RECORDS_LATE)
+        # charged to late records for slices others already paid
+        self.late_dollars = Count(M.RECORDS_LATE_DOLLARS)
+        self.forced_closes = Count(M.PRICING_FORCED_CLOSES)
+        # a record id seen again (a re-sent forwarded batch): dropped
+        self.duplicates = Count(M.RECORDS_DUPLICATE)
+        # closed past a node's energy readings (those joules modeled)
+        self.energy_waits_expired = Count(M.ENERGY_WAITS_EXPIRED)
+        self.pending_records = Level(M.RECORDS_PENDING_PRICE, pending)
 
 
 @dataclass(slots=True)
@@ -242,7 +250,7 @@ class CostAttributor:
         # record (a request longer than the delay) is priced over all of them
         self._late_horizon = max(self._config.late_horizon_seconds,
                                  self._config.max_delay_seconds + self._config.lag_margin_seconds)
-        self.stats = AttributorStats()
+        self.stats = AttributorStats(lambda: self._pending_total)
         self.cache = PrefixCacheTracker(
             block_tokens=self._config.prefix_block_tokens,
             ttl_seconds=self._config.recent_prefix_ttl_seconds,
@@ -277,9 +285,9 @@ class CostAttributor:
     def consume_record(self, record: RequestRecord) -> None:
         out_records: list[RequestRecord] = []
         out_idle: list[IdleCost] = []
-        self.stats.records_in += 1
+        self.stats.records_in.inc()
         if record.record_id in self._seen:  # a forwarded batch sent again: priced once
-            self.stats.duplicates += 1
+            self.stats.duplicates.inc()
             return
         self._seen[record.record_id] = None
         if len(self._seen) > MAX_REMEMBERED_RECORD_IDS:
@@ -345,7 +353,7 @@ class CostAttributor:
 
     def _emit(self, records: list[RequestRecord], idle: list[IdleCost]) -> None:
         for record in records:
-            self.stats.records_out += 1
+            self.stats.records_out.inc()
             self._downstream.consume_record(record)
         for item in idle:
             self._downstream.consume_idle_cost(item)
@@ -387,7 +395,7 @@ class CostAttributor:
     def _admit(self, record: RequestRecord, out_records: list[RequestRecord]) -> _Node | None:
         ps, ds, end = record.prefill_start_unix, record.decode_start_unix, record.engine_end_unix
         if ps is None or ds is None or end is None or not is_finite_interval(ps, ds, end):
-            self.stats.without_timeline += 1
+            self.stats.without_timeline.inc()
             return None
         node = self._node_for(record)
         ledger = node.ledger
@@ -449,14 +457,14 @@ class CostAttributor:
                     trace_id: str) -> None:
         """Its slices before ``closed`` were apportioned without it: charge it its modeled
         share of them (counted in ``late_dollars``); apportion only the rest normally."""
-        self.stats.late_records += 1
-        if self.stats.late_records == 1:
+        self.stats.late_records.inc()
+        if self.stats.late_records.value == 1:
             log.warning("cost: record %s arrived after its node's slices closed; priced from "
                         "the closed slices (cost.max_delay_seconds bounds the wait); "
                         "further ones are only counted", trace_id)
         interval.late_dollars = price_late_interval(
             interval, list(node.timeline.closed), closed, node.timeline.dollars_per_gpu_second)
-        self.stats.late_dollars += interval.late_dollars
+        self.stats.late_dollars.inc(interval.late_dollars)
 
     def _force_if_over_capacity(self, out_records: list[RequestRecord],
                                 out_idle: list[IdleCost]) -> None:
@@ -464,7 +472,7 @@ class CostAttributor:
         excess = self._pending_total - self._config.max_pending_records
         if excess <= 0:
             return
-        self.stats.forced_closes += 1
+        self.stats.forced_closes.inc()
         ends = heapq.nsmallest(excess, (p.interval.end for node in self._nodes.values()
                                         for p in node.pending.values()))
         stop = ends[-1]
@@ -482,8 +490,8 @@ class CostAttributor:
             return stop
         if known >= stop - self._config.energy_max_wait_seconds:
             return known
-        self.stats.energy_waits_expired += 1
-        if self.stats.energy_waits_expired == 1:
+        self.stats.energy_waits_expired.inc()
+        if self.stats.energy_waits_expired.value == 1:
             log.warning("cost: node %s's GPU energy readings stopped at %.1f; its slices "
                         "past them are priced with modeled joules (cost."
                         "energy_max_wait_seconds); further ones are only counted",

@@ -29,10 +29,12 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tokenpath import metric_names as M
 from tokenpath.attributes import HOST_NAME, NODE
 from tokenpath.collector.receivers.otlp_decode import MetricPoint
 from tokenpath.metric_names import GPU_ENERGY, LABEL_GPU
 from tokenpath.roofline import GPUS
+from tokenpath.telemetry import LabelledCount, Telemetry
 
 ENERGY_MODELED = "modeled"
 ENERGY_MEASURED = "measured"
@@ -93,12 +95,16 @@ class _Counter:
         return j0 + (j1 - j0) * (t - t0) / (t1 - t0)
 
 
-@dataclass(slots=True)
-class EnergyReadingsStats:
-    points: int = 0
-    out_of_order: int = 0
-    counter_resets: int = 0
-    dropped_gpus: int = 0  # over MAX_GPUS_PER_NODE
+# outcomes of an energy point (tokenpath_collector_energy_readings_total{outcome})
+READING_KEPT = "kept"
+READING_OUT_OF_ORDER = "out_of_order"
+READING_COUNTER_RESET = "counter_reset"  # kept, continuing from the last total
+READING_OVER_GPU_CAP = "over_gpu_cap"  # a node past MAX_GPUS_PER_NODE
+
+
+class EnergyReadingsStats(Telemetry):
+    def __init__(self) -> None:
+        self.readings = LabelledCount(M.ENERGY_READINGS)
 
 
 class GpuEnergyReadings:
@@ -123,16 +129,16 @@ class GpuEnergyReadings:
                 counter = gpus.get(gpu)
                 if counter is None:
                     if len(gpus) >= MAX_GPUS_PER_NODE:
-                        self.stats.dropped_gpus += 1
+                        self.stats.readings.inc(READING_OVER_GPU_CAP)
                         continue
                     counter = gpus[gpu] = _Counter()
                 before = counter.offset
                 if not counter.add(p.time_unix_nano / 1e9, p.value, self._horizon):
-                    self.stats.out_of_order += 1
+                    self.stats.readings.inc(READING_OUT_OF_ORDER)
                     continue
                 if counter.offset != before:
-                    self.stats.counter_resets += 1
-                self.stats.points += 1
+                    self.stats.readings.inc(READING_COUNTER_RESET)
+                self.stats.readings.inc(READING_KEPT)
                 kept += 1
         return kept
 

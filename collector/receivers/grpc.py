@@ -70,13 +70,12 @@ class _OtlpServices:
 
     def _refuse(self, context: grpc.ServicerContext, code: grpc.StatusCode,
                 message: str) -> NoReturn:
-        self._stats.add(self._stats.requests_rejected, (RECEIVER, code.name))
+        self._stats.requests_rejected.inc((RECEIVER, code.name))
         context.abort(code, message)
         raise AssertionError("unreachable")  # context.abort raises
 
     def _shed(self, context: grpc.ServicerContext, exc: Overloaded) -> NoReturn:
-        self._stats.add(self._stats.requests_rejected,
-                        (RECEIVER, grpc.StatusCode.UNAVAILABLE.name))
+        self._stats.requests_rejected.inc((RECEIVER, grpc.StatusCode.UNAVAILABLE.name))
         context.abort_with_status(retry_status(str(exc), exc.retry_after))
         raise AssertionError("unreachable")
 
@@ -137,8 +136,7 @@ class _BearerInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
 
         def deny(request_iterator: Any, context: grpc.ServicerContext) -> Any:
             del request_iterator
-            stats.add(stats.requests_rejected,
-                      (RECEIVER, grpc.StatusCode.UNAUTHENTICATED.name))
+            stats.requests_rejected.inc((RECEIVER, grpc.StatusCode.UNAUTHENTICATED.name))
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
         self._deny = grpc.stream_unary_rpc_method_handler(deny)

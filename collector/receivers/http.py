@@ -193,7 +193,7 @@ def otlp_router(ingest: OtlpIngest, stats: CollectorStats) -> APIRouter:
                      admit: Callable[[], None] | None = None) -> Response:
         kind = _content_kind(request)
         if kind is None:
-            stats.add(stats.requests_rejected, (RECEIVER, "415"))
+            stats.requests_rejected.inc((RECEIVER, "415"))
             return _status_response(415, code_pb2.INVALID_ARGUMENT,
                                     "Content-Type must be application/x-protobuf or "
                                     "application/json", None)
@@ -203,13 +203,13 @@ def otlp_router(ingest: OtlpIngest, stats: CollectorStats) -> APIRouter:
             body = await _read_body(request, limits.max_body_bytes, limits.max_decompressed_bytes)
             return _ok_response(export(body, kind), kind)
         except _BodyError as exc:
-            stats.add(stats.requests_rejected, (RECEIVER, str(exc.status)))
+            stats.requests_rejected.inc((RECEIVER, str(exc.status)))
             return _status_response(exc.status, _HTTP_TO_RPC[exc.status], str(exc), kind)
         except MalformedPayload as exc:
-            stats.add(stats.requests_rejected, (RECEIVER, "400"))
+            stats.requests_rejected.inc((RECEIVER, "400"))
             return _status_response(400, code_pb2.INVALID_ARGUMENT, str(exc), kind)
         except Overloaded as exc:
-            stats.add(stats.requests_rejected, (RECEIVER, "429"))
+            stats.requests_rejected.inc((RECEIVER, "429"))
             return _status_response(429, code_pb2.UNAVAILABLE, str(exc), kind,
                                     {"Retry-After": str(exc.retry_after)}, exc.retry_after)
 

@@ -83,7 +83,7 @@ class OtlpIngest:
         """Raise :class:`Overloaded` when the buffer is full or the pipeline behind it is
         backed up: receivers call this before reading a body, so shedding costs no
         parsing."""
-        if self._stats.spans_buffered >= self._max_buffered_spans:
+        if self._stats.spans_buffered.value >= self._max_buffered_spans:
             raise Overloaded()
         if self._records is not None and self._records.overloaded:
             raise Overloaded()
@@ -104,7 +104,7 @@ class OtlpIngest:
         elif decoded.records:
             if not self._records.offer_records(decoded.records):
                 raise Overloaded()
-            self._stats.add(self._stats.records_received, receiver, len(decoded.records))
+            self._stats.records_received.inc(receiver, len(decoded.records))
         if decoded.rejected:
             response.partial_success.rejected_log_records = decoded.rejected
             response.partial_success.error_message = decoded.error_message
@@ -115,14 +115,14 @@ class OtlpIngest:
         decoded = decode_traces(message, self.limits)
         stats = self._stats
         for reason, n in decoded.rejection_reasons.items():
-            stats.add(stats.spans_rejected, (receiver, reason), n)
-        stats.add(stats.attributes_dropped, "attributes_per_span", decoded.attributes_dropped)
-        stats.add(stats.attributes_dropped, "genai_content", decoded.content_attributes_dropped)
-        stats.add(stats.attributes_dropped, "value_truncated", decoded.values_truncated)
-        stats.add(stats.events_dropped, "events_per_span", decoded.events_dropped)
-        stats.add(stats.events_dropped, "genai_content", decoded.content_events_dropped)
+            stats.spans_rejected.inc((receiver, reason), n)
+        stats.attributes_dropped.inc("attributes_per_span", decoded.attributes_dropped)
+        stats.attributes_dropped.inc("genai_content", decoded.content_attributes_dropped)
+        stats.attributes_dropped.inc("value_truncated", decoded.values_truncated)
+        stats.events_dropped.inc("events_per_span", decoded.events_dropped)
+        stats.events_dropped.inc("genai_content", decoded.content_events_dropped)
         if decoded.spans:
-            stats.add(stats.spans_received, receiver, len(decoded.spans))
+            stats.spans_received.inc(receiver, len(decoded.spans))
             refused = self._spans.consume_spans(decoded.spans)
             # Reported to the client as rejected; the assembler counted them (spans_dropped).
             for reason, n in refused.items():
@@ -135,8 +135,8 @@ class OtlpIngest:
         points = decode_metrics(message, self.limits)
         accepted = self._metrics.consume_points(points)
         refused = len(points) - accepted
-        self._stats.add(self._stats.metric_points_received, receiver, accepted)
-        self._stats.add(self._stats.metric_points_dropped, "max_series", refused)
+        self._stats.metric_points_received.inc(receiver, accepted)
+        self._stats.metric_points_dropped.inc("max_series", refused)
         response = ExportMetricsServiceResponse()
         if refused:
             response.partial_success.rejected_data_points = refused

@@ -132,7 +132,7 @@ def test_store_never_holds_duplicate_records(make_service: ServiceFactory) -> No
     httpx.post(f"{service.http_url}/v1/traces", content=body, headers=PROTOBUF_HEADERS,
                timeout=5).raise_for_status()
     assert service.store.count() == 1
-    assert service.stats.records_stored == 1
+    assert service.stats.records_stored.value == 1
 
 
 # --- clock skew ------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def test_200_means_buffered_and_shutdown_writes_it(tmp_path: Path) -> None:
         response = httpx.post(f"{service.http_url}/v1/traces", headers=PROTOBUF_HEADERS,
                               content=export_request(spans).SerializeToString(), timeout=5)
         assert response.status_code == 200
-        assert service.stats.spans_buffered == 3
+        assert service.stats.spans_buffered.value == 3
         assert service.store.count() == 0
     finally:
         service.shutdown()

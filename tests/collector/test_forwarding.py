@@ -134,7 +134,7 @@ def test_the_forwarder_retries_429_and_503_then_delivers(peer_factory: type[_Pee
         forwarder.consume_record(record)
     forwarder.shutdown()
     assert sorted(r.trace_id for r in peer.records()) == sorted(r.trace_id for r in _records(10))
-    assert stats.records_forwarded == 10
+    assert stats.records_forwarded.value == 10
     assert sum(stats.records_forward_dropped.values()) == 0
 
 
@@ -148,7 +148,7 @@ def test_a_refused_batch_is_counted_not_retried(peer_factory: type[_Peer]) -> No
     forwarder.shutdown()
     assert [r.trace_id for r in peer.records()] == [r.trace_id for r in records[1:]]
     assert stats.records_forward_dropped["rejected"] == 1
-    assert stats.records_forwarded == 2
+    assert stats.records_forwarded.value == 2
 
 
 def test_a_dead_peer_is_retried_then_counted(peer_factory: type[_Peer]) -> None:
@@ -162,7 +162,7 @@ def test_a_dead_peer_is_retried_then_counted(peer_factory: type[_Peer]) -> None:
         forwarder.consume_record(record)
     forwarder.shutdown()
     assert stats.records_forward_dropped["retry_expired"] == 2
-    assert stats.records_forwarded == 0
+    assert stats.records_forwarded.value == 0
 
 
 def test_a_full_queue_drops_the_oldest_and_counts_them(peer_factory: type[_Peer]) -> None:
@@ -178,8 +178,8 @@ def test_a_full_queue_drops_the_oldest_and_counts_them(peer_factory: type[_Peer]
     forwarder.shutdown()
     dropped = stats.records_forward_dropped["queue_full"]
     assert dropped >= 4
-    assert stats.records_forwarded + dropped == 6
-    assert len(peer.records()) == stats.records_forwarded
+    assert stats.records_forwarded.value + dropped == 6
+    assert len(peer.records()) == stats.records_forwarded.value
 
 
 def test_forward_records_must_be_an_http_url() -> None:
@@ -227,7 +227,7 @@ def test_a_forwarding_collector_prices_nothing_itself(make_service: ServiceFacto
     assert response.status_code == 200
     wait_for(lambda: pricer.store.count() == 1, timeout=30)
     assert mapper.store.count() == 0
-    assert mapper.stats.records_forwarded == 1
+    assert mapper.stats.records_forwarded.value == 1
 
 
 def test_shutdown_keeps_its_deadline_against_a_slow_peer(peer_factory: type[_Peer]) -> None:
@@ -241,4 +241,4 @@ def test_shutdown_keeps_its_deadline_against_a_slow_peer(peer_factory: type[_Pee
         forwarder.consume_record(record)
     forwarder.shutdown()  # would retry for max_retry_seconds (300 s) past its deadline
     assert stats.records_forward_dropped["shutdown"] == 20
-    assert stats.records_forwarded == 0
+    assert stats.records_forwarded.value == 0

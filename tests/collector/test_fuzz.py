@@ -163,12 +163,12 @@ def service() -> Iterator[CollectorService]:
     collector = CollectorService(config)
     collector.start()
     yield collector
-    wait_for(lambda: collector.stats.spans_buffered == 0, timeout=30)
+    wait_for(lambda: collector.stats.spans_buffered.value == 0, timeout=30)
     # Nothing failed further down: mapping, sinks and the store took every trace.
     assert collector.stats.spans_dropped["mapping_error"] == 0
-    assert collector.stats.traces_evicted["downstream_error"] == 0
-    assert collector.stats.store_errors == 0
-    assert collector.stats.records_stored > 0  # valid examples went all the way through
+    assert collector.stats.pipeline_errors["trace"] == 0
+    assert collector.stats.store_errors.value == 0
+    assert collector.stats.records_stored.value > 0  # valid examples went all the way through
     collector.shutdown()
 
 

@@ -107,7 +107,7 @@ def test_label_cardinality_is_capped(make_service: ServiceFactory) -> None:
     service = make_service(limits=IngestLimits(max_label_values=2))
     for i in range(5):
         _send(service, request_span(model=f"model-{i}", attrs={A.STATUS: f"status-{i}"}))
-    wait_for(lambda: service.stats.records_stored == 5)
+    wait_for(lambda: service.stats.records_stored.value == 5)
     text = _metrics(service)
     assert sample(text, M.REQUESTS.series, model="model-0", status="status-0") == 1
     assert sample(text, M.REQUESTS.series, model="model-1", status="status-1") == 1

@@ -83,7 +83,7 @@ def test_partial_success(make_service: ServiceFactory) -> None:
     assert response.partial_success.rejected_spans == 2
     assert "invalid span_id" in response.partial_success.error_message
     assert "spans_per_trace" in response.partial_success.error_message
-    wait_for(lambda: service.stats.records_stored == 1)
+    wait_for(lambda: service.stats.records_stored.value == 1)
     late = make_span(trace_id, parent=root.span_id)
     response = _export(service.grpc_endpoint, export_request([late]).SerializeToString())
     assert isinstance(response, ExportTraceServiceResponse)

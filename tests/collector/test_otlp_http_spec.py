@@ -212,7 +212,7 @@ def test_partial_success_for_bad_id_lengths(make_service: ServiceFactory) -> Non
     spans[2]["spanId"] = "not-hex!"
     result = _response(_post(service.http_url, json.dumps(doc).encode(), JSON_HEADERS))
     assert result.partial_success.rejected_spans == 2
-    wait_for(lambda: service.stats.records_stored == 2)
+    wait_for(lambda: service.stats.records_stored.value == 2)
     text = httpx.get(f"{service.http_url}/metrics", timeout=5).text
     assert sample(text, M.SPANS_REJECTED.series, receiver=RECEIVER,
                   reason="invalid trace_id") == 3

@@ -153,7 +153,7 @@ def test_a_record_that_cannot_be_encoded_loses_only_itself(
     store.shutdown()
     assert sorted(r.input_tokens for r in RecordStore(
         StoreConfig(path=str(tmp_path / "s.db"))).records()) == [1, 3]
-    assert stats.store_errors == 1
+    assert stats.store_errors.value == 1
 
 
 def test_an_idle_slice_that_is_not_finite_loses_only_itself(tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ def test_an_idle_slice_that_is_not_finite_loses_only_itself(tmp_path: Path) -> N
     reopened = RecordStore(StoreConfig(path=str(tmp_path / "s.db")))
     assert sorted(r.input_tokens for r in reopened.records()) == [1, 2]
     assert reopened.idle_cost_dollars() == 0.25
-    assert stats.store_errors == 1
+    assert stats.store_errors.value == 1
 
 
 def test_a_joined_record_is_found_from_the_client_trace_it_joined(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ def test_tls_on_both_listeners(make_service: ServiceFactory, certs: CertFiles) -
                        certificate_file=str(certs.ca)), 2)
     _emit(GrpcExporter(endpoint=service.grpc_endpoint, insecure=False,
                        credentials=grpc.ssl_channel_credentials(certs.ca.read_bytes())), 3)
-    wait_for(lambda: service.stats.records_stored == 5)
+    wait_for(lambda: service.stats.records_stored.value == 5)
     ok = httpx.get(f"{service.http_url}/healthz", verify=_client_context(certs.ca), timeout=5)
     assert ok.status_code == 200
     # A client that does not trust the server's CA is refused; plaintext gets nothing.
@@ -100,7 +100,7 @@ def test_mutual_tls_requires_a_client_certificate(make_service: ServiceFactory,
                        credentials=grpc.ssl_channel_credentials(
                            certs.ca.read_bytes(), certs.client_key.read_bytes(),
                            certs.client_cert.read_bytes())), 2)
-    wait_for(lambda: service.stats.records_stored == 4)
+    wait_for(lambda: service.stats.records_stored.value == 4)
     with_cert = httpx.post(f"{service.http_url}/v1/traces", headers=PROTOBUF_HEADERS,
                            content=export_request([request_span()]).SerializeToString(),
                            verify=_client_context(certs.ca, certs), timeout=5)
@@ -113,7 +113,7 @@ def test_mutual_tls_requires_a_client_certificate(make_service: ServiceFactory,
     with pytest.raises(grpc.RpcError) as err:
         _grpc_export(service.grpc_endpoint, grpc.ssl_channel_credentials(certs.ca.read_bytes()))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
-    wait_for(lambda: service.stats.records_stored == 5)
+    wait_for(lambda: service.stats.records_stored.value == 5)
 
 
 def test_tls_options_from_flags_env_and_file(certs: CertFiles, tmp_path: Path,

@@ -124,7 +124,7 @@ def test_late_record_is_priced_from_closed_slices_and_counted() -> None:
     cost.consume_record(engine_record(1, 920.0, 0.1, 10.0))  # ended before the watermark
     cost.consume_record(engine_record(2, 960.0, 0.1, 10.0))  # in a slice that was idle
     cost.shutdown()
-    assert cost.stats.late_records == 2
+    assert cost.stats.late_records.value == 2
     late = {r.trace_id: r for r in sink.records}
     assert late[f"{2:032x}"].gpu_cost_dollars > 0
     # alone on the node (the slice was idle): the full rate of its GPU
@@ -132,7 +132,7 @@ def test_late_record_is_priced_from_closed_slices_and_counted() -> None:
     ledger = cost.ledger["node-a"]
     attributed = sum(r.gpu_cost_dollars for r in sink.records)
     assert math.isclose(attributed + sink.idle_dollars,
-                        ledger.node_dollars + cost.stats.late_dollars, rel_tol=1e-9)
+                        ledger.node_dollars + cost.stats.late_dollars.value, rel_tol=1e-9)
 
 
 def test_gpu_stages_are_modeled_with_phases_and_keep_measured_dispatch() -> None:
@@ -200,7 +200,7 @@ def test_record_without_engine_timeline_passes_through_with_cpu_cost() -> None:
     cost.consume_record(record)
     assert sink.records == [record]  # not held: there is nothing to apportion
     assert record.stages[StageId.ROUTER].cost_dollars > 0
-    assert cost.stats.without_timeline == 1
+    assert cost.stats.without_timeline.value == 1
     cost.shutdown()
 
 
@@ -271,7 +271,7 @@ def test_a_request_longer_than_the_longest_wait_is_billed_whole() -> None:
     long = engine_record(100, 0.0, 1.0, 1199.0, node="node-a")
     cost.consume_record(long)
     cost.shutdown()
-    assert cost.stats.late_records == 1
+    assert cost.stats.late_records.value == 1
     priced = next(r for r in sink.records if r.trace_id == long.trace_id)
     # about its whole 1,200 s on one GPU (it shared some slices with the short ones)
     assert priced.gpu_cost_dollars > 0.95 * 1200 * H100_PER_SECOND
@@ -287,4 +287,4 @@ def test_a_record_received_twice_is_priced_once() -> None:
     cost.shutdown()
     assert [r.record_id for r in sink.records] == [once.record_id]
     assert math.isclose(sink.records[0].gpu_cost_dollars, 2.0 * H100_PER_SECOND, rel_tol=1e-9)
-    assert cost.stats.duplicates == 1
+    assert cost.stats.duplicates.value == 1

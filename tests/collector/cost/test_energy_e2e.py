@@ -96,7 +96,7 @@ def test_records_and_idle_share_the_agents_measured_joules(tmp_path: Path) -> No
         gpus[0].power_milliwatts = 610_000  # the load changes what the GPUs draw
         last_end = _emit_batch(f"{collector.http_url}/v1/traces", start)
         attributor = collector.attributor
-        _wait_for(lambda: attributor.stats.records_out >= REQUESTS, "every record priced")
+        _wait_for(lambda: attributor.stats.records_out.value >= REQUESTS, "every record priced")
         ledger = attributor.ledger[NODE]
         _wait_for(lambda: (ledger.closed_until or 0.0) > last_end + 0.5,
                   "idle time after the batch closed")
