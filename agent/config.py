@@ -24,8 +24,9 @@ from tokenpath.agent.nic_sampler import (
 )
 from tokenpath.collector.tls import ClientTlsConfig, TlsConfig
 from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
+from tokenpath.endpoints import AGENT_LISTEN
 
-DEFAULT_LISTEN: Final = "127.0.0.1:9400"
+DEFAULT_LISTEN: Final = AGENT_LISTEN
 DEFAULT_INTERVAL_SECONDS: Final = 1.0
 MIN_INTERVAL_SECONDS: Final = 0.05
 # Upper bound for every duration setting (an "inf" would silently mean "never").

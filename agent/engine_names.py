@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from tokenpath import metric_names as mn
-from tokenpath.metric_names import MetricSpec
+from tokenpath.metric_names import UNKNOWN, MetricSpec
 
 ENGINE_VLLM: Final = "vllm"
 ENGINE_SGLANG: Final = "sglang"
 MODEL_LABELS: Final = (mn.VLLM_LABEL_MODEL_NAME, "model", "name")
-UNKNOWN_MODEL: Final = "unknown"
+UNKNOWN_MODEL: Final = UNKNOWN
 
 Aggregate = Literal["sum", "mean"]
 

@@ -35,6 +35,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tokenpath import metric_names as M
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.pipeline import IdleCost, RecordSink
@@ -144,7 +145,7 @@ def merge_outer(inner: RequestRecord, outer: RequestRecord) -> RequestRecord:
     inner.complete = inner.complete and outer.complete
     if inner.status == "ok" and outer.status != "ok":
         inner.status = outer.status
-    if inner.model == "unknown":
+    if inner.model == M.UNKNOWN:
         inner.model = outer.model
     if outer.trace_id != inner.trace_id:
         inner.joined_trace_ids = (*inner.joined_trace_ids, outer.trace_id)

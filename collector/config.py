@@ -21,11 +21,12 @@ from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
 from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
 from tokenpath.collector.tls import TlsConfig
 from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
+from tokenpath.endpoints import COLLECTOR_GRPC, COLLECTOR_GRPC_PORT, COLLECTOR_HTTP_PORT, LOOPBACK
 
-DEFAULT_HTTP_HOST = "127.0.0.1"
-DEFAULT_HTTP_PORT = 4318
+DEFAULT_HTTP_HOST = LOOPBACK
+DEFAULT_HTTP_PORT = COLLECTOR_HTTP_PORT
 DEFAULT_HTTP = f"{DEFAULT_HTTP_HOST}:{DEFAULT_HTTP_PORT}"
-DEFAULT_GRPC = "127.0.0.1:4317"
+DEFAULT_GRPC = COLLECTOR_GRPC
 ENV_HTTP = "TOKENPATH_COLLECTOR_HTTP"
 ENV_GRPC = "TOKENPATH_COLLECTOR_GRPC"
 ENV_STORE = "TOKENPATH_STORE"
@@ -52,8 +53,8 @@ def default_store_path() -> str:
 class CollectorConfig:
     http_host: str = DEFAULT_HTTP_HOST
     http_port: int = DEFAULT_HTTP_PORT
-    grpc_host: str = "127.0.0.1"
-    grpc_port: int | None = 4317  # None: no gRPC listener
+    grpc_host: str = LOOPBACK
+    grpc_port: int | None = COLLECTOR_GRPC_PORT  # None: no gRPC listener
     store_path: str = ":memory:"
     prices_path: str | None = None
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
@@ -119,7 +120,7 @@ class CollectorConfig:
         http_host, http_port = parse_host_port(http_value, "http")
         grpc_port: int | None
         if grpc_value.lower() in ("", "off", "none"):
-            grpc_host, grpc_port = "127.0.0.1", None
+            grpc_host, grpc_port = LOOPBACK, None
         else:
             grpc_host, grpc_port = parse_host_port(grpc_value, "grpc")
         store_path = resolve("store", store, ENV_STORE, f, default_store_path(), str)

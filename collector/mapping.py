@@ -25,6 +25,7 @@ from operator import attrgetter
 from typing import Protocol
 
 from tokenpath import attributes as A
+from tokenpath import metric_names as M
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.call_join import HOP_CLIENT, HOP_PROXY, add_client_gaps
 from tokenpath.collector.calls import (
@@ -56,6 +57,7 @@ from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.stages import (
     PHASE_BY_VALUE,
     PROVENANCE_BY_VALUE,
+    PROVENANCE_RANK,
     STAGE_BY_VALUE,
     Phase,
     Provenance,
@@ -67,7 +69,7 @@ from tokenpath.stages import (
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_MODEL = "unknown"
+UNKNOWN_MODEL = M.UNKNOWN
 # The largest token or byte count a record takes from an attribute (a signed 64-bit
 # integer, as OTLP's int_value and the store's JSON encoder hold).
 MAX_COUNT = 2**63 - 1
@@ -145,7 +147,7 @@ class _StageAccumulator:
         if timing is None:
             timing = self.stages[stage] = StageTiming(stage, seconds, provenance)
         else:
-            if _RANK[provenance] > _RANK[timing.provenance]:
+            if PROVENANCE_RANK[provenance] > PROVENANCE_RANK[timing.provenance]:
                 timing.provenance = provenance  # a sum is only as good as its weakest part
             timing.seconds += seconds
         if phase is not None:
@@ -163,7 +165,6 @@ class _StageAccumulator:
         return share.seconds if share else 0.0
 
 
-_RANK = {Provenance.MEASURED: 0, Provenance.DERIVED: 1, Provenance.MODELED: 2}
 
 
 def _route_class(spans: list[SpanData]) -> str:

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from tokenpath.attributes import HOST_NAME, NODE
 from tokenpath.collector.receivers.otlp_decode import MetricPoint
+from tokenpath.identity import node_of_resource
 
 DEFAULT_MAX_SERIES = 50_000
 
@@ -45,7 +45,7 @@ class NodeMetricsState:
         accepted = 0
         with self._lock:
             for p in points:
-                node = p.resource.get(NODE) or p.resource.get(HOST_NAME) or "unknown"
+                node = node_of_resource(p.resource)
                 key = SeriesKey(str(node), p.name,
                                 tuple(sorted((k, str(v)) for k, v in p.attributes.items())))
                 if key not in self._latest and len(self._latest) >= self._max_series:

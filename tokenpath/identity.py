@@ -22,8 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tokenpath import attributes as A
+from tokenpath.metric_names import UNKNOWN
 
-UNKNOWN_UNIT = "unknown"
+UNKNOWN_UNIT = UNKNOWN
 NODE_KEYS = (A.NODE, A.K8S_NODE_NAME, A.HOST_NAME)
 ENGINE_KEYS = (A.ENGINE_ID, A.K8S_POD_UID, A.K8S_POD_NAME, A.SERVICE_INSTANCE_ID,
                A.ENGINE_REPLICA)
@@ -69,3 +70,12 @@ def pricing_resource(node: str | None, engine: str | None) -> dict[str, str]:
     if engine:
         return {A.ENGINE_ID: engine}
     return {}
+
+
+def node_of_resource(resource: Mapping[str, object]) -> str:
+    """The node a resource (an agent's pushed metrics) names, by ``NODE_KEYS``."""
+    for key in NODE_KEYS:
+        value = resource.get(key)
+        if value:
+            return str(value)
+    return UNKNOWN_UNIT

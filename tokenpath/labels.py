@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from tokenpath.metric_names import OTHER_LABEL_VALUE
+from tokenpath.metric_names import OTHER_LABEL_VALUE, UNKNOWN
 
-UNKNOWN_LABEL_VALUE = "unknown"
+UNKNOWN_LABEL_VALUE = UNKNOWN
 
 
 class BoundedLabel:

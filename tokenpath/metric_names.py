@@ -39,6 +39,8 @@ TOKEN_KIND_OUTPUT: Final = "output"
 
 # Value a bounded label takes past its allowed set or cardinality cap.
 OTHER_LABEL_VALUE: Final = "other"
+# What a record, label or pricing unit says when nothing names the thing (one spelling).
+UNKNOWN: Final = "unknown"
 
 
 @dataclass(frozen=True, slots=True)

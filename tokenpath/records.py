@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenpath.metric_names import UNKNOWN
 from tokenpath.stages import PLAIN_VALUES, STAGE_IDS, Phase, Provenance, StageId
 
 
@@ -68,7 +69,7 @@ class RequestRecord:
     # Unique per record: the trace id for a trace with one LLM call, else
     # "<trace id>-<span id of the call's top span>" (a trace with N calls gives N records).
     record_id: str = ""
-    model: str = "unknown"
+    model: str = UNKNOWN
     request_id: str | None = None
     status: str = "ok"
     node: str | None = None
@@ -233,7 +234,7 @@ class RequestRecord:
         return cls(
             trace_id=str(data["trace_id"]),
             record_id=str(data.get("record_id") or data["trace_id"]),
-            model=str(data.get("model", "unknown")),
+            model=str(data.get("model", UNKNOWN)),
             request_id=data.get("request_id"),
             status=str(data.get("status", "ok")),
             node=data.get("node"),

@@ -20,9 +20,7 @@ from tokenpath.leaks import (
     context_tokens,
 )
 from tokenpath.records import RequestRecord
-from tokenpath.stages import STAGES, Phase, Provenance, StageId
-
-_PROVENANCE_RANK = {Provenance.MEASURED: 0, Provenance.DERIVED: 1, Provenance.MODELED: 2}
+from tokenpath.stages import PROVENANCE_RANK, STAGES, Phase, Provenance, StageId
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -215,7 +213,7 @@ def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.
         phase_seconds: dict[Phase, float] = {}
         phase_cost: dict[Phase, float] = {}
         for t in timings:
-            if provenance is None or _PROVENANCE_RANK[t.provenance] > _PROVENANCE_RANK[provenance]:
+            if provenance is None or PROVENANCE_RANK[t.provenance] > PROVENANCE_RANK[provenance]:
                 provenance = t.provenance
             for phase, share in t.phases.items():
                 phase_seconds[phase] = phase_seconds.get(phase, 0.0) + share.seconds

@@ -48,6 +48,12 @@ class Provenance(StrEnum):
     MODELED = "modeled"  # a documented roofline or apportionment model
 
 
+# Weakest first when figures of several provenances combine: the result is labelled with
+# the weakest (a sum with one modeled part is modeled).
+PROVENANCE_RANK: dict[Provenance, int] = {
+    Provenance.MEASURED: 0, Provenance.DERIVED: 1, Provenance.MODELED: 2}
+
+
 class StageGroup(StrEnum):
     """Where on the path a stage sits; decides how its cost is priced."""
 

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tokenpath import metric_names as M
-from tokenpath.attributes import HOST_NAME, NODE
 from tokenpath.collector.receivers.otlp_decode import MetricPoint
+from tokenpath.identity import node_of_resource
 from tokenpath.metric_names import GPU_ENERGY, LABEL_GPU
 from tokenpath.roofline import GPUS
 from tokenpath.telemetry import LabelledCount, Telemetry
@@ -123,7 +123,7 @@ class GpuEnergyReadings:
             for p in points:
                 if p.name != GPU_ENERGY.name:
                     continue
-                node = str(p.resource.get(NODE) or p.resource.get(HOST_NAME) or "unknown")
+                node = node_of_resource(p.resource)
                 gpus = self._nodes.setdefault(node, {})
                 gpu = str(p.attributes.get(LABEL_GPU, ""))
                 counter = gpus.get(gpu)

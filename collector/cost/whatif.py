@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tokenpath import metric_names as M
 from tokenpath.collector.cost.cache import top_prefixes_by_waste
 from tokenpath.collector.cost.catalog import catalog_model_name
 from tokenpath.collector.cost.longcontext import spend_by_context_bucket
@@ -164,7 +165,7 @@ def calibrate(records: Sequence[RequestRecord], prices: PriceSheet) -> Calibrati
         ps, ds, end = record.prefill_start_unix, record.decode_start_unix, record.engine_end_unix
         prefill = record.prefill_seconds
         if ps is not None and ds is not None and end is not None and ps <= ds <= end:
-            node = record.node or "unknown"
+            node = record.node or M.UNKNOWN
             busy[node].append((ps, end))
             decode_sum[node] += end - ds
             prefill = ds - ps if prefill is None else prefill

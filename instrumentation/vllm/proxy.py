@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokenpath.config import parse_host_port
+from tokenpath.endpoints import COLLECTOR_GRPC
 from tokenpath.instrumentation.relay import relay_response
 from tokenpath.instrumentation.request_ids import REQUEST_ID_HEADER, request_id_for
 
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--upstream", required=True, help="vLLM base URL")
     parser.add_argument("--listen", default="127.0.0.1:8080")
-    parser.add_argument("--otlp", default="127.0.0.1:4317", help="collector OTLP/gRPC")
+    parser.add_argument("--otlp", default=COLLECTOR_GRPC, help="collector OTLP/gRPC")
     args = parser.parse_args(argv)
     host, port = parse_host_port(args.listen, "--listen")
     # Tell clients the gateway's trace id (W3C ``traceresponse`` header).

@@ -13,6 +13,7 @@ import typer
 
 from tokenpath.cli.common import auth_token, console, fail
 from tokenpath.config import ConfigError, load_config_file
+from tokenpath.endpoints import AGENT_LISTEN
 
 if TYPE_CHECKING:
     from tokenpath.agent.service import AgentService
@@ -24,7 +25,7 @@ def register(app: typer.Typer) -> None:
     @app.command("agent")
     def agent(
         listen: str | None = typer.Option(
-            None, help="HOST:PORT for GET /metrics and /healthz (default 127.0.0.1:9400)."),
+            None, help=f"HOST:PORT for GET /metrics and /healthz (default {AGENT_LISTEN})."),
         collector: str | None = typer.Option(
             None, help="Collector OTLP/HTTP base URL; metrics are pushed to URL/v1/metrics."),
         interval: str | None = typer.Option(

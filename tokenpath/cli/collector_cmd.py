@@ -12,15 +12,16 @@ import typer
 
 from tokenpath.cli.common import auth_token, console, fail
 from tokenpath.config import ConfigError, load_config_file
+from tokenpath.endpoints import COLLECTOR_GRPC, COLLECTOR_HTTP
 
 
 def register(app: typer.Typer) -> None:
     @app.command("collector")
     def collector(
         grpc: str | None = typer.Option(None, help="OTLP/gRPC HOST:PORT ('off' to disable). "
-                                        "Default 127.0.0.1:4317."),
+                                        f"Default {COLLECTOR_GRPC}."),
         http: str | None = typer.Option(None, help="OTLP/HTTP, API and UI HOST:PORT. "
-                                        "Default 127.0.0.1:4318."),
+                                        f"Default {COLLECTOR_HTTP}."),
         store: str | None = typer.Option(None, help="SQLite store path. Default "
                                          "$TOKENPATH_STORE or ~/.local/share/tokenpath/store.db."),
         prices: str | None = typer.Option(None, help="Price sheet YAML."),

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokenpath.cli.common import auth_token, console, fail
 from tokenpath.config import ConfigError, parse_host_port
+from tokenpath.endpoints import AGENT_LISTEN, COLLECTOR_HTTP
 from tokenpath.instrumentation.tenants import TenantConfig
 
 if TYPE_CHECKING:
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
     from tokenpath.records import RequestRecord
     from tokenpath.report import Report
 
-DEFAULT_COLLECTOR_HTTP = "127.0.0.1:4318"
-DEFAULT_AGENT_LISTEN = "127.0.0.1:9400"
+DEFAULT_COLLECTOR_HTTP = COLLECTOR_HTTP
+DEFAULT_AGENT_LISTEN = AGENT_LISTEN
 DEFAULT_RPS = 4.0
 DEFAULT_TIME_SCALE = 1.0
 DEFAULT_SHARED_PREFIX = 0.7

@@ -14,6 +14,7 @@ from tokenpath.cli.render import render_leak_ranking, render_report, render_requ
 from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
 from tokenpath.collector.cost.leak_ranking import rank_leaks
 from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.endpoints import COLLECTOR_URL
 from tokenpath.records import RequestRecord
 from tokenpath.report import build_report
 
@@ -36,7 +37,7 @@ GROUP_KEYS: dict[GroupBy, Callable[[RequestRecord], str | None]] = {
 }
 
 STORE_HELP = "Store path (default $TOKENPATH_STORE or ~/.local/share/tokenpath/store.db)."
-COLLECTOR_HELP = ("Read from a running collector instead, e.g. http://127.0.0.1:4318; "
+COLLECTOR_HELP = (f"Read from a running collector instead, e.g. {COLLECTOR_URL}; "
                   "several replicas, comma-separated, are merged.")
 
 

@@ -31,6 +31,7 @@ from tokenpath.collector.cost.whatif import (
 )
 from tokenpath.collector.cost.whatif_rules import check_rules_of_thumb
 from tokenpath.config import ConfigError
+from tokenpath.endpoints import COLLECTOR_URL
 from tokenpath.records import RequestRecord
 
 RECORDS_LIMIT = 100_000
@@ -145,7 +146,7 @@ def register(app: typer.Typer) -> None:
     def whatif(
         store: str | None = typer.Option(None, help="Store path (default $TOKENPATH_STORE)."),
         collector: str | None = typer.Option(None, help="Read from a running collector, "
-                                             "e.g. http://127.0.0.1:4318."),
+                                             f"e.g. {COLLECTOR_URL}."),
         records: Path | None = typer.Option(None, help="JSON of `tokenpath requests "
                                             "--format json` instead of a store."),
         prices: Path | None = typer.Option(None, help="Price sheet YAML (default: shipped)."),
