@@ -32,12 +32,12 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import NoOpTracerProvider, set_span_in_context
 
 from tokenpath import attributes as attr
-from tokenpath.instrumentation.hooks import StageRecorder
 from tokenpath.instrumentation.reference.engine import EngineConfig
 from tokenpath.instrumentation.reference.serving_path import (
     ReferencePathConfig,
     ReferenceServingPath,
 )
+from tokenpath.instrumentation.stage_recorder import StageRecorder
 from tokenpath.stages import STAGE_IDS
 
 STAGE_RECORDING_TARGET = 0.25

@@ -100,6 +100,7 @@ class StoreConfig:
     batch_size: int = DEFAULT_BATCH_SIZE
     retention_check_seconds: float = DEFAULT_RETENTION_CHECK_SECONDS
     queue_size: int = DEFAULT_QUEUE_SIZE
+    read_only: bool = False  # a reader (CLI): the file is opened read-only, never changed
 
     def validate(self) -> None:
         if self.retention_seconds <= 0:
@@ -144,6 +145,10 @@ class RecordStore:
         path = self._config.path
         if path != MEMORY:
             path = str(Path(path).expanduser())
+        if self._config.read_only and path != MEMORY:
+            uri = Path(path).resolve().as_uri() + "?mode=ro"
+            return sqlite3.connect(uri, uri=True, check_same_thread=False,
+                                   isolation_level=None)
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         if path != MEMORY:
             db.execute("PRAGMA journal_mode=WAL")
@@ -364,8 +369,13 @@ class RecordStore:
         if since_unix is not None:
             sql += " WHERE end_unix >= ?"
             args.append(since_unix)
-        with self._db_lock:
-            (total,) = self._db.execute(sql, args).fetchone()
+        try:
+            with self._db_lock:
+                (total,) = self._db.execute(sql, args).fetchone()
+        except sqlite3.OperationalError:  # a store written before the column, read-only
+            if column == "dollars":
+                raise
+            return 0.0
         return float(total)
 
     def count(self) -> int:
@@ -375,7 +385,8 @@ class RecordStore:
 
 
 def open_store_readonly(path: str) -> RecordStore:
-    """A store for reading (CLI): errors name the path when it does not exist."""
+    """A store for reading (CLI), opened read-only (nothing in the file changes, not even
+    its schema); errors name the path when it does not exist."""
     if not Path(path).expanduser().exists():
         raise ConfigError("store", f"no store at {path}")
-    return RecordStore(StoreConfig(path=path))
+    return RecordStore(StoreConfig(path=path, read_only=True))

@@ -22,9 +22,9 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvid
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokenpath import attributes as attr
-from tokenpath.instrumentation.engine_hooks import get_tracer
-from tokenpath.instrumentation.hooks import StageRecorder
+from tokenpath.instrumentation.engine_trace import get_tracer
 from tokenpath.instrumentation.safety import telemetry_errors
+from tokenpath.instrumentation.stage_recorder import StageRecorder
 from tokenpath.stages import StageId
 
 DEFAULT_TIMEOUT_SECONDS = 120.0

@@ -36,8 +36,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvid
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokenpath import attributes as attr
-from tokenpath.instrumentation.engine_hooks import get_tracer
-from tokenpath.instrumentation.hooks import StageRecorder
+from tokenpath.instrumentation.engine_trace import get_tracer
 from tokenpath.instrumentation.network import (
     LinkModel,
     ResponseTally,
@@ -45,6 +44,7 @@ from tokenpath.instrumentation.network import (
 )
 from tokenpath.instrumentation.request_ids import request_id_for
 from tokenpath.instrumentation.safety import telemetry_errors
+from tokenpath.instrumentation.stage_recorder import StageRecorder
 from tokenpath.instrumentation.tenants import TenantConfig, TenantResolver
 from tokenpath.stages import Provenance, StageId
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import TracerProvider
 
 from tokenpath.config import ConfigError
-from tokenpath.instrumentation.engine_hooks import EngineIdentity, EngineRequestTrace, get_tracer
+from tokenpath.instrumentation.engine_trace import EngineIdentity, EngineRequestTrace, get_tracer
 from tokenpath.instrumentation.fingerprints import FingerprintConfig, prefix_fingerprints
 from tokenpath.instrumentation.reference import SIMULATED_ENGINE_NAME
 from tokenpath.instrumentation.reference.ground_truth import (

@@ -182,3 +182,25 @@ def test_a_joined_record_is_found_from_the_client_trace_it_joined(tmp_path: Path
     assert store.record(workflow) == joined
     assert store.records_of_trace(format(98, "032x")) == []
     store.shutdown()
+
+
+def test_a_reader_opens_the_store_read_only_and_changes_nothing(tmp_path: Path) -> None:
+    import hashlib
+
+    from tokenpath.collector.store import open_store_readonly
+
+    path = tmp_path / "s.db"
+    writer = RecordStore(StoreConfig(path=str(path)))
+    writer.consume_record(record(1, 100.0))
+    writer.consume_idle_cost(IdleCost("p", 0.0, 1.0, 0.5, 7.0))
+    writer.shutdown()
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    reader = open_store_readonly(str(path))
+    try:
+        assert [r.trace_id for r in reader.records()] == [record(1, 100.0).trace_id]
+        assert reader.idle_energy_joules() == 7.0
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            reader._db.execute("DELETE FROM requests")
+    finally:
+        reader.shutdown()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before

@@ -34,7 +34,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from tokenpath import attributes as A
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.cost.stepsim import random_workload, simulate
-from tokenpath.instrumentation.engine_hooks import EngineIdentity, EngineRequestTrace
+from tokenpath.instrumentation.engine_trace import EngineIdentity, EngineRequestTrace
 from tokenpath.records import RequestRecord
 from tokenpath.roofline import roofline_for
 from tokenpath.stages import Phase, StageId

@@ -104,7 +104,7 @@ class StageRecorder:
         try:
             write_stage_events(self.span, self._entries)
         except Exception as exc:
-            telemetry_errors.count("hooks.flush", exc)
+            telemetry_errors.count("stage_recorder.flush", exc)
 
 
 def write_stage_events(span: Span, entries: list[StageEntry]) -> None:

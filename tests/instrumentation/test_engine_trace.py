@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.otel_sink import SpanSink
-from tokenpath.instrumentation.engine_hooks import EngineIdentity, EngineRequestTrace, get_tracer
+from tokenpath.instrumentation.engine_trace import EngineIdentity, EngineRequestTrace, get_tracer
 from tokenpath.instrumentation.safety import telemetry_errors
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

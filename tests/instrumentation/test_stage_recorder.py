@@ -9,8 +9,8 @@ from tests.fakes.otel_sink import SpanSink, stage_entries
 from tokenpath import attributes as attr
 from tokenpath.config import ConfigError
 from tokenpath.instrumentation.fingerprints import FingerprintConfig, prefix_fingerprints
-from tokenpath.instrumentation.hooks import StageRecorder
 from tokenpath.instrumentation.safety import TelemetryErrors, guarded, telemetry_errors
+from tokenpath.instrumentation.stage_recorder import StageRecorder
 from tokenpath.stages import Phase, Provenance, StageId
 
 
@@ -91,11 +91,11 @@ def test_flush_onto_a_broken_span_is_counted_not_raised() -> None:
         def add_event(self, name: str, attributes: Any = None, timestamp: Any = None) -> None:
             raise RuntimeError("boom")
 
-    before = telemetry_errors.by_place().get("hooks.flush", 0)
+    before = telemetry_errors.by_place().get("stage_recorder.flush", 0)
     recorder = StageRecorder(Broken(SpanContext(1, 2, False)))
     recorder.record(StageId.ROUTER, 0.1)
     recorder.flush()
-    assert telemetry_errors.by_place()["hooks.flush"] == before + 1
+    assert telemetry_errors.by_place()["stage_recorder.flush"] == before + 1
 
 
 def test_guarded_returns_default_and_counts() -> None:

@@ -24,8 +24,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProv
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokenpath import attributes as attr
-from tokenpath.instrumentation.hooks import StageRecorder
 from tokenpath.instrumentation.safety import telemetry_errors
+from tokenpath.instrumentation.stage_recorder import StageRecorder
 from tokenpath.stages import Phase, StageId
 
 INSTRUMENTATION_NAME = "tokenpath.instrumentation"
@@ -46,7 +46,7 @@ def parent_context(trace_headers: Mapping[str, Any] | None) -> otel_context.Cont
         }
         return _PROPAGATOR.extract(carrier=carrier)
     except Exception as exc:
-        telemetry_errors.count("engine_hooks.trace_headers", exc)
+        telemetry_errors.count("engine_trace.trace_headers", exc)
         return otel_context.Context()
 
 
@@ -155,7 +155,7 @@ class EngineRequestTrace:
         try:
             return self._emit(now, output_tokens, finish_reason, error)
         except Exception as exc:
-            telemetry_errors.count("engine_hooks.finish", exc)
+            telemetry_errors.count("engine_trace.finish", exc)
             return None
 
     def _emit(self, now: float, output_tokens: int, finish_reason: str, error: bool) -> str | None:
@@ -210,7 +210,7 @@ class EngineRequestTrace:
             if error:
                 span.set_status(Status(StatusCode.ERROR))
         except Exception as exc:
-            telemetry_errors.count("engine_hooks.events", exc)
+            telemetry_errors.count("engine_trace.events", exc)
         finally:
             span.end(end_time=int(now * 1e9))
         context = span.get_span_context()
