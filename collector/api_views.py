@@ -108,7 +108,7 @@ def repeated_prefixes(records: Sequence[RequestRecord], block_tokens: int = DEFA
     all of them: the cost model's prefix tracker replayed over the stored records.
     Fingerprints and lengths only; prompt content never reaches the collector."""
     tracker = replay_prefixes(records, block_tokens)
-    top = tracker.heavy_hitters.top_by_waste(limit)
+    top = tracker.top_by_waste(limit)
     return [p.to_json() for p in top], tracker.recomputed_tokens
 
 

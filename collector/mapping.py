@@ -35,6 +35,7 @@ from tokenpath.collector.calls import (
     is_http_server,
     split_calls,
 )
+from tokenpath.collector.engine_steps import EngineStepsTelemetry, is_engine_steps_span
 from tokenpath.collector.native import (
     DYNAMO_ENGINE_SPAN,
     DYNAMO_INPUT_TOKENS,
@@ -536,8 +537,13 @@ class StageMapper:
     def __init__(self, downstream: RecordConsumer, stats: CollectorStats | None = None) -> None:
         self._downstream = downstream
         self._stats = stats or CollectorStats()
+        self.engine_steps = EngineStepsTelemetry()
 
     def consume_trace(self, trace: AssembledTrace) -> None:
+        if trace.spans and all(is_engine_steps_span(s) for s in trace.spans):
+            for span in trace.spans:  # the vLLM plugin's interval summary: no request
+                self.engine_steps.observe(span)
+            return
         try:
             records = map_calls(trace)
         except Exception:

@@ -77,6 +77,7 @@ class CollectorService:
             mapped = _ForwardThenClose(self.forwarder, self.attributor)
         self.joiner = CallJoiner(mapped, config.join, self.stats)
         self.mapper = StageMapper(self.joiner, self.stats)
+        self.prometheus.export_telemetry(self.mapper.engine_steps)
         self.worker = PipelineWorker(self.mapper, self.attributor,
                                      (self.joiner, self.attributor), self.stats,
                                      config.pipeline_queue_size)

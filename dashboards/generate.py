@@ -22,6 +22,7 @@ BUDGET_RULES_EXAMPLE_FILE = Path("dashboards/rules/tokenpath-budgets.example.yml
 K8S_GENERATED_DIR = Path("deploy/k8s/generated")
 PROMETHEUS_RULE_FILE = K8S_GENERATED_DIR / "prometheusrule.yaml"
 DASHBOARD_CONFIGMAPS_FILE = K8S_GENERATED_DIR / "dashboard-configmaps.yaml"
+REFERENCE_FILE = Path("docs/reference.md")
 
 
 def dashboard_files() -> dict[Path, str]:
@@ -41,7 +42,15 @@ def generated_files(params: rules.RuleParams | None = None) -> dict[Path, str]:
         BUDGET_RULES_EXAMPLE_FILE: budgets.budget_rules_yaml(example_budgets, params),
         PROMETHEUS_RULE_FILE: k8s.documents_yaml([k8s.prometheus_rule(params)]),
         DASHBOARD_CONFIGMAPS_FILE: k8s.documents_yaml(config_maps),
+        REFERENCE_FILE: _reference(),
     }
+
+
+def _reference() -> str:
+    from tokenpath.cli.main import app  # the CLI imports this module's command
+    from tokenpath.dashboards.reference import reference_markdown
+
+    return reference_markdown(app)
 
 
 def write_generated(root: Path, params: rules.RuleParams | None = None) -> list[Path]:

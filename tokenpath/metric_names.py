@@ -191,6 +191,22 @@ PRICING_FORCED_CLOSES = _m("collector_pricing_forced_closes", "counter", (),
                            "Times the attributor closed slices early (cost.max_pending_records).")
 RECORDS_PENDING_PRICE = _m("collector_records_pending_price", "gauge", (),
                            "Records held until their node's slices close.")
+# What the vLLM stat-logger plugin reports of itself and its engine's steps, per engine, from
+# its tokenpath.engine_steps interval spans (collector/engine_steps.py).
+ENGINE_PLUGIN_STEPS = _m("collector_engine_plugin_steps", "counter", (LABEL_ENGINE,),
+                         "Engine steps (iterations) the vLLM plugin reported, by engine.")
+ENGINE_PLUGIN_STEP_SECONDS = _m("collector_engine_plugin_step_seconds", "counter",
+                                (LABEL_ENGINE,),
+                                "Seconds the engine's steps took, as the vLLM plugin "
+                                "reported them: rate() is the engine's busy fraction.")
+ENGINE_PLUGIN_EXPORT_DROPPED = _m("collector_engine_plugin_export_dropped", "counter",
+                                  (LABEL_ENGINE,),
+                                  "Items the vLLM plugin's bounded queue dropped (its own "
+                                  "cumulative count, the latest reported), by engine.")
+ENGINE_PLUGIN_EXPORT_FAILED = _m("collector_engine_plugin_export_failed_batches", "counter",
+                                 (LABEL_ENGINE,),
+                                 "Span batches the vLLM plugin failed to export (its own "
+                                 "cumulative count, the latest reported), by engine.")
 PRICING_RECORDS_IN = _m("collector_pricing_records_in", "counter", (),
                         "Records the cost attributor received.")
 PRICING_RECORDS_OUT = _m("collector_pricing_records_out", "counter", (),

@@ -39,7 +39,6 @@ from tokenpath.collector.cost.apportion import (
 )
 from tokenpath.collector.cost.cache import (
     DEFAULT_BLOCK_TOKENS,
-    DEFAULT_HEAVY_HITTER_CAPACITY,
     DEFAULT_RECENT_CAPACITY,
     DEFAULT_RECENT_TTL_SECONDS,
     PrefixCacheTracker,
@@ -91,7 +90,6 @@ class AttributorConfig:
     prefix_block_tokens: int = DEFAULT_BLOCK_TOKENS
     recent_prefix_ttl_seconds: float = DEFAULT_RECENT_TTL_SECONDS
     recent_prefix_capacity: int = DEFAULT_RECENT_CAPACITY
-    heavy_hitter_capacity: int = DEFAULT_HEAVY_HITTER_CAPACITY
     late_horizon_seconds: float = DEFAULT_LATE_HORIZON_SECONDS
     tick_seconds: float = DEFAULT_TICK_SECONDS  # 0: the worker never ticks (call tick())
     # without an inventory entry, an engine's GPUs count (for idle) until it has served
@@ -119,7 +117,6 @@ class AttributorConfig:
             ("cost.lag_window", self.lag_window),
             ("cost.prefix_block_tokens", self.prefix_block_tokens),
             ("cost.recent_prefix_capacity", self.recent_prefix_capacity),
-            ("cost.heavy_hitter_capacity", self.heavy_hitter_capacity),
         ):
             if value < 1:
                 raise ConfigError(key, "must be >= 1")
@@ -255,7 +252,6 @@ class CostAttributor:
             block_tokens=self._config.prefix_block_tokens,
             ttl_seconds=self._config.recent_prefix_ttl_seconds,
             capacity=self._config.recent_prefix_capacity,
-            heavy_hitter_capacity=self._config.heavy_hitter_capacity,
         )
 
     @property

@@ -120,7 +120,7 @@ class PrefixCacheTracker:
         block_tokens: int = DEFAULT_BLOCK_TOKENS,
         ttl_seconds: float = DEFAULT_RECENT_TTL_SECONDS,
         capacity: int = DEFAULT_RECENT_CAPACITY,
-        heavy_hitter_capacity: int = DEFAULT_HEAVY_HITTER_CAPACITY,
+        heavy_hitter_capacity: int | None = None,
     ) -> None:
         self._block_tokens = block_tokens
         self._ttl = ttl_seconds
@@ -130,9 +130,17 @@ class PrefixCacheTracker:
         # (least recently seen first)
         self._by_engine: dict[str, OrderedDict[str, _Seen]] = {}
         self._engine_entries = 0
-        self.heavy_hitters = HeavyHitters(heavy_hitter_capacity)
+        # the top prefixes by waste: kept by the replay of stored records (what the API and
+        # CLI show, for any window), not by the live attributor
+        self.heavy_hitters = (None if heavy_hitter_capacity is None
+                              else HeavyHitters(heavy_hitter_capacity))
         self.waste_dollars = 0.0
         self.recomputed_tokens = 0
+
+    def top_by_waste(self, limit: int) -> list[PrefixStats]:
+        if self.heavy_hitters is None:
+            raise ValueError("this tracker keeps no heavy-hitter sketch")
+        return self.heavy_hitters.top_by_waste(limit)
 
     def seen_prefix_tokens(self, record: RequestRecord, at: float) -> tuple[int, int]:
         """(tokens of the longest prefix seen before ``at``, its block index or -1)."""
@@ -210,9 +218,10 @@ class PrefixCacheTracker:
         if known_waste is not None:
             waste = known_waste
         if depth >= 0:
-            self.heavy_hitters.update(record.prefix_fingerprints[depth], seen_tokens,
-                                      hit=cached >= seen_tokens, waste=waste,
-                                      recomputed_tokens=wasted_tokens)
+            if self.heavy_hitters is not None:
+                self.heavy_hitters.update(record.prefix_fingerprints[depth], seen_tokens,
+                                          hit=cached >= seen_tokens, waste=waste,
+                                          recomputed_tokens=wasted_tokens)
             self.recomputed_tokens += wasted_tokens
         self._remember(record, at)
         self.waste_dollars += waste
@@ -275,7 +284,8 @@ def replay_prefixes(records: Iterable[RequestRecord],
                     block_tokens: int = DEFAULT_BLOCK_TOKENS) -> PrefixCacheTracker:
     """Replay stored records (in engine order) through a tracker. Each record's waste is
     the one priced when it was recorded (``cache_miss_waste_dollars``)."""
-    tracker = PrefixCacheTracker(block_tokens=block_tokens)
+    tracker = PrefixCacheTracker(block_tokens=block_tokens,
+                                 heavy_hitter_capacity=DEFAULT_HEAVY_HITTER_CAPACITY)
     for record in sorted(records, key=lambda r: r.prefill_start_unix or r.start_unix):
         tracker.observe(record, 0.0, None, known_waste=record.cache_miss_waste_dollars)
     return tracker
@@ -284,4 +294,4 @@ def replay_prefixes(records: Iterable[RequestRecord],
 def top_prefixes_by_waste(records: Iterable[RequestRecord], limit: int = 10,
                           block_tokens: int = DEFAULT_BLOCK_TOKENS) -> list[PrefixStats]:
     """The repeated prefixes whose recomputation cost the most. Fingerprints only."""
-    return replay_prefixes(records, block_tokens).heavy_hitters.top_by_waste(limit)
+    return replay_prefixes(records, block_tokens).top_by_waste(limit)

@@ -33,7 +33,7 @@ def _prompt(system: str, user: str, blocks: int, system_blocks: int) -> tuple[st
 
 
 def test_recomputed_prefix_that_was_seen_recently_is_waste() -> None:
-    tracker = PrefixCacheTracker(block_tokens=16, ttl_seconds=60)
+    tracker = PrefixCacheTracker(block_tokens=16, ttl_seconds=60, heavy_hitter_capacity=8)
     first = engine_record(0, 10.0, 0.1, 1.0, input_tokens=160, cached_tokens=0)
     first.prefix_fingerprints = _prompt("s", "u1-", 10, 8)
     assert tracker.observe(first, prefill_dollars=1.0, roofline=ROOFLINE) == 0.0  # never seen
@@ -52,7 +52,7 @@ def test_recomputed_prefix_that_was_seen_recently_is_waste() -> None:
     stale.prefix_fingerprints = _prompt("s", "u4-", 10, 8)
     assert tracker.observe(stale, prefill_dollars=1.0, roofline=ROOFLINE) == 0.0  # past TTL
 
-    top = tracker.heavy_hitters.top_by_waste(1)[0]
+    top = tracker.top_by_waste(1)[0]
     assert top.fingerprint == "s7" and top.prefix_tokens == 128
     assert (top.hits, top.misses) == (1, 1)
 

@@ -1,0 +1,188 @@
+"""docs/reference.md: the contract users depend on, generated from the code.
+
+Commands and their options come from the CLI itself (typer's click tree), metric names,
+types, labels and help from ``tokenpath.metric_names``, span attributes (with the comment
+beside each in the source) from ``tokenpath.attributes``, and the JSON shapes from the
+record, report and chargeback classes. ``tokenpath dashboards build`` writes the file and
+the regeneration test fails when the committed one differs, so the page is what the code
+does.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import typer
+
+from tokenpath import attributes, metric_names
+from tokenpath.collector.cost.chargeback import ChargebackRow
+from tokenpath.metric_names import AGENT_METRICS, COLLECTOR_METRICS, MetricSpec
+from tokenpath.records import RequestRecord
+from tokenpath.report import build_report
+
+HEADER = """# Reference
+
+Generated from the code by `tokenpath dashboards build` (dashboards/reference.py); a test
+fails when this page and the code differ. Commands and flags, metric names and labels, the
+span attributes the collector reads or the shims write, and the JSON shapes of the API and
+CLI. Why each exists is in the other docs: [architecture](architecture.md),
+[cost model](cost-model.md), [stages](stages.md), [operations](operations.md).
+"""
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+# typer carries its own click: its classes are read by what they have, not their type
+def _commands(group: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    for name in sorted(group.commands):
+        command = group.commands[name]
+        path = f"{prefix} {name}"
+        if hasattr(command, "commands"):
+            yield from _commands(command, path)
+        else:
+            yield path, command
+
+
+def _option_names(param: Any) -> str:
+    if getattr(param, "param_type_name", "") == "argument":
+        return f"`{(param.name or '').upper()}`"
+    names = list(param.opts) + list(getattr(param, "secondary_opts", []))
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def commands_section(app: typer.Typer) -> list[str]:
+    root = typer.main.get_command(app)
+    lines = ["## Commands", ""]
+    for path, command in _commands(root, "tokenpath"):
+        summary = _cell((command.help or "").split("\n\n")[0])
+        lines += [f"### `{path}`", "", summary, ""]
+        params = [p for p in command.params if p.name != "help"]
+        if params:
+            lines += ["| option | help |", "|---|---|"]
+            for param in params:
+                help_text = _cell(getattr(param, "help", None) or "")
+                lines.append(f"| {_option_names(param)} | {help_text} |")
+            lines.append("")
+    return lines
+
+
+# --- metrics -------------------------------------------------------------------------------
+
+
+def _all_specs() -> list[MetricSpec]:
+    return [v for v in vars(metric_names).values() if isinstance(v, MetricSpec)]
+
+
+def _metric_table(title: str, specs: list[MetricSpec]) -> list[str]:
+    lines = [f"### {title}", "", "| series | type | labels | help |", "|---|---|---|---|"]
+    for spec in specs:
+        labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
+        lines.append(f"| `{spec.series}` | {spec.type} | {labels} | {_cell(spec.help)} |")
+    return [*lines, ""]
+
+
+def metrics_section() -> list[str]:
+    specs = _all_specs()
+    self_telemetry = [s for s in specs if s.name.startswith(f"{metric_names.NAMESPACE}_collector_")]
+    listed = {s.name for s in (*COLLECTOR_METRICS, *AGENT_METRICS, *self_telemetry)}
+    rest = [s for s in specs if s.name not in listed]
+    renamed = sorted(metric_names.RENAMED_FROM.items())
+    lines = ["## Metrics", "",
+             "Counters are exposed with `_total`; histograms as `_bucket`, `_sum`, `_count`.",
+             ""]
+    lines += _metric_table("Collector: requests, cost, energy", list(COLLECTOR_METRICS))
+    lines += _metric_table("Collector: self-telemetry", self_telemetry)
+    lines += _metric_table("Node agent", list(AGENT_METRICS))
+    if rest:
+        lines += _metric_table("Other", rest)
+    if renamed:
+        lines += ["Renamed metrics, still written under the old name too:", ""]
+        lines += [f"- `{metric_names.NAMESPACE}_{old}` is now `{metric_names.NAMESPACE}_{new}`"
+                  for new, old in renamed]
+        lines.append("")
+    return lines
+
+
+# --- span attributes -----------------------------------------------------------------------
+
+
+def _attribute_rows() -> Iterator[tuple[str, str, str, str]]:
+    """(section, constant, value, comment) for each string constant in attributes.py: the
+    section is the nearest ``# --- name ---`` header above it, the comment the comment
+    lines right above it and the one beside it."""
+    source = inspect.getsource(attributes)
+    lines = source.splitlines()
+    sections: list[str] = []
+    section = "General"
+    for line in lines:
+        text = line.strip()
+        if text.startswith("# ---"):
+            section = text.lstrip("#").strip().strip("-").strip()
+        sections.append(section)
+    for node in ast.parse(source).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) else None)
+        value = getattr(node, "value", None)
+        if not isinstance(target, ast.Name) or not isinstance(value, ast.Constant) or (
+                not isinstance(value.value, str)):
+            continue
+        comments: list[str] = []
+        index = node.lineno - 2
+        while index >= 0 and lines[index].lstrip().startswith("#") and not (
+                lines[index].lstrip().startswith("# ---")):
+            comments.insert(0, lines[index].strip().lstrip("#").strip())
+            index -= 1
+        after = lines[node.lineno - 1].split("=", 1)[-1]
+        inline = after.split("#", 1)[1].strip() if "#" in after else ""
+        yield (sections[node.lineno - 1], target.id, value.value,
+               " ".join([*comments, inline]).strip())
+
+
+def attributes_section() -> list[str]:
+    lines = ["## Span attributes, events and span names", "",
+             "Names the collector reads and the shims and engine hooks write "
+             "(tokenpath/attributes.py).", ""]
+    current = None
+    for section, constant, value, comment in _attribute_rows():
+        if section != current:
+            lines += ["", f"### {section}", "", "| name | constant | note |", "|---|---|---|"]
+            current = section
+        lines.append(f"| `{value}` | `{constant}` | {_cell(comment)} |")
+    return [*lines, ""]
+
+
+# --- JSON shapes ---------------------------------------------------------------------------
+
+
+def _keys(data: dict[str, Any]) -> str:
+    return ", ".join(f"`{key}`" for key in data)
+
+
+def json_section() -> list[str]:
+    record = RequestRecord(trace_id="0" * 32)
+    report = build_report([record], 0.0).to_json()
+    return [
+        "## JSON shapes", "",
+        "A request record (`tokenpath requests --format json`, `/api/requests`, the store):",
+        "", _keys(record.to_json()), "",
+        "A report (`tokenpath report --format json`, `/api/report`):", "", _keys(report), "",
+        "A chargeback row (`tokenpath chargeback --format json`, `/api/chargeback`):", "",
+        _keys(ChargebackRow("tenant").to_json()), "",
+    ]
+
+
+def reference_markdown(app: typer.Typer) -> str:
+    parts = [HEADER, *commands_section(app), *metrics_section(), *attributes_section(),
+             *json_section()]
+    text = "\n".join(parts)
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    return text.rstrip("\n") + "\n"

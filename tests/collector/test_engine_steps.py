@@ -1,0 +1,51 @@
+"""The vLLM plugin's engine-steps interval spans reach the collector's telemetry: sent by
+the real plugin exporter over OTLP/HTTP, read per engine, not counted as unmapped spans."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from tokenpath import metric_names as M
+from tokenpath.collector.config import CollectorConfig
+from tokenpath.collector.service import CollectorService
+from tokenpath.instrumentation.vllm.config import PluginConfig
+from tokenpath.instrumentation.vllm.exporter import AnnotationExporter, EngineStep
+
+
+def _samples(body: str, series: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if sample.name == series:
+                out[sample.labels[M.LABEL_ENGINE]] = sample.value
+    return out
+
+
+def test_engine_steps_spans_become_per_engine_telemetry() -> None:
+    service = CollectorService(CollectorConfig(http_port=0, grpc_port=None))
+    service.start()
+    try:
+        otlp = OTLPSpanExporter(endpoint=f"{service.http_url}/v1/traces")
+        plugin = AnnotationExporter(PluginConfig(queue_size=2, node="gpu-node-1"), otlp,
+                                    clock=lambda: time.time())
+        assert plugin.submit(EngineStep(time.time() - 1.0, 5, 0, 1, None))
+        assert plugin.submit(EngineStep(time.time() - 0.5, 0, 2, 2, None))
+        assert not plugin.submit(EngineStep(time.time(), 0, 2, 2, None))  # queue full
+        plugin.shutdown()  # the interval summary goes out
+        telemetry = service.mapper.engine_steps
+        deadline = time.monotonic() + 30
+        while not telemetry.steps and time.monotonic() < deadline:
+            time.sleep(0.05)
+        body = httpx.get(f"{service.http_url}/metrics", timeout=10).text
+    finally:
+        service.shutdown()
+    steps = _samples(body, M.ENGINE_PLUGIN_STEPS.series)
+    assert list(steps.values()) == [2.0]
+    (engine,) = steps
+    assert _samples(body, M.ENGINE_PLUGIN_STEP_SECONDS.series)[engine] > 0
+    assert _samples(body, M.ENGINE_PLUGIN_EXPORT_DROPPED.series) == {engine: 1.0}
+    assert service.stats.spans_unmapped.value == 0
