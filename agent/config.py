@@ -1,9 +1,12 @@
 """The agent's configuration: one dataclass, named defaults, ``validate()`` naming the key.
 
 Values resolve argument > environment > config file (``agent:`` section, or the agent's
-keys at the top level of a file without one) > default. Unknown file keys are errors in
-both layouts, and a value of the wrong type is not coerced: an integer setting takes no
-float or boolean, a duration no boolean.
+keys at the top level of a file without one) > default, by the one value rule of
+:mod:`tokenpath.config` that the collector follows too: a file value has its setting's
+type (``max_devices: 5``, not ``"5"``), a duration is a number of seconds or ``30s``, and
+environment values are text parsed by the same rule. Duration keys end in ``_seconds``
+(``push_interval_seconds``); the older short keys (``push_interval``) still work. Unknown
+file keys are errors in both layouts.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 from urllib.parse import urlsplit
@@ -22,9 +25,14 @@ from tokenpath.agent.nic_sampler import (
     NIC_SOURCES,
     NicSource,
 )
-from tokenpath.collector.tls import ClientTlsConfig, TlsConfig
-from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
+from tokenpath.config import (
+    ConfigError,
+    parse_host_port,
+    resolve,
+    resolve_typed,
+)
 from tokenpath.endpoints import AGENT_LISTEN
+from tokenpath.tls import ClientTlsConfig, TlsConfig
 
 DEFAULT_LISTEN: Final = AGENT_LISTEN
 DEFAULT_INTERVAL_SECONDS: Final = 1.0
@@ -67,29 +75,6 @@ def _url_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, list | tuple):
         return tuple(str(part).strip() for part in value if str(part).strip())
     raise ValueError("expected a list of URLs or a comma-separated string")
-
-
-def _duration(key: str) -> Callable[[Any], float]:
-    """A duration converter for ``key``: ``parse_duration``, with booleans refused (YAML's
-    ``true`` is an int to Python and would read as 1 s)."""
-
-    def convert(value: Any) -> float:
-        if isinstance(value, bool):
-            raise ValueError("expected a duration (30s, 5m, 2h, 1d), got a boolean")
-        return parse_duration(value, key)
-
-    return convert
-
-
-_interval = _duration("interval")
-
-
-def _integer(value: Any) -> int:
-    """A whole number: an int, or a string of one; never a float or boolean (``int()``
-    would turn 2.9 into 2 and true into 1)."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"expected an integer, got {type(value).__name__}")
-    return int(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,56 +182,56 @@ class AgentConfig:
             setting=COLLECTOR_TLS,
         )
         tls = TlsConfig.from_sources(tls_cert, tls_key, tls_client_ca, tls_file)
+
+        def duration(key: str, default: float) -> float:
+            return float(resolve_typed(key, None, None, section, default, "duration",
+                                       DURATION_FILE_KEYS[key]))
+
+        def integer(key: str, default: int) -> int:
+            return int(resolve_typed(key, None, None, section, default, "int"))
+
         config = cls(
             listen=resolve("listen", listen, ENV_LISTEN, section, DEFAULT_LISTEN, str),
             collector_url=resolve("collector", collector_url, ENV_COLLECTOR, section,
                                   None, str),
-            interval_seconds=resolve("interval",
-                                     None if interval is None else _interval(interval),
-                                     ENV_INTERVAL, section, DEFAULT_INTERVAL_SECONDS,
-                                     _interval),
+            interval_seconds=resolve_typed("interval_seconds", interval, ENV_INTERVAL, section,
+                                           DEFAULT_INTERVAL_SECONDS, "duration", "interval",
+                                           argument_key="interval"),
             engine_metrics_urls=resolve("engine_metrics",
                                         tuple(engine_metrics_urls) if engine_metrics_urls
                                         else None,
                                         ENV_ENGINE_METRICS, section, (), _url_list),
             node=resolve("node", node, ENV_NODE, section, defaults.node, str),
-            engine_timeout_seconds=resolve("engine_timeout", None, None, section,
-                                           DEFAULT_ENGINE_TIMEOUT_SECONDS,
-                                           _duration("engine_timeout")),
-            engine_interval_seconds=resolve("engine_interval", None, None, section,
-                                            DEFAULT_ENGINE_INTERVAL_SECONDS,
-                                            _duration("engine_interval")),
-            push_timeout_seconds=resolve("push_timeout", None, None, section,
-                                         DEFAULT_PUSH_TIMEOUT_SECONDS,
-                                         _duration("push_timeout")),
-            push_interval_seconds=resolve("push_interval", None, None, section,
-                                          DEFAULT_PUSH_INTERVAL_SECONDS,
-                                          _duration("push_interval")),
+            engine_timeout_seconds=duration("engine_timeout_seconds",
+                                            DEFAULT_ENGINE_TIMEOUT_SECONDS),
+            engine_interval_seconds=duration("engine_interval_seconds",
+                                             DEFAULT_ENGINE_INTERVAL_SECONDS),
+            push_timeout_seconds=duration("push_timeout_seconds", DEFAULT_PUSH_TIMEOUT_SECONDS),
+            push_interval_seconds=duration("push_interval_seconds", DEFAULT_PUSH_INTERVAL_SECONDS),
             nic_source=cast(NicSource, resolve("nic_source", None, None, section, "auto", str)),
             nic_exclude=resolve("nic_exclude", None, None, section, DEFAULT_NIC_EXCLUDE, str),
             sysfs_root=resolve("sysfs_root", None, None, section, str(DEFAULT_SYSFS_ROOT), str),
-            pcie_throughput=resolve("pcie_throughput", None, None, section, True, _boolean),
-            nvml_retry_seconds=resolve("nvml_retry", None, None, section,
-                                       DEFAULT_NVML_RETRY_SECONDS,
-                                       _duration("nvml_retry")),
-            max_devices=resolve("max_devices", None, None, section, DEFAULT_MAX_DEVICES,
-                                _integer),
-            max_models=resolve("max_models", None, None, section, DEFAULT_MAX_MODELS,
-                               _integer),
-            max_sources=resolve("max_sources", None, None, section, DEFAULT_MAX_SOURCES,
-                                _integer),
+            pcie_throughput=resolve_typed("pcie_throughput", None, None, section, True, "bool"),
+            nvml_retry_seconds=duration("nvml_retry_seconds", DEFAULT_NVML_RETRY_SECONDS),
+            max_devices=integer("max_devices", DEFAULT_MAX_DEVICES),
+            max_models=integer("max_models", DEFAULT_MAX_MODELS),
+            max_sources=integer("max_sources", DEFAULT_MAX_SOURCES),
             tls=tls,
             collector_tls=collector_tls,
         )
         return config.validate()
 
 
+# Duration settings: the file key ends in _seconds; the short key before it still works.
+DURATION_FILE_KEYS: Final = {
+    "interval_seconds": "interval", "engine_timeout_seconds": "engine_timeout",
+    "engine_interval_seconds": "engine_interval", "push_timeout_seconds": "push_timeout",
+    "push_interval_seconds": "push_interval", "nvml_retry_seconds": "nvml_retry",
+}
 KNOWN_FILE_KEYS: Final = frozenset({
-    "listen", "collector", "interval", "engine_metrics", "node", "engine_timeout",
-    "engine_interval",
-    "push_timeout", "push_interval", "nic_source", "nic_exclude", "sysfs_root",
-    "pcie_throughput", "nvml_retry",
-    "max_devices", "max_models", "max_sources", "tls", "collector_tls",
+    "listen", "collector", "engine_metrics", "node", "nic_source", "nic_exclude",
+    "sysfs_root", "pcie_throughput", "max_devices", "max_models", "max_sources", "tls",
+    "collector_tls", *DURATION_FILE_KEYS, *DURATION_FILE_KEYS.values(),
 })
 TLS_FILE_KEYS: Final = frozenset({"cert", "key", "client_ca"})
 COLLECTOR_TLS: Final = "collector_tls"
@@ -264,17 +249,6 @@ def _file_subsection(section: Mapping[str, Any], name: str,
     if unknown:
         raise ConfigError(f"{name}.{unknown[0]}", "unknown setting")
     return {f"{name}.{key}": value for key, value in raw.items() if value is not None}
-
-
-def _boolean(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
 
 
 def _check_url(url: str, key: str) -> None:

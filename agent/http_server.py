@@ -27,7 +27,7 @@ from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from tokenpath.collector.auth import bearer_matches
+from tokenpath.auth import bearer_matches
 
 logger = logging.getLogger(__name__)
 

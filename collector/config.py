@@ -5,7 +5,6 @@ Precedence: argument > environment > file > default (``tokenpath.config.resolve`
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +18,16 @@ from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.pipeline_worker import DEFAULT_QUEUE_SIZE
 from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
 from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
-from tokenpath.collector.tls import TlsConfig
-from tokenpath.config import ConfigError, parse_duration, parse_host_port, resolve
+from tokenpath.config import (
+    ConfigError,
+    parse_duration,
+    parse_host_port,
+    read_section,
+    resolve,
+    typed_value,
+)
 from tokenpath.endpoints import COLLECTOR_GRPC, COLLECTOR_GRPC_PORT, COLLECTOR_HTTP_PORT, LOOPBACK
+from tokenpath.tls import TlsConfig
 
 DEFAULT_HTTP_HOST = LOOPBACK
 DEFAULT_HTTP_PORT = COLLECTOR_HTTP_PORT
@@ -128,19 +134,19 @@ class CollectorConfig:
         retention = resolve("retention", None, None, f, DEFAULT_RETENTION_SECONDS,
                             lambda v: parse_duration(v, "retention"))
         token = auth_token if auth_token is not None else (os.environ.get(ENV_AUTH_TOKEN) or None)
-        assembler = _section(AssemblerConfig, f, "assembler")
-        cost = _section(AttributorConfig, f, "cost")
-        limits = _section(IngestLimits, f, "limits")
-        join = _section(JoinConfig, f, "join")
-        _section(TlsConfig, f, "tls")  # a mapping with known keys only
+        assembler = read_section(AssemblerConfig, f, "assembler")
+        cost = read_section(AttributorConfig, f, "cost")
+        limits = read_section(IngestLimits, f, "limits")
+        join = read_section(JoinConfig, f, "join")
+        read_section(TlsConfig, f, "tls")  # a mapping with known keys only
         tls_file = {f"tls.{k}": v for k, v in (f.get("tls") or {}).items() if v is not None}
         tls = TlsConfig.from_sources(tls_cert, tls_key, tls_client_ca, tls_file)
         max_buffered = resolve("max_buffered_spans", None, None, f, DEFAULT_MAX_BUFFERED_SPANS,
-                               lambda v: _typed_value("max_buffered_spans", "int", v))
+                               lambda v: typed_value("max_buffered_spans", "int", v))
         forward = resolve("forward_records", forward_records, ENV_FORWARD_RECORDS, f, None,
                           str) or None
         queue_size = resolve("pipeline_queue_size", None, None, f, DEFAULT_QUEUE_SIZE,
-                             lambda v: _typed_value("pipeline_queue_size", "int", v))
+                             lambda v: typed_value("pipeline_queue_size", "int", v))
         config = cls(
             http_host=http_host, http_port=http_port, grpc_host=grpc_host, grpc_port=grpc_port,
             store_path=store_path, prices_path=prices_path, retention_seconds=retention,
@@ -150,47 +156,3 @@ class CollectorConfig:
         )
         config.validate()
         return config
-
-
-def _section(kind: Any, f: dict[str, Any], name: str) -> Any:
-    """The ``name`` mapping of the file as a ``kind`` dataclass, each value read by its
-    field's type; unknown keys and wrong values are errors naming ``name.key``."""
-    raw = f.get(name) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(name, "must be a mapping")
-    fields = kind.__dataclass_fields__
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in fields:
-            raise ConfigError(f"{name}.{key}",
-                              f"unknown key; known: {', '.join(sorted(fields))}")
-        values[key] = _typed_value(f"{name}.{key}", str(fields[key].type), value)
-    return kind(**values)
-
-
-def _typed_value(key: str, type_name: str, value: Any) -> Any:
-    """``value`` as the field type ``type_name`` (an annotation string) asks: integers
-    exactly, numbers finite, ``*_seconds`` also as durations (``30s``, ``5m``)."""
-    if type_name == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(key, f"must be true or false, not {value!r}")
-        return value
-    if type_name == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"must be an integer, not {value!r}")
-        return value
-    if type_name == "float":
-        if key.endswith("_seconds"):
-            if isinstance(value, str | int | float):
-                return parse_duration(value, key)
-            raise ConfigError(key, f"not a duration: {value!r} (use 30s, 5m, 2h, 1d)")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(key, f"must be a number, not {value!r}")
-        if not math.isfinite(value):
-            raise ConfigError(key, f"must be a finite number, not {value!r}")
-        return float(value)
-    if type_name.startswith("str"):
-        if value is not None and not isinstance(value, str):
-            raise ConfigError(key, f"must be a string, not {value!r}")
-        return value
-    return value

@@ -26,8 +26,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenpath import metric_names as M
+from tokenpath.auth import bearer_matches
 from tokenpath.collector import api_views
-from tokenpath.collector.auth import bearer_matches
 from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
 from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.collector.node_metrics import NodeMetricsState, nic_last_mile
@@ -35,11 +35,11 @@ from tokenpath.collector.receivers.http import method_not_allowed, otlp_router
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore
-from tokenpath.collector.tls import TlsConfig
 from tokenpath.collector.whatif_view import WhatIfRequest, whatif_view
 from tokenpath.config import ConfigError, parse_duration
 from tokenpath.last_mile import DEFAULT_PACKETS_PER_TOKEN_THRESHOLD
 from tokenpath.report import build_report
+from tokenpath.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 

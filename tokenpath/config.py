@@ -2,7 +2,14 @@
 
 Each component has its own dataclass with named default constants and a ``validate()``
 that raises :class:`ConfigError` naming the offending key. Values resolve in the order
-argument > environment > file > default (:func:`resolve`).
+argument > environment > file > default (:func:`resolve`, :func:`resolve_typed`).
+
+One rule for values, in every component (:func:`typed_value`): a file value must have its
+setting's YAML type (an integer setting takes ``5``, not ``"5"``, ``5.0`` or ``true``; a
+boolean ``true``/``false``; a number a finite number); a duration takes a number of
+seconds or a string such as ``30s``, ``5m``, ``2h``, ``1d``; an environment variable or
+command-line value is text, parsed by the same rule. File keys name the setting; a
+duration's ends in ``_seconds``.
 """
 
 from __future__ import annotations
@@ -69,6 +76,100 @@ def resolve(
         return convert(raw)
     except (TypeError, ValueError) as exc:
         raise ConfigError(source, f"invalid value {raw!r}: {exc}") from exc
+
+
+ValueKind = str  # "bool", "int", "float", "duration", "str"
+
+
+def typed_value(key: str, kind: ValueKind, value: Any, *, text: bool = False) -> Any:
+    """``value`` as a ``kind`` setting, by the one rule above; ``text``: it came from an
+    environment variable or the command line (a string to parse). Errors name ``key``."""
+    if text and isinstance(value, str):
+        return _from_text(key, kind, value.strip())
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"must be true or false, not {value!r}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"must be an integer, not {value!r}")
+        return value
+    if kind == "duration":
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ConfigError(key, f"not a duration: {value!r} (use 30s, 5m, 2h, 1d)")
+        return parse_duration(value, key)
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(key, f"must be a number, not {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(key, f"must be a finite number, not {value!r}")
+        return float(value)
+    if kind == "str":
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(key, f"must be a string, not {value!r}")
+        return value
+    return value
+
+
+def _from_text(key: str, kind: ValueKind, text: str) -> Any:
+    if kind == "bool":
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(key, f"must be true or false, not {text!r}")
+    if kind == "int":
+        try:
+            return int(text)
+        except ValueError as exc:
+            raise ConfigError(key, f"must be an integer, not {text!r}") from exc
+    if kind == "float":
+        try:
+            number = float(text)
+        except ValueError as exc:
+            raise ConfigError(key, f"must be a number, not {text!r}") from exc
+        return typed_value(key, kind, number)
+    if kind == "duration":
+        return parse_duration(text, key)
+    return text
+
+
+def resolve_typed(key: str, argument: Any, env: str | None, file_section: Mapping[str, Any],
+                  default: Any, kind: ValueKind, *aliases: str,
+                  argument_key: str | None = None) -> Any:
+    """:func:`resolve` by the one value rule: an argument or environment value is text
+    (or already typed), a file value must have the setting's type. ``aliases``: older
+    file keys that still name the setting; ``argument_key``: the name errors in the
+    argument give (its command-line option's)."""
+    if argument is not None:
+        return typed_value(argument_key or key, kind, argument, text=True)
+    if env is not None and os.environ.get(env) not in (None, ""):
+        return typed_value(env, kind, os.environ[env], text=True)
+    for name in (key, *aliases):
+        if name in file_section:
+            return typed_value(name, kind, file_section[name])
+    return default
+
+
+def read_section(kind: Any, f: Mapping[str, Any], name: str) -> Any:
+    """The ``name`` mapping of a config file as the ``kind`` dataclass, each value read by
+    its field's type (a ``*_seconds`` float as a duration); unknown keys and wrong values
+    are errors naming ``name.key``."""
+    raw = f.get(name) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(name, "must be a mapping")
+    fields = kind.__dataclass_fields__
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise ConfigError(f"{name}.{key}",
+                              f"unknown key; known: {', '.join(sorted(fields))}")
+        type_name = str(fields[key].type)
+        value_kind = ("duration" if type_name == "float" and key.endswith("_seconds")
+                      else "str" if type_name.startswith("str") else type_name)
+        values[key] = typed_value(f"{name}.{key}", value_kind, value)
+    return kind(**values)
 
 
 def parse_host_port(value: str, key: str) -> tuple[str, int]:

@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from tokenpath.collector.auth import bearer_matches
+from tokenpath.auth import bearer_matches
 from tokenpath.collector.receivers.ingest import OtlpIngest, Overloaded, partial_success
 from tokenpath.collector.receivers.otlp_decode import (
     MalformedPayload,
@@ -35,8 +35,8 @@ from tokenpath.collector.receivers.otlp_decode import (
     parse_trace_request,
 )
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.tls import TlsConfig
 from tokenpath.config import ConfigError
+from tokenpath.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 RECEIVER = "otlp_grpc"

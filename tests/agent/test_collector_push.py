@@ -14,7 +14,7 @@ from tokenpath.agent.config import AgentConfig
 from tokenpath.agent.service import AgentService
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.service import CollectorService
-from tokenpath.collector.tls import ClientTlsConfig, TlsConfig
+from tokenpath.tls import ClientTlsConfig, TlsConfig
 
 TOKEN = "shared-token"
 NODE_NAME = "gpu-node-3"

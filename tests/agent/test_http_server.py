@@ -12,8 +12,8 @@ import pytest
 from tests.support.certs import CertFiles, make_certs
 from tokenpath.agent import http_server
 from tokenpath.agent.http_server import AgentHttpServer
-from tokenpath.collector.auth import bearer_matches
-from tokenpath.collector.tls import TlsConfig
+from tokenpath.auth import bearer_matches
+from tokenpath.tls import TlsConfig
 
 
 def test_shutdown_returns_when_no_connection_can_reach_the_listener(

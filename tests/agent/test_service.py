@@ -24,8 +24,8 @@ from tokenpath import metric_names as mn
 from tokenpath.agent.config import ENV_INTERVAL, ENV_LISTEN, ENV_NODE, AgentConfig
 from tokenpath.agent.service import AgentService, load_pynvml
 from tokenpath.attributes import NODE
-from tokenpath.collector.tls import TlsConfig
 from tokenpath.config import ConfigError
+from tokenpath.tls import TlsConfig
 
 TOKEN = "s3cret-token"
 
@@ -292,7 +292,7 @@ def test_settle_heap_freezes_what_start_up_left() -> None:
 
 
 def test_a_file_without_an_agent_section_is_read_and_checked_like_one() -> None:
-    values = {"listen": "127.0.0.1:5555", "interval": 2, "max_devices": "4", "max_models": 3,
+    values = {"listen": "127.0.0.1:5555", "interval": 2, "max_devices": 4, "max_models": 3,
               "engine_timeout": 1.5}
     config = AgentConfig.from_sources(file_values=values)
     assert (config.listen, config.interval_seconds, config.max_devices, config.max_models,
@@ -306,7 +306,7 @@ def test_a_file_without_an_agent_section_is_read_and_checked_like_one() -> None:
 def test_tls_settings_come_from_flags_environment_or_the_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.support.certs import make_certs
-    from tokenpath.collector.tls import ENV_TLS_CERT, ENV_TLS_KEY
+    from tokenpath.tls import ENV_TLS_CERT, ENV_TLS_KEY
 
     certs = make_certs(tmp_path)
     file_values = {"agent": {"tls": {"cert": str(certs.server_cert),

@@ -14,8 +14,8 @@ from tokenpath.collector import http_app
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.http_app import HttpListener
 from tokenpath.collector.service import CollectorService
-from tokenpath.collector.tls import TlsConfig
 from tokenpath.config import ConfigError
+from tokenpath.tls import TlsConfig
 
 
 def _app() -> FastAPI:

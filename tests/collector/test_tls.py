@@ -23,9 +23,9 @@ from tokenpath import attributes as A
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.receivers.grpc import TRACE_SERVICE
 from tokenpath.collector.service import CollectorService
-from tokenpath.collector.tls import ENV_TLS_CERT, ENV_TLS_KEY, TlsConfig
 from tokenpath.config import ConfigError
 from tokenpath.stages import StageId
+from tokenpath.tls import ENV_TLS_CERT, ENV_TLS_KEY, TlsConfig
 
 
 @pytest.fixture(autouse=True)
