@@ -164,8 +164,8 @@ def test_keyboard_navigation_reaches_every_view(collector: CollectorService,
                            ("#/whatif", "What-if"), ("#/", "Overview")):
         _tab_to(browser_page, route)
         browser_page.keyboard.press("Enter")
-        browser_page.wait_for_function(f"location.hash === '{route}'")
-        browser_page.wait_for_selector(READY)
+        # the new view rendered (not the old one still marked ready before hashchange ran)
+        browser_page.wait_for_selector(f"main[data-ready='true'][data-route='{route}']")
         # Focus moves to the new view's heading, and the nav marks the current page.
         assert browser_page.evaluate("document.activeElement.textContent") == heading
         current = browser_page.locator("nav a[aria-current='page']")
