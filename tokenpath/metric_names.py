@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 MetricType = Literal["counter", "gauge", "histogram"]
-
 NAMESPACE: Final = "tokenpath"
 
-# Label names.
+# --- Label names and values
 LABEL_MODEL: Final = "model"
 LABEL_STATUS: Final = "status"
 LABEL_STAGE: Final = "stage"
@@ -31,16 +30,47 @@ LABEL_PROVENANCE: Final = "provenance"
 LABEL_NODE: Final = "node"
 LABEL_RECEIVER: Final = "receiver"
 LABEL_OUTCOME: Final = "outcome"
-
 # Values of the ``kind`` label on the token counter.
 TOKEN_KIND_INPUT: Final = "input"
 TOKEN_KIND_CACHE_READ: Final = "cache_read"
 TOKEN_KIND_OUTPUT: Final = "output"
-
 # Value a bounded label takes past its allowed set or cardinality cap.
 OTHER_LABEL_VALUE: Final = "other"
 # What a record, label or pricing unit says when nothing names the thing (one spelling).
 UNKNOWN: Final = "unknown"
+LABEL_TENANT: Final = "tenant"
+TENANT_UNATTRIBUTED: Final = "unattributed"
+LABEL_CAUSE: Final = "cause"
+ROUTER_KIND_INPUT: Final = "input"
+ROUTER_KIND_PREDICTED: Final = "predicted"
+ROUTER_KIND_ACTUAL: Final = "actual"
+LABEL_TOKEN_SOURCE: Final = "token_source"
+TOKEN_SOURCE_COMPUTE: Final = "compute"
+TOKEN_SOURCE_LOCAL_CACHE: Final = "local_cache"
+TOKEN_SOURCE_KV_TRANSFER: Final = "kv_transfer"
+# ``phase`` label value for stages that are not split into prefill and decode.
+PHASE_NONE: Final = "none"
+# ``size`` label values of RESPONSE_CHUNKS.
+CHUNK_SIZE_SMALL: Final = "small"
+CHUNK_SIZE_NORMAL: Final = "normal"
+LABEL_CONTEXT_BUCKET: Final = "context_bucket"
+LABEL_SIZE: Final = "size"
+# Scrape-target labels set by the Prometheus scrape config (deploy/), not by the exporters.
+LABEL_JOB: Final = "job"
+LABEL_INSTANCE: Final = "instance"
+# The histogram bucket bound label and series suffixes Prometheus exposes.
+LABEL_LE: Final = "le"
+
+# --- Series names Prometheus exposes
+HISTOGRAM_BUCKET_SUFFIX: Final = "_bucket"
+HISTOGRAM_COUNT_SUFFIX: Final = "_count"
+HISTOGRAM_SUM_SUFFIX: Final = "_sum"
+# The suffix Prometheus exposes a counter's samples under.
+COUNTER_SUFFIX: Final = "_total"
+# Prometheus's own per-target health series.
+UP_SERIES: Final = "up"
+
+# --- The metric contract
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +92,7 @@ def _m(name: str, type_: MetricType, labels: tuple[str, ...], help_: str) -> Met
     return MetricSpec(f"{NAMESPACE}_{name}", type_, labels, help_)
 
 
-# --- Collector -----------------------------------------------------------------------
+# --- Collector: requests, cost, energy
 REQUESTS = _m("requests", "counter", (LABEL_MODEL, LABEL_STATUS),
               "Requests recorded by the collector.")
 STAGE_DURATION = _m("stage_duration_seconds", "histogram", (LABEL_STAGE, LABEL_MODEL),
@@ -92,14 +122,11 @@ ENERGY_MEASURED = _m("energy_measured_joules", "counter", (LABEL_MODEL,),
 IDLE_ENERGY = _m("idle_energy_joules", "counter", (LABEL_POOL,),
                  "GPU energy with no request active, by pool: measured where the node's "
                  "agent reports it, else modeled (idle GPU-seconds x TDP x 0.15).")
-LABEL_TENANT: Final = "tenant"
 TENANT_COST = _m("tenant_cost_dollars", "counter", (LABEL_TENANT, LABEL_MODEL),
                  "Attributed dollars by tenant (tokenpath.tenant; unattributed when none) "
                  "and model; tenants past the label cap are 'other'.")
 TENANT_REQUESTS = _m("tenant_requests", "counter", (LABEL_TENANT, LABEL_MODEL),
                      "Requests by tenant and model.")
-TENANT_UNATTRIBUTED: Final = "unattributed"
-LABEL_CAUSE: Final = "cause"
 CACHE_MISS_DOLLARS = _m(
     "cache_miss_dollars", "counter", (LABEL_MODEL, LABEL_CAUSE),
     "Prefill dollars of fingerprinted prefix blocks computed instead of read from the cache, "
@@ -112,15 +139,18 @@ ROUTER_CACHE_PREDICTION = _m(
     "router_cache_prediction_tokens", "counter", (LABEL_MODEL, LABEL_KIND),
     "Prompt tokens of the requests a router scored for prefix-cache hits (llm-d), by kind: "
     "input, predicted (the router's predicted hit x input), actual (the engine's cache reads).")
-ROUTER_KIND_INPUT: Final = "input"
-ROUTER_KIND_PREDICTED: Final = "predicted"
-ROUTER_KIND_ACTUAL: Final = "actual"
 LONG_CONTEXT_COST = _m("context_cost_dollars", "counter", (LABEL_MODEL, "context_bucket"),
                        "Dollars by context-length bucket.")
 RESPONSE_CHUNKS = _m("response_chunks", "counter", (LABEL_MODEL, "size"),
                      "Streamed response chunks by payload size class (small = under 64 B).")
+COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
+    REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
+    NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS, ROUTER_CACHE_PREDICTION,
+    CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS, TENANT_COST, TENANT_REQUESTS, ENERGY, IDLE_ENERGY,
+    ENERGY_MEASURED,
+)
 
-# Collector self-telemetry.
+# --- Collector: self-telemetry
 SPANS_RECEIVED = _m("collector_spans_received", "counter", (LABEL_RECEIVER,),
                     "Spans accepted by a receiver.")
 SPANS_REJECTED = _m("collector_spans_rejected", "counter", (LABEL_RECEIVER, LABEL_REASON),
@@ -152,10 +182,6 @@ REQUESTS_REJECTED = _m("collector_export_requests_rejected", "counter",
                        (LABEL_RECEIVER, LABEL_STATUS),
                        "Export requests (OTLP/HTTP, gRPC, records) refused with an error "
                        "status, by receiver and status.")
-# Names kept working after a rename: the exporter also writes each under its old name.
-RENAMED_FROM: dict[str, str] = {
-    "collector_export_requests_rejected": "collector_http_requests_rejected",
-}
 LABEL_OVERFLOW = _m("collector_label_values_overflow", "counter", ("label",),
                     "Label values replaced by 'other' past the cardinality cap.")
 METRIC_POINTS_RECEIVED = _m("collector_metric_points_received", "counter", (LABEL_RECEIVER,),
@@ -170,7 +196,6 @@ HTTP_CALLS_NOT_LLM = _m("collector_http_calls_not_llm", "counter", (LABEL_REASON
 CALLS_JOINED = _m("collector_calls_joined", "counter", (LABEL_OUTCOME,),
                   "Client or proxy records of a call traced apart from its serving side, "
                   "by outcome: joined, late (its serving side already counted) or alone.")
-# The serialized stage after the assembler, pricing and the second hop (docs/deploy.md).
 PIPELINE_QUEUE_DEPTH = _m("collector_pipeline_queue_depth", "gauge", (),
                           "Traces and record batches waiting for the pipeline worker.")
 RECORDS_FORWARDED = _m("collector_records_forwarded", "counter", (),
@@ -191,8 +216,6 @@ PRICING_FORCED_CLOSES = _m("collector_pricing_forced_closes", "counter", (),
                            "Times the attributor closed slices early (cost.max_pending_records).")
 RECORDS_PENDING_PRICE = _m("collector_records_pending_price", "gauge", (),
                            "Records held until their node's slices close.")
-# What the vLLM stat-logger plugin reports of itself and its engine's steps, per engine, from
-# its tokenpath.engine_steps interval spans (collector/engine_steps.py).
 ENGINE_PLUGIN_STEPS = _m("collector_engine_plugin_steps", "counter", (LABEL_ENGINE,),
                          "Engine steps (iterations) the vLLM plugin reported, by engine.")
 ENGINE_PLUGIN_STEP_SECONDS = _m("collector_engine_plugin_step_seconds", "counter",
@@ -220,18 +243,12 @@ ENERGY_WAITS_EXPIRED = _m("collector_pricing_energy_waits_expired", "counter", (
 ENERGY_READINGS = _m("collector_energy_readings", "counter", (LABEL_OUTCOME,),
                      "GPU energy counter points from node agents, by outcome (kept, "
                      "out_of_order, counter_reset, over_gpu_cap).")
+# Names kept working after a rename: the exporter also writes each under its old name.
+RENAMED_FROM: dict[str, str] = {
+    "collector_export_requests_rejected": "collector_http_requests_rejected",
+}
 
-COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
-    REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
-    NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS, ROUTER_CACHE_PREDICTION,
-    CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS, TENANT_COST, TENANT_REQUESTS, ENERGY, IDLE_ENERGY,
-    ENERGY_MEASURED,
-)
-
-# --- Agent ---------------------------------------------------------------------------
-AGENT_NVML_UP = _m("agent_nvml_up", "gauge", (), "1 when NVML initialized, 0 otherwise.")
-AGENT_SCRAPE_ERRORS = _m("agent_scrape_errors", "counter", (LABEL_SOURCE,),
-                         "Failures reading one device, file or endpoint.")
+# --- Agent: GPUs (NVML)
 GPU_UTILIZATION = _m("gpu_utilization_ratio", "gauge", (LABEL_GPU,),
                      "Share of time a kernel was running (NVML utilization.gpu).")
 GPU_MEMORY_USED = _m("gpu_memory_used_bytes", "gauge", (LABEL_GPU,), "HBM used.")
@@ -253,6 +270,8 @@ GPU_PCIE_RX = _m("gpu_pcie_receive_bytes_per_second", "gauge", (LABEL_GPU,),
                  "PCIe receive throughput.")
 GPU_BUSY_SECONDS = _m("gpu_busy_seconds", "counter", (LABEL_GPU,),
                       "Integrated utilization x elapsed time.")
+
+# --- Agent: NICs
 NODE_NET_TX_BYTES = _m("node_network_transmit_bytes", "counter", (LABEL_DEVICE,),
                        "NIC bytes transmitted.")
 NODE_NET_RX_BYTES = _m("node_network_receive_bytes", "counter", (LABEL_DEVICE,),
@@ -265,6 +284,14 @@ NODE_NET_TX_DROPS = _m("node_network_transmit_drops", "counter", (LABEL_DEVICE,)
                        "NIC transmit drops.")
 NODE_NET_RX_DROPS = _m("node_network_receive_drops", "counter", (LABEL_DEVICE,),
                        "NIC receive drops.")
+NODE_NET_TX_AVG_PACKET = _m("node_network_transmit_average_packet_bytes", "gauge",
+                            (LABEL_DEVICE,),
+                            "Mean transmitted packet size over the last poll interval.")
+NODE_NET_RX_AVG_PACKET = _m("node_network_receive_average_packet_bytes", "gauge",
+                            (LABEL_DEVICE,),
+                            "Mean received packet size over the last poll interval.")
+
+# --- Agent: engine metrics, normalized from vLLM and SGLang
 ENGINE_PREFIX_HIT_TOKENS = _m("engine_prefix_cache_hit_tokens", "counter",
                               (LABEL_ENGINE, LABEL_MODEL), "Prompt tokens served from cache.")
 ENGINE_PREFIX_QUERY_TOKENS = _m("engine_prefix_cache_query_tokens", "counter",
@@ -280,15 +307,6 @@ ENGINE_SPEC_DRAFT = _m("engine_spec_decode_draft_tokens", "counter",
                        (LABEL_ENGINE, LABEL_MODEL), "Speculative draft tokens proposed.")
 ENGINE_SPEC_ACCEPTED = _m("engine_spec_decode_accepted_tokens", "counter",
                           (LABEL_ENGINE, LABEL_MODEL), "Speculative draft tokens accepted.")
-
-# Added with the node agent (5/9): average packet size, engine pass-through counters and
-# gauges, agent self-telemetry.
-NODE_NET_TX_AVG_PACKET = _m("node_network_transmit_average_packet_bytes", "gauge",
-                            (LABEL_DEVICE,),
-                            "Mean transmitted packet size over the last poll interval.")
-NODE_NET_RX_AVG_PACKET = _m("node_network_receive_average_packet_bytes", "gauge",
-                            (LABEL_DEVICE,),
-                            "Mean received packet size over the last poll interval.")
 ENGINE_PROMPT_TOKENS_CACHED = _m("engine_prompt_tokens_cached", "counter",
                                  (LABEL_ENGINE, LABEL_MODEL),
                                  "Prompt tokens the engine reports as served from any cache "
@@ -307,12 +325,6 @@ ENGINE_SPEC_ACCEPT_LENGTH = _m("engine_spec_decode_accept_length", "gauge",
                                (LABEL_ENGINE, LABEL_MODEL),
                                "Engine-reported mean accepted length per speculative step "
                                "(SGLang spec_accept_length).")
-# The engines' 2026 metrics (vLLM prompt tokens by source, KV block residency, NIXL KV
-# transfer; SGLang per-stage latency and KV transfer), normalized.
-LABEL_TOKEN_SOURCE: Final = "token_source"
-TOKEN_SOURCE_COMPUTE: Final = "compute"
-TOKEN_SOURCE_LOCAL_CACHE: Final = "local_cache"
-TOKEN_SOURCE_KV_TRANSFER: Final = "kv_transfer"
 ENGINE_PROMPT_TOKENS_BY_SOURCE = _m(
     "engine_prompt_tokens_by_source", "counter", (LABEL_ENGINE, LABEL_MODEL, LABEL_TOKEN_SOURCE),
     "Prompt tokens by where their KV came from: compute (prefilled here), local_cache "
@@ -345,13 +357,17 @@ ENGINE_STAGE_SECONDS = _m("engine_stage_seconds", "counter",
 ENGINE_STAGE_REQUESTS = _m("engine_stage_requests", "counter",
                            (LABEL_ENGINE, LABEL_MODEL, LABEL_STAGE),
                            "Requests that went through each engine stage (SGLang).")
+
+# --- Agent: self-telemetry
+AGENT_NVML_UP = _m("agent_nvml_up", "gauge", (), "1 when NVML initialized, 0 otherwise.")
+AGENT_SCRAPE_ERRORS = _m("agent_scrape_errors", "counter", (LABEL_SOURCE,),
+                         "Failures reading one device, file or endpoint.")
 ENGINE_UP = _m("engine_up", "gauge", (LABEL_SOURCE,),
                "1 when an engine /metrics endpoint answered at the last poll, 0 otherwise.")
 AGENT_POLL_SECONDS = _m("agent_poll_duration_seconds", "gauge", (),
                         "Wall time the last poll took.")
 AGENT_OTLP_PUSH_ERRORS = _m("agent_otlp_push_errors", "counter", (),
                             "OTLP metric exports to the collector that failed.")
-
 AGENT_METRICS: tuple[MetricSpec, ...] = (
     AGENT_NVML_UP, AGENT_SCRAPE_ERRORS, GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL,
     GPU_MEMORY_BW_UTIL, GPU_POWER, GPU_SM_CLOCK, GPU_NVLINK_TX, GPU_NVLINK_RX, GPU_PCIE_TX,
@@ -368,32 +384,9 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     AGENT_OTLP_PUSH_ERRORS,
 )
 
-# ``phase`` label value for stages that are not split into prefill and decode.
-PHASE_NONE: Final = "none"
-# ``size`` label values of RESPONSE_CHUNKS.
-CHUNK_SIZE_SMALL: Final = "small"
-CHUNK_SIZE_NORMAL: Final = "normal"
-
-# Label names and values used by the cost and response-chunk metrics above (appended for the
-# dashboards and rules, issue 6/9; the spellings match the metric specs).
-LABEL_CONTEXT_BUCKET: Final = "context_bucket"
-LABEL_SIZE: Final = "size"
-# Scrape-target labels set by the Prometheus scrape config (deploy/), not by the exporters.
-LABEL_JOB: Final = "job"
-LABEL_INSTANCE: Final = "instance"
-# The histogram bucket bound label and series suffixes Prometheus exposes.
-LABEL_LE: Final = "le"
-HISTOGRAM_BUCKET_SUFFIX: Final = "_bucket"
-HISTOGRAM_COUNT_SUFFIX: Final = "_count"
-HISTOGRAM_SUM_SUFFIX: Final = "_sum"
-# The suffix Prometheus exposes a counter's samples under.
-COUNTER_SUFFIX: Final = "_total"
-# Prometheus's own per-target health series.
-UP_SERIES: Final = "up"
-
-# --- vLLM's engine metric names (vLLM V1 /metrics), as exposed by the reference serving
-# path's simulated engine so the node agent can scrape it like a real vLLM. Counters are
-# given without the ``_total`` suffix, as above.
+# --- vLLM's engine metric names (vLLM V1 /metrics), as the reference serving path's
+# simulated engine exposes them for the node agent to scrape like a real vLLM (counters
+# without ``_total``)
 VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries"  # counter, tokens
 VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits"  # counter, tokens
 VLLM_NUM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"  # gauge
