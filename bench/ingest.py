@@ -35,7 +35,13 @@ import psutil
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from bench.payloads import SPANS_PER_REQUEST, make_requests, parse_floor
+from bench.payloads import (
+    SHAPE_REFERENCE_PATH,
+    SHAPE_STAGE_SPANS,
+    make_requests,
+    parse_floor,
+    reference_path_requests,
+)
 from tokenpath import metric_names as M
 from tokenpath.collector.assembler import Assembler, AssemblerConfig
 from tokenpath.collector.limits import IngestLimits
@@ -172,9 +178,20 @@ def _ingest_path_cpu(payloads: list[bytes]) -> float:
     return time.process_time() - t
 
 
-def run(requests: int = 300, workers: int = 2, repeats: int = 3) -> dict[str, Any]:
-    payloads = make_requests(requests)
-    spans = requests * SPANS_PER_REQUEST
+def run(requests: int = 300, workers: int = 2, repeats: int = 3,
+        reference_requests: int = 1500) -> dict[str, Any]:
+    """Both payload shapes (bench.payloads.SHAPES); the top-level figures are the
+    15-stage shape's, as before."""
+    shapes = {SHAPE_STAGE_SPANS: make_requests(requests),
+              SHAPE_REFERENCE_PATH: reference_path_requests(reference_requests)}
+    results: dict[str, Any] = {"shapes": {name: _measure(payloads, workers, repeats)
+                                          for name, payloads in shapes.items()}}
+    results.update(results["shapes"][SHAPE_STAGE_SPANS])
+    return results
+
+
+def _measure(payloads: list[bytes], workers: int, repeats: int) -> dict[str, Any]:
+    spans = parse_floor(payloads)
     traces = _trace_count(payloads)
     floors, ingests = [], []
     for _ in range(repeats):  # interleaved, best of each: the machine is shared
@@ -185,6 +202,7 @@ def run(requests: int = 300, workers: int = 2, repeats: int = 3) -> dict[str, An
     floor_cpu, ingest_cpu = min(floors), min(ingests)
     results: dict[str, Any] = {
         "spans": spans,
+        "traces": traces,
         "floor_cpu_us_per_span": floor_cpu / spans * 1e6,
         "ingest_path": {
             "cpu_us_per_span": ingest_cpu / spans * 1e6,

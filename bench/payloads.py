@@ -29,8 +29,16 @@ def _kv(key: str, value: str | int | float | bool | list[str]) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
+# Payload shapes the whole-collector bench is fed with (issue A5): 15-stage traces of
+# separate spans with 6 attributes each, and the reference serving path's own traces.
+SHAPE_STAGE_SPANS = "stage_spans"
+SHAPE_REFERENCE_PATH = "reference_path"
+SHAPES = (SHAPE_STAGE_SPANS, SHAPE_REFERENCE_PATH)
+
+
 def _trace(rng: random.Random, t0: int) -> list[Span]:
-    """One request: a root span with request facts and one span per stage."""
+    """One request: a root span with request facts and one span per stage (6 attributes
+    each: stage, phase, provenance and three a gateway's instrumentation adds)."""
     trace_id = os.urandom(16)
     root_id = os.urandom(8)
     spans = [
@@ -59,7 +67,8 @@ def _trace(rng: random.Random, t0: int) -> list[Span]:
             start_time_unix_nano=t0 + stage.order * 1000,
             end_time_unix_nano=t0 + stage.order * 1000 + rng.randint(1000, 50_000_000),
             attributes=[_kv(A.STAGE, stage.id.value), _kv(A.PHASE, phase.value),
-                        _kv(A.PROVENANCE, "measured"), _kv("thread.id", 1234)],
+                        _kv(A.PROVENANCE, "measured"), _kv("thread.id", 1234),
+                        _kv("code.function", "handle"), _kv("service.version", "1.4.2")],
         ))
     return spans
 
@@ -115,3 +124,61 @@ def parse_floor(payloads: list[bytes]) -> int:
                     for ev in span.events:
                         sink += len(ev.name) + ev.time_unix_nano + len(ev.attributes)
     return n
+
+
+def reference_path_requests(requests: int, spans_per_request: int = SPANS_PER_REQUEST,
+                            concurrency: int = 16) -> list[bytes]:
+    """The reference serving path's own traces (instrumented client, gateway shim, router,
+    simulated engines: what tokenpath's shims send), captured from the real OpenTelemetry
+    SDK while ``requests`` requests run, encoded as OTLP export requests of
+    ``spans_per_request`` spans (the order the SDK finished them in)."""
+    import asyncio
+
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tokenpath.instrumentation.client import InstrumentedClient
+    from tokenpath.instrumentation.reference.engine import EngineConfig
+    from tokenpath.instrumentation.reference.serving_path import (
+        ReferencePathConfig,
+        ReferenceServingPath,
+    )
+    from tokenpath.instrumentation.reference.tokenizer import ToyTokenizer
+    from tokenpath.instrumentation.reference.workload import WorkloadConfig, WorkloadGenerator
+
+    captured = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(captured))
+    model = "llama-3.1-8b"
+    path = ReferenceServingPath(ReferencePathConfig(
+        engine=EngineConfig(model=model, time_scale=0.01)), tracer_provider=provider)
+    path.start()
+    generator = WorkloadGenerator(WorkloadConfig(seed=7))
+    work = [generator.next_request() for _ in range(requests)]
+
+    async def drive() -> None:
+        client = InstrumentedClient(path.base_url, tracer_provider=provider,
+                                    tokenize=ToyTokenizer().encode)
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(request: object) -> None:
+            async with gate:
+                await client.chat_completion(request.messages, model,  # type: ignore[attr-defined]
+                                             request.max_tokens,  # type: ignore[attr-defined]
+                                             stream=request.stream)  # type: ignore[attr-defined]
+
+        try:
+            await asyncio.gather(*(one(r) for r in work))
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(drive())
+    finally:
+        path.shutdown()
+        provider.shutdown()
+    spans = list(captured.get_finished_spans())
+    return [encode_spans(spans[i:i + spans_per_request]).SerializeToString()
+            for i in range(0, len(spans), spans_per_request)]
