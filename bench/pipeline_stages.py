@@ -1,0 +1,158 @@
+"""Where the collector's CPU goes, stage by stage, in one process on one thread.
+
+The same payloads as ``bench.ingest`` (both shapes) go through the real components one
+stage at a time, each stage over every trace before the next starts: parse the protobuf,
+decode and buffer (the ingest path), assemble (the assembler's flush), map and join (the
+stage mapper and call joiner), price (the cost attributor), the Prometheus sink, and the
+store (its batch write, synchronously). CPU seconds per stage, per span and per trace,
+against the parse-and-read floor of the same payloads. The transport (HTTP or gRPC) and
+the threads' hand-offs are what the whole-collector figure of ``bench.ingest`` adds.
+
+    python -m bench.pipeline_stages
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.payloads import (
+    SHAPE_REFERENCE_PATH,
+    SHAPE_STAGE_SPANS,
+    make_requests,
+    parse_floor,
+    reference_path_requests,
+)
+from tokenpath.collector.assembler import AssembledTrace, Assembler, AssemblerConfig
+from tokenpath.collector.call_join import CallJoiner, JoinConfig
+from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
+from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.collector.limits import IngestLimits
+from tokenpath.collector.mapping import StageMapper
+from tokenpath.collector.node_metrics import NodeMetricsState
+from tokenpath.collector.prometheus_sink import PrometheusSink
+from tokenpath.collector.receivers.ingest import OtlpIngest
+from tokenpath.collector.receivers.otlp_decode import parse_trace_request
+from tokenpath.collector.stats import CollectorStats
+from tokenpath.collector.store import RecordStore, StoreConfig
+from tokenpath.pipeline import IdleCost
+from tokenpath.records import RequestRecord
+
+
+class _Collect:
+    """Keeps what a stage hands on: traces, records, idle slices."""
+
+    def __init__(self) -> None:
+        self.traces: list[AssembledTrace] = []
+        self.records: list[RequestRecord] = []
+        self.idle: list[IdleCost] = []
+
+    def consume_trace(self, trace: AssembledTrace) -> None:
+        self.traces.append(trace)
+
+    def consume_record(self, record: RequestRecord) -> None:
+        self.records.append(record)
+
+    def consume_idle_cost(self, idle: IdleCost) -> None:
+        self.idle.append(idle)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _timed(stage: dict[str, float], name: str, started: float) -> None:
+    stage[name] = time.process_time() - started
+
+
+def measure(payloads: list[bytes], store_dir: Path) -> dict[str, Any]:
+    stats = CollectorStats()
+    cpu: dict[str, float] = {}
+    t = time.process_time()
+    spans = parse_floor(payloads)
+    _timed(cpu, "floor (parse and read every field)", t)
+
+    t = time.process_time()
+    messages = [parse_trace_request(body, "protobuf") for body in payloads]
+    _timed(cpu, "parse", t)
+    traces = _Collect()
+    assembler = Assembler(traces, AssemblerConfig(root_grace_seconds=3600,
+                                                  idle_timeout_seconds=3600,
+                                                  max_traces=10**6), stats)
+    ingest = OtlpIngest(assembler, NodeMetricsState(), IngestLimits(), stats)
+    t = time.process_time()
+    for message in messages:
+        ingest.export_traces(message, "bench")
+    _timed(cpu, "decode and buffer", t)
+    t = time.process_time()
+    assembler.shutdown()
+    _timed(cpu, "assemble", t)
+
+    records = _Collect()
+    mapper = StageMapper(CallJoiner(records, JoinConfig(), stats), stats)
+    t = time.process_time()
+    for trace in traces.traces:
+        mapper.consume_trace(trace)
+    mapper.shutdown()
+    _timed(cpu, "map and join", t)
+
+    priced = _Collect()
+    attributor = CostAttributor(priced, load_price_sheet(),
+                                config=AttributorConfig(tick_seconds=0))
+    t = time.process_time()
+    for record in records.records:
+        attributor.consume_record(record)
+    attributor.shutdown()
+    _timed(cpu, "price", t)
+
+    sink = PrometheusSink(stats=stats)
+    t = time.process_time()
+    for record in priced.records:
+        sink.consume_record(record)
+    for idle in priced.idle:
+        sink.consume_idle_cost(idle)
+    _timed(cpu, "Prometheus sink", t)
+
+    store = RecordStore(StoreConfig(path=str(store_dir / "stages.db"),
+                                    batch_size=len(priced.records) + len(priced.idle) + 1,
+                                    queue_size=len(priced.records) + len(priced.idle) + 1),
+                        stats)
+    batch: list[RequestRecord | IdleCost] = [*priced.records, *priced.idle]
+    t = time.process_time()
+    store._write(batch)  # the writer thread's batch write, on this thread
+    _timed(cpu, "store", t)
+    store.shutdown()
+
+    n_traces = len(traces.traces)
+    floor = cpu["floor (parse and read every field)"]
+    pipeline = sum(v for k, v in cpu.items() if not k.startswith("floor"))
+    return {
+        "spans": spans, "traces": n_traces, "records": len(priced.records),
+        "spans_per_trace": spans / max(1, n_traces),
+        "stages_us_per_span": {k: v / spans * 1e6 for k, v in cpu.items()},
+        "stages_us_per_trace": {k: v / max(1, n_traces) * 1e6 for k, v in cpu.items()},
+        "pipeline_us_per_span": pipeline / spans * 1e6,
+        "pipeline_ratio_to_floor": pipeline / floor if floor else None,
+    }
+
+
+def run(requests: int = 300, reference_requests: int = 1500) -> dict[str, Any]:
+    shapes = {SHAPE_STAGE_SPANS: make_requests(requests),
+              SHAPE_REFERENCE_PATH: reference_path_requests(reference_requests)}
+    with tempfile.TemporaryDirectory() as tmp:
+        return {name: measure(payloads, Path(tmp)) for name, payloads in shapes.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--reference-requests", type=int, default=1500)
+    args = parser.parse_args()
+    print(json.dumps(run(args.requests, args.reference_requests), indent=2))
+
+
+if __name__ == "__main__":
+    main()
