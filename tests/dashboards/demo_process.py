@@ -59,6 +59,7 @@ class DemoProcess:
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != AUTH_TOKEN_ENV}
+        env["PYTHONUNBUFFERED"] = "1"  # the log shows how far it got, even if it is killed
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
                                             env=env)

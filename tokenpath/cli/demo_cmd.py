@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -161,9 +163,18 @@ class DemoResult:
     report: Report
 
 
+def _interruptible() -> None:
+    """Ctrl-C (SIGINT) stops the workload and prints the report, however the demo was
+    started: a shell runs a background job (``tokenpath demo &``, a script's ``cmd &``)
+    with SIGINT ignored, and ``kill -INT`` would then be lost."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_demo(config: DemoConfig, out: Console) -> DemoResult:
     """Run the demo and print its report (also usable from benchmarks and tests)."""
     config.validate()
+    _interruptible()
     started_unix = time.time()
     token = auth_token()
     collector = _start_collector(config, token)
