@@ -140,6 +140,7 @@ def reference_path_requests(requests: int, spans_per_request: int = SPANS_PER_RE
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from tokenpath.instrumentation.client import InstrumentedClient
+    from tokenpath.instrumentation.reference.driver import drive
     from tokenpath.instrumentation.reference.engine import EngineConfig
     from tokenpath.instrumentation.reference.serving_path import (
         ReferencePathConfig,
@@ -155,27 +156,19 @@ def reference_path_requests(requests: int, spans_per_request: int = SPANS_PER_RE
     path = ReferenceServingPath(ReferencePathConfig(
         engine=EngineConfig(model=model, time_scale=0.01)), tracer_provider=provider)
     path.start()
-    generator = WorkloadGenerator(WorkloadConfig(seed=7))
-    work = [generator.next_request() for _ in range(requests)]
+    workload = WorkloadGenerator(WorkloadConfig(seed=7))
 
-    async def drive() -> None:
+    async def serve() -> None:
         client = InstrumentedClient(path.base_url, tracer_provider=provider,
                                     tokenize=ToyTokenizer().encode)
-        gate = asyncio.Semaphore(concurrency)
-
-        async def one(request: object) -> None:
-            async with gate:
-                await client.chat_completion(request.messages, model,  # type: ignore[attr-defined]
-                                             request.max_tokens,  # type: ignore[attr-defined]
-                                             stream=request.stream)  # type: ignore[attr-defined]
-
-        try:
-            await asyncio.gather(*(one(r) for r in work))
+        try:  # arrivals far faster than served: the in-flight cap sets the pace
+            await drive(client, workload, model, rps=10_000.0, requests=requests,
+                        max_in_flight=concurrency)
         finally:
             await client.aclose()
 
     try:
-        asyncio.run(drive())
+        asyncio.run(serve())
     finally:
         path.shutdown()
         provider.shutdown()
