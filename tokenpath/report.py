@@ -6,7 +6,7 @@ Pure statistics over RequestRecords; rendering lives in tokenpath.cli.render.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,10 +192,15 @@ def miss_causes(records: Sequence[RequestRecord]) -> dict[str, MissCauseSummary]
 
 def energy_provenance(records: Sequence[RequestRecord]) -> str | None:
     """``measured`` when every priced record's energy was, ``modeled`` when any was."""
-    kinds = {r.energy_provenance for r in records if r.energy_provenance}
-    if not kinds:
+    return combined_energy_provenance(r.energy_provenance for r in records)
+
+
+def combined_energy_provenance(kinds: Iterable[str | None]) -> str | None:
+    """The provenance of a sum of joules: ``measured`` only when every part was."""
+    present = {k for k in kinds if k}
+    if not present:
         return None
-    return "measured" if kinds == {"measured"} else "modeled"
+    return "measured" if present == {"measured"} else "modeled"
 
 
 def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.0,

@@ -24,6 +24,7 @@ from typing import Any
 
 from tokenpath.metric_names import TENANT_UNATTRIBUTED
 from tokenpath.records import RequestRecord
+from tokenpath.report import combined_energy_provenance
 
 PLATFORM_ROW = "platform"
 
@@ -43,6 +44,7 @@ class ChargebackRow:
     idle_dollars: float = 0.0
     energy_joules: float = 0.0
     idle_energy_joules: float = 0.0
+    energy_provenance: str | None = None  # measured only when every record's joules were
 
     @property
     def total_dollars(self) -> float:
@@ -53,7 +55,8 @@ class ChargebackRow:
                 "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
                 "cost_dollars": self.cost_dollars, "idle_dollars": self.idle_dollars,
                 "total_dollars": self.total_dollars, "energy_joules": self.energy_joules,
-                "idle_energy_joules": self.idle_energy_joules}
+                "idle_energy_joules": self.idle_energy_joules,
+                "energy_provenance": self.energy_provenance}
 
 
 def tenant_of(record: RequestRecord) -> str | None:
@@ -67,6 +70,7 @@ def chargeback(records: Iterable[RequestRecord], idle_dollars: float,
     """One row per tenant (or per ``key``: model, pool; ``unattributed`` when it has none)
     and a platform row under ``platform``, costliest first."""
     rows: dict[str, ChargebackRow] = {}
+    kinds: dict[str, set[str | None]] = {}
     for record in records:
         tenant = key(record) or TENANT_UNATTRIBUTED
         row = rows.get(tenant)
@@ -77,6 +81,9 @@ def chargeback(records: Iterable[RequestRecord], idle_dollars: float,
         row.output_tokens += max(0, record.output_tokens)
         row.cost_dollars += record.cost_dollars
         row.energy_joules += max(0.0, record.energy_joules)
+        kinds.setdefault(tenant, set()).add(record.energy_provenance)
+    for tenant, row in rows.items():
+        row.energy_provenance = combined_energy_provenance(kinds[tenant])
     idle = max(0.0, idle_dollars)
     idle_joules = max(0.0, idle_energy_joules)
     ordered = sorted(rows.values(), key=lambda r: (-r.cost_dollars, r.tenant))

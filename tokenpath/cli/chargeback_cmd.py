@@ -19,9 +19,11 @@ from tokenpath.cli.client import Source
 from tokenpath.cli.common import console
 from tokenpath.cli.query_cmd import COLLECTOR_HELP, STORE_HELP
 from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy, chargeback
+from tokenpath.report import combined_energy_provenance
 
 CSV_COLUMNS = ("tenant", "requests", "input_tokens", "output_tokens", "cost_dollars",
-               "idle_dollars", "total_dollars", "energy_joules", "idle_energy_joules")
+               "idle_dollars", "total_dollars", "energy_joules", "idle_energy_joules",
+               "energy_provenance")
 
 
 class ChargebackFormat(StrEnum):
@@ -43,8 +45,9 @@ def chargeback_csv(rows: Sequence[ChargebackRow]) -> str:
 def render_chargeback(rows: Sequence[ChargebackRow], policy: IdlePolicy,
                       title: str = "chargeback by tenant") -> None:
     table = Table(title=f"{title} (idle: {policy.value})", title_justify="left")
+    provenance = combined_energy_provenance(r.energy_provenance for r in rows) or "modeled"
     for column in ("tenant", "requests", "input tokens", "output tokens", "attributed $",
-                   "idle $", "total $", "share", "energy kJ"):
+                   "idle $", "total $", "share", f"energy kJ ({provenance})"):
         table.add_column(column, justify="left" if column == "tenant" else "right")
     total = sum(r.total_dollars for r in rows)
     for row in rows:

@@ -82,7 +82,16 @@ def test_rows_carry_the_windows_request_and_idle_joules(policy: IdlePolicy) -> N
     assert total == pytest.approx(sum(r.energy_joules for r in RECORDS) + idle_joules,
                                   rel=1e-12)
     acme = next(r for r in rows if r.tenant == "acme")
+    assert acme.energy_provenance is None  # no record said how its joules were had
     if policy is IdlePolicy.PLATFORM:
         assert rows[-1].idle_energy_joules == idle_joules and acme.idle_energy_joules == 0
     else:  # the same shares as the idle dollars
         assert acme.idle_energy_joules / idle_joules == pytest.approx(acme.idle_dollars / IDLE)
+
+
+def test_a_row_is_measured_only_when_every_record_of_it_was() -> None:
+    records = [_record("a", 1.0), _record("a", 1.0), _record("b", 1.0)]
+    records[0].energy_provenance = records[2].energy_provenance = "measured"
+    records[1].energy_provenance = "modeled"
+    rows = {r.tenant: r for r in chargeback(records, 0.0)}
+    assert (rows["a"].energy_provenance, rows["b"].energy_provenance) == ("modeled", "measured")
