@@ -14,7 +14,7 @@ from collections.abc import Hashable, Mapping
 
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
-from tokenpath.collector.spans import SpanData
+from tokenpath.collector.spans import AttrValue, SpanData, attribute_number
 from tokenpath.identity import identity_from
 from tokenpath.labels import BoundedLabel
 from tokenpath.telemetry import CountsRead, LabelledCount, Telemetry
@@ -26,10 +26,10 @@ def is_engine_steps_span(span: SpanData) -> bool:
     return span.name == A.SPAN_ENGINE_STEPS
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if value >= 0 else None
+def _count(value: AttrValue | None) -> float | None:
+    """A finite, non-negative count from an attribute; None otherwise."""
+    number = attribute_number(value)
+    return number if number is not None and number >= 0 else None
 
 
 class EngineStepsTelemetry(Telemetry):
@@ -55,15 +55,15 @@ class EngineStepsTelemetry(Telemetry):
         attributes = span.attributes
         identity = identity_from([attributes, span.resource])
         engine = self._engine(identity.engine or identity.node)
-        steps = _number(attributes.get(A.STEP_COUNT))
+        steps = _count(attributes.get(A.STEP_COUNT))
         if steps is not None:
             self.steps.inc(engine, steps)
-        seconds = _number(attributes.get(A.STEP_SECONDS))
+        seconds = _count(attributes.get(A.STEP_SECONDS))
         if seconds is not None:
             self.step_seconds.inc(engine, seconds)
         with self._lock:
             for key, counts in ((A.EXPORT_DROPPED, self._dropped),
                                 (A.EXPORT_FAILED_BATCHES, self._failed)):
-                value = _number(attributes.get(key))
+                value = _count(attributes.get(key))
                 if value is not None:  # cumulative: a restarted plugin starts again
                     counts[engine] = value

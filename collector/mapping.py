@@ -19,7 +19,6 @@ Traces with none of these (vLLM's startup spans, unrelated services) are not req
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable
 from operator import attrgetter
 from typing import Protocol
@@ -51,7 +50,13 @@ from tokenpath.collector.native import (
     SGLANG_REQUEST_MODULE,
     UPSTREAM_SPAN_NAMES,
 )
-from tokenpath.collector.spans import SPAN_KIND_CLIENT, STATUS_CODE_ERROR, AttrValue, SpanData
+from tokenpath.collector.spans import (
+    SPAN_KIND_CLIENT,
+    STATUS_CODE_ERROR,
+    AttrValue,
+    SpanData,
+    attribute_number,
+)
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.identity import ENGINE_KEYS, NODE_KEYS, identity_from
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
@@ -85,24 +90,9 @@ class RecordConsumer(Protocol):
     def shutdown(self) -> None: ...
 
 
-def _num(value: AttrValue | None) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        f = float(value)
-        return f if math.isfinite(f) else None
-    if isinstance(value, str):
-        try:
-            f = float(value)
-        except ValueError:
-            return None
-        return f if math.isfinite(f) else None
-    return None
-
-
 def _seconds(value: AttrValue | None) -> float | None:
     """A duration attribute; negative or non-finite values (skew, bugs) become 0."""
-    f = _num(value)
+    f = attribute_number(value)
     return None if f is None else max(0.0, f)
 
 
@@ -132,7 +122,7 @@ class _Lookup:
 
     def count(self, *keys: str) -> int | None:
         """A non-negative count, at most MAX_COUNT (a garbled ``1e300`` token count)."""
-        f = _num(self.get(*keys))
+        f = attribute_number(self.get(*keys))
         return None if f is None else int(min(max(0.0, f), MAX_COUNT))
 
 
@@ -171,7 +161,7 @@ class _StageAccumulator:
 def _route_class(spans: list[SpanData]) -> str:
     """A bounded label for an HTTP call that was not an LLM call."""
     for span in spans:
-        code = _num(span.attributes.get(A.HTTP_RESPONSE_STATUS_CODE,
+        code = attribute_number(span.attributes.get(A.HTTP_RESPONSE_STATUS_CODE,
                                         span.attributes.get(A.HTTP_STATUS_CODE_OLD)))
         if code is not None and code >= 400:
             return f"{int(code) // 100}xx"
@@ -181,7 +171,7 @@ def _route_class(spans: list[SpanData]) -> str:
 def _http_status(spans: list[SpanData]) -> str | None:
     """From the outermost server span's HTTP status code: 5xx error, 4xx client_error."""
     for span in spans:
-        code = _num(span.attributes.get(A.HTTP_RESPONSE_STATUS_CODE,
+        code = attribute_number(span.attributes.get(A.HTTP_RESPONSE_STATUS_CODE,
                                         span.attributes.get(A.HTTP_STATUS_CODE_OLD)))
         if code is not None:
             if code >= 500:
@@ -200,7 +190,7 @@ def _first_count(layers: list[dict[str, AttrValue]], *keys: str) -> int | None:
         for key in keys:
             value = layer.get(key)
             if value is not None:
-                f = _num(value)
+                f = attribute_number(value)
                 if f is not None:
                     return int(min(max(0.0, f), MAX_COUNT))
     return None
@@ -295,7 +285,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.cache_read_tokens = min(record.input_tokens, _first_count(
         token_layers, A.CACHED_TOKENS, A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
         A.GEN_AI_USAGE_CACHED_TOKENS, A.OPENINFERENCE_CACHE_READ_TOKENS) or 0)
-    scored = next((_num(s.attributes.get(LLMD_SCORE_MAX)) for s in spans
+    scored = next((attribute_number(s.attributes.get(LLMD_SCORE_MAX)) for s in spans
                    if s.name == LLMD_PREFIX_SCORER_SPAN), None)
     if scored is not None:
         record.router_predicted_cache_hit = min(1.0, max(0.0, scored))
@@ -394,7 +384,7 @@ def _map_engine(record: RequestRecord, acc: _StageAccumulator,
     end = last.end_unix_nano / 1e9
     record.engine_end_unix = end
     record.engine_start_unix = min(s.start_unix_nano for s in engine_spans) / 1e9
-    step_counts = [_num(s.attributes.get(A.STEP_COUNT)) for s in engine_spans]
+    step_counts = [attribute_number(s.attributes.get(A.STEP_COUNT)) for s in engine_spans]
     if any(v is not None for v in step_counts):
         record.engine_steps = int(min(MAX_COUNT, sum(max(0.0, v) for v in step_counts
                                                      if v is not None)))

@@ -6,11 +6,29 @@ Python values (str, bool, int, float, or a tuple of those).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 AttrValue = str | bool | int | float | tuple[object, ...]
 Attributes = dict[str, AttrValue]
+
+
+def attribute_number(value: AttrValue | None) -> float | None:
+    """A finite number from an attribute (a number, or a string of one); None for
+    anything else (booleans, non-finite values, text)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if isinstance(value, str):
+        try:
+            f = float(value)
+        except ValueError:
+            return None
+        return f if math.isfinite(f) else None
+    return None
 
 SPAN_KIND_SERVER = 2
 SPAN_KIND_CLIENT = 3

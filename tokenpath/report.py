@@ -200,7 +200,8 @@ def combined_energy_provenance(kinds: Iterable[str | None]) -> str | None:
     present = {k for k in kinds if k}
     if not present:
         return None
-    return "measured" if present == {"measured"} else "modeled"
+    measured = Provenance.MEASURED.value
+    return measured if present == {measured} else Provenance.MODELED.value
 
 
 def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.0,

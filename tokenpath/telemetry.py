@@ -106,7 +106,7 @@ class Telemetry:
         names = getattr(self, "__slots__", None) or vars(self)
         for name in names:
             value = getattr(self, name, None)
-            if isinstance(value, Count | LabelledCount | Level | CountsRead):
+            if isinstance(value, Instrument):
                 yield value
 
 

@@ -51,7 +51,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import pairwise
 
 from tokenpath.collector.cost.energy import IDLE_POWER_FRACTION
@@ -169,12 +169,13 @@ class SliceResult:
     finished: list[EngineInterval] = field(default_factory=list)
 
     def add(self, other: SliceResult) -> None:
-        for name in ("node_dollars", "attributed_dollars", "idle_dollars",
-                     "attributed_joules", "idle_joules", "measured_joules",
-                     "measured_seconds", "modeled_seconds"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.idle_spans.extend(other.idle_spans)
-        self.finished.extend(other.finished)
+        """Fold ``other`` (a later advance) into this result."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, list):
+                mine.extend(theirs)
+            else:
+                setattr(self, f.name, mine + theirs)
 
 
 def _coefficients(iv: EngineInterval, phase: Phase, origin: float) -> list[float]:

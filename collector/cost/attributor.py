@@ -419,7 +419,7 @@ class CostAttributor:
             self._price_late(node, interval, closed, record.trace_id)
         item = _Pending(record, interval, roofline)
         if not node.timeline.add(interval):  # all of it was in closed slices
-            self._finish(item)
+            self._finish(item, node)
             out_records.append(item.record)
             return None
         ledger.gpu_count = node.timeline.gpu_count
@@ -524,10 +524,10 @@ class CostAttributor:
             if item is None:
                 continue
             self._pending_total -= 1
-            self._finish(item)
+            self._finish(item, node)
             out_records.append(item.record)
 
-    def _finish(self, item: _Pending) -> None:
+    def _finish(self, item: _Pending, node: _Node) -> None:
         record, iv = item.record, item.interval
         assert record.prefill_start_unix is not None and record.decode_start_unix is not None
         assert record.engine_end_unix is not None
@@ -542,9 +542,7 @@ class CostAttributor:
         )
         record.cache_miss_waste_dollars = self.cache.observe(
             record, iv.cost_by_phase.get(Phase.PREFILL, 0.0), item.roofline)
-        gpu_type = iv.group[2]
-        per_dollar = modeled_joules_per_dollar(
-            self._prices.gpu_price(gpu_type).dollars_per_second, gpu_type)
+        per_dollar = node.timeline.modeled_joules_per_dollar
         # the part priced from closed slices others already paid for is modeled
         joules = iv.energy_joules + iv.late_dollars * per_dollar
         measured = (iv.modeled_energy_slices < 0.5 and iv.measured_energy_slices > 0.5

@@ -25,19 +25,21 @@ the ingest thread, read by the attributor on the pipeline worker).
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tokenpath import metric_names as M
 from tokenpath.collector.receivers.otlp_decode import MetricPoint
 from tokenpath.identity import node_of_resource
-from tokenpath.metric_names import GPU_ENERGY, LABEL_GPU
 from tokenpath.roofline import GPUS
+from tokenpath.stages import Provenance
 from tokenpath.telemetry import LabelledCount, Telemetry
 
-ENERGY_MODELED = "modeled"
-ENERGY_MEASURED = "measured"
+# a record's energy_provenance: the stage provenance spellings
+ENERGY_MODELED = Provenance.MODELED.value
+ENERGY_MEASURED = Provenance.MEASURED.value
 IDLE_POWER_FRACTION = 0.15
 DEFAULT_READINGS_HORIZON_SECONDS = 900.0  # samples kept per GPU (beyond the late horizon)
 MAX_GPUS_PER_NODE = 64
@@ -121,11 +123,11 @@ class GpuEnergyReadings:
         kept = 0
         with self._lock:
             for p in points:
-                if p.name != GPU_ENERGY.name:
+                if p.name != M.GPU_ENERGY.name:
                     continue
                 node = node_of_resource(p.resource)
                 gpus = self._nodes.setdefault(node, {})
-                gpu = str(p.attributes.get(LABEL_GPU, ""))
+                gpu = str(p.attributes.get(M.LABEL_GPU, ""))
                 counter = gpus.get(gpu)
                 if counter is None:
                     if len(gpus) >= MAX_GPUS_PER_NODE:
@@ -165,17 +167,7 @@ class GpuEnergyReadings:
                 total += b - a
             return total
 
-    def meter(self, node: str) -> _NodeMeter:
-        """A callable of ``(start, end)`` for one node, as the node timeline takes it."""
-        return _NodeMeter(self, node)
-
-
-class _NodeMeter:
-    __slots__ = ("_node", "_readings")
-
-    def __init__(self, readings: GpuEnergyReadings, node: str) -> None:
-        self._readings = readings
-        self._node = node
-
-    def __call__(self, start: float, end: float) -> float | None:
-        return self._readings.joules(self._node, start, end)
+    def meter(self, node: str) -> Callable[[float, float], float | None]:
+        """The joules of one node's GPUs over ``(start, end)``, as the node timeline
+        takes them."""
+        return functools.partial(self.joules, node)

@@ -49,3 +49,16 @@ def test_engine_steps_spans_become_per_engine_telemetry() -> None:
     assert _samples(body, M.ENGINE_PLUGIN_STEP_SECONDS.series)[engine] > 0
     assert _samples(body, M.ENGINE_PLUGIN_EXPORT_DROPPED.series) == {engine: 1.0}
     assert service.stats.spans_unmapped.value == 0
+
+
+def test_non_finite_or_negative_step_figures_are_not_counted() -> None:
+    from tests.fakes.spans import new_trace_id, span
+    from tokenpath import attributes as A
+    from tokenpath.collector.engine_steps import EngineStepsTelemetry
+
+    telemetry = EngineStepsTelemetry()
+    for seconds, steps in ((float("inf"), -3), (float("nan"), 2), (0.25, 4)):
+        telemetry.observe(span(new_trace_id(), A.SPAN_ENGINE_STEPS, attributes={
+            A.STEP_SECONDS: seconds, A.STEP_COUNT: steps, A.ENGINE_ID: "e1"}))
+    assert telemetry.step_seconds == {"e1": 0.25}
+    assert telemetry.steps == {"e1": 6.0}

@@ -19,6 +19,7 @@ from tokenpath.cli.client import Source
 from tokenpath.cli.common import console
 from tokenpath.cli.query_cmd import COLLECTOR_HELP, STORE_HELP
 from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy, chargeback
+from tokenpath.collector.cost.energy import ENERGY_MODELED
 from tokenpath.report import combined_energy_provenance
 
 CSV_COLUMNS = ("tenant", "requests", "input_tokens", "output_tokens", "cost_dollars",
@@ -45,7 +46,7 @@ def chargeback_csv(rows: Sequence[ChargebackRow]) -> str:
 def render_chargeback(rows: Sequence[ChargebackRow], policy: IdlePolicy,
                       title: str = "chargeback by tenant") -> None:
     table = Table(title=f"{title} (idle: {policy.value})", title_justify="left")
-    provenance = combined_energy_provenance(r.energy_provenance for r in rows) or "modeled"
+    provenance = combined_energy_provenance(r.energy_provenance for r in rows) or ENERGY_MODELED
     for column in ("tenant", "requests", "input tokens", "output tokens", "attributed $",
                    "idle $", "total $", "share", f"energy kJ ({provenance})"):
         table.add_column(column, justify="left" if column == "tenant" else "right")
