@@ -7,7 +7,7 @@ DEMO_DEFAULT_ARGS ?= --duration 45
 
 .PHONY: venv demo test lint typecheck bench system-deps clean dashboards
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py collector/receivers/_otlp_native.c
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
@@ -39,3 +39,4 @@ dashboards: venv
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
+	find collector -name "_otlp_native*.so" -delete

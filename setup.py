@@ -4,7 +4,7 @@
 package named ``collector`` or ``agent`` never lands in a user's environment.
 """
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 NAMESPACE_ROOTS = {
     "tokenpath": "tokenpath",
@@ -30,7 +30,20 @@ for package, folder in NAMESPACE_ROOTS.items():
     packages.extend(f"{package}.{sub}" for sub in find_packages(folder))
 packages.extend(p for p in PACKAGE_DATA if p not in packages)
 
+# The compiled OTLP trace decoder (docs/performance.md). Optional: where no C compiler
+# is found the build goes on without it and the collector decodes with the pure-Python
+# reference decoder, which the compiled one is fuzzed against.
+NATIVE_EXTENSIONS = [
+    Extension(
+        "tokenpath.collector.receivers._otlp_native",
+        ["collector/receivers/_otlp_native.c"],
+        extra_compile_args=["-O2"],
+        optional=True,
+    ),
+]
+
 setup(
+    ext_modules=NATIVE_EXTENSIONS,
     packages=packages,
     package_dir=NAMESPACE_ROOTS,
     package_data=PACKAGE_DATA,

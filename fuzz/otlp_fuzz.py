@@ -9,7 +9,9 @@ same surface in CI. Run it by hand for as long as you like:
 The target feeds each input to the code both receivers run for a request body: the
 protobuf and the OTLP/JSON parsers, then decoding under the ingest limits, then stage
 mapping of the decoded spans. The only exception allowed out is ``MalformedPayload``
-(the receivers' 400 / INVALID_ARGUMENT); anything else is a crash atheris reports.
+(the receivers' 400 / INVALID_ARGUMENT); anything else is a crash atheris reports. The
+compiled decoder, where built, must return what the reference returns (compared by repr,
+which tells 1 from 1.0 from True and shows NaN) or leave the input to it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tokenpath.collector.mapping import map_trace
 from tokenpath.collector.receivers.otlp_decode import (
     MalformedPayload,
     decode_metrics,
+    decode_native,
     decode_traces,
     parse_metrics_request,
     parse_trace_request,
@@ -33,12 +36,16 @@ LIMITS = IngestLimits()
 
 def test_one_input(data: bytes) -> None:
     kind = "json" if data[:1] == b"{" else "protobuf"
+    compiled = decode_native(data, LIMITS) if kind == "protobuf" else None
     try:
         request = parse_trace_request(data, kind)
     except MalformedPayload:
-        pass
+        if compiled is not None:
+            raise AssertionError("the compiled decoder accepted what protobuf refuses") from None
     else:
         decoded = decode_traces(request, LIMITS)
+        if compiled is not None and repr(compiled) != repr(decoded):
+            raise AssertionError("the compiled decoder differs from the reference")
         by_trace: dict[str, list[object]] = {}
         for span in decoded.spans:
             by_trace.setdefault(span.trace_id, []).append(span)

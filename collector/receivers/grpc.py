@@ -32,7 +32,6 @@ from tokenpath.collector.receivers.otlp_decode import (
     MalformedPayload,
     parse_logs_request,
     parse_metrics_request,
-    parse_trace_request,
 )
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
@@ -82,8 +81,7 @@ class _OtlpServices:
     def export_traces(self, body: bytes, context: grpc.ServicerContext
                       ) -> ExportTraceServiceResponse:
         try:
-            message = parse_trace_request(body, "protobuf")
-            decoded = self._ingest.export_traces(message, RECEIVER)
+            decoded = self._ingest.export_trace_payload(body, "protobuf", RECEIVER)
         except MalformedPayload as exc:
             self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Overloaded as exc:

@@ -30,7 +30,6 @@ from tokenpath.collector.receivers.otlp_decode import (
     MalformedPayload,
     parse_logs_request,
     parse_metrics_request,
-    parse_trace_request,
 )
 from tokenpath.collector.stats import CollectorStats
 
@@ -214,7 +213,7 @@ def otlp_router(ingest: OtlpIngest, stats: CollectorStats) -> APIRouter:
                                     {"Retry-After": str(exc.retry_after)}, exc.retry_after)
 
     def export_traces(body: bytes, kind: str) -> ExportTraceServiceResponse:
-        decoded = ingest.export_traces(parse_trace_request(body, kind), RECEIVER)
+        decoded = ingest.export_trace_payload(body, kind, RECEIVER)
         response = ExportTraceServiceResponse()
         partial_success(response, decoded)
         return response

@@ -24,6 +24,7 @@ from tokenpath.collector.receivers.otlp_decode import (
     DecodedSpans,
     MetricPoint,
     decode_metrics,
+    decode_trace_payload,
     decode_traces,
 )
 from tokenpath.collector.record_logs import decode_records
@@ -110,9 +111,19 @@ class OtlpIngest:
             response.partial_success.error_message = decoded.error_message
         return response
 
-    def export_traces(self, message: ExportTraceServiceRequest, receiver: str) -> DecodedSpans:
+    def export_trace_payload(self, body: bytes, content_type: str, receiver: str
+                             ) -> DecodedSpans:
+        """An export request's body (protobuf or OTLP/JSON): decoded, counted, handed on.
+        Raises :class:`MalformedPayload` or :class:`Overloaded`."""
         self.admit_traces()
-        decoded = decode_traces(message, self.limits)
+        return self._take(decode_trace_payload(body, content_type, self.limits), receiver)
+
+    def export_traces(self, message: ExportTraceServiceRequest, receiver: str) -> DecodedSpans:
+        """The same for a request already parsed by protobuf."""
+        self.admit_traces()
+        return self._take(decode_traces(message, self.limits), receiver)
+
+    def _take(self, decoded: DecodedSpans, receiver: str) -> DecodedSpans:
         stats = self._stats
         for reason, n in decoded.rejection_reasons.items():
             stats.spans_rejected.inc((receiver, reason), n)

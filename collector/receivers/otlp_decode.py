@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, fields
+from types import ModuleType
 from typing import Any
 
 from google.protobuf import json_format
@@ -288,6 +291,81 @@ def decode_traces(message: ExportTraceServiceRequest, limits: IngestLimits) -> D
     out.content_attributes_dropped = reader.content_dropped
     out.values_truncated = reader.truncated
     return out
+
+
+# --- the compiled decoder -------------------------------------------------------------------
+
+# Set to "python" to decode with the pure-Python reference only (comparisons, debugging).
+DECODER_ENV = "TOKENPATH_OTLP_DECODER"
+_SPAN_FIELDS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_unix_nano",
+                "end_unix_nano", "attributes", "events", "resource", "status_code",
+                "remote_parent")
+_EVENT_FIELDS = ("name", "time_unix_nano", "attributes")
+# The reasons the compiled decoder counts, in the order it returns them.
+_NATIVE_REJECTION_REASONS = ("invalid trace_id", "invalid span_id", "invalid parent_span_id")
+
+
+def _load_native() -> ModuleType | None:
+    """The C extension built by the package's setup.py (collector/receivers/
+    _otlp_native.c), or None where it was not built or is switched off."""
+    if os.environ.get(DECODER_ENV, "").strip().lower() == "python":
+        return None
+    try:
+        from tokenpath.collector.receivers import _otlp_native
+    except ImportError:
+        return None
+    module: ModuleType = _otlp_native
+    return module
+
+
+_native = _load_native()
+
+
+def native_decoder_available() -> bool:
+    return _native is not None
+
+
+@functools.lru_cache(maxsize=16)
+def native_config(limits: IngestLimits) -> tuple[object, ...]:
+    """What the compiled decoder needs of the limits and the span classes, built once."""
+    if tuple(f.name for f in fields(SpanData)) != _SPAN_FIELDS or tuple(
+            f.name for f in fields(SpanEvent)) != _EVENT_FIELDS:
+        raise RuntimeError("SpanData or SpanEvent changed: update _otlp_native.c and the "
+                           "field lists in otlp_decode.py together")
+    return (limits.max_attributes_per_span, limits.max_attribute_value_length,
+            limits.max_events_per_span, limits.keep_content_attributes,
+            tuple(prefix.encode() for prefix in GEN_AI_CONTENT_PREFIXES),
+            frozenset(GEN_AI_CONTENT_EVENT_NAMES), SpanData, SpanEvent, _SPAN_FIELDS,
+            _EVENT_FIELDS, _NO_ATTRIBUTES, ())
+
+
+def decode_native(body: bytes, limits: IngestLimits,
+                  native: ModuleType | None = None) -> DecodedSpans | None:
+    """The compiled decoder's result, or None where the reference must decide (a payload
+    it does not decode exactly as protobuf does, or no compiled decoder)."""
+    module = native if native is not None else _native
+    if module is None:
+        return None
+    result = module.decode_traces(body, native_config(limits))
+    if result is None:
+        return None
+    out = DecodedSpans(result[0])
+    for reason, n in zip(_NATIVE_REJECTION_REASONS, result[1:4], strict=True):
+        out.reject(reason, n)
+    (out.attributes_dropped, out.content_attributes_dropped, out.values_truncated,
+     out.events_dropped, out.content_events_dropped) = result[4:9]
+    return out
+
+
+def decode_trace_payload(body: bytes, content_type: str, limits: IngestLimits) -> DecodedSpans:
+    """An export request's body decoded under the limits: by the compiled decoder where it
+    is built and the payload is protobuf it decodes exactly, else parsed by protobuf and
+    decoded by :func:`decode_traces` (which raises :class:`MalformedPayload`)."""
+    if content_type != "json":
+        decoded = decode_native(body, limits)
+        if decoded is not None:
+            return decoded
+    return decode_traces(parse_trace_request(body, content_type), limits)
 
 
 # OTLP span flags: bit 8 says whether the parent's remoteness is known, bit 9 that it is
