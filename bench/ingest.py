@@ -47,7 +47,11 @@ from tokenpath.collector.assembler import Assembler, AssemblerConfig
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.node_metrics import NodeMetricsState
 from tokenpath.collector.receivers.ingest import OtlpIngest
-from tokenpath.collector.receivers.otlp_decode import parse_trace_request
+from tokenpath.collector.receivers.otlp_decode import (
+    DECODER_ENV,
+    native_decoder_available,
+    parse_trace_request,
+)
 from tokenpath.collector.stats import CollectorStats
 
 IDLE_WINDOW_SECONDS = 3.0
@@ -63,13 +67,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_collector(store: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+def _start_collector(store: Path, reference_decoder: bool = False
+                     ) -> tuple[subprocess.Popen[bytes], int, int]:
     http_port, grpc_port = _free_port(), _free_port()
+    env = dict(os.environ)
+    if reference_decoder:
+        env[DECODER_ENV] = "python"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokenpath.cli.main", "collector", "--http",
          f"127.0.0.1:{http_port}", "--grpc", f"127.0.0.1:{grpc_port}", "--store", str(store),
          "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -157,8 +165,9 @@ def _send_grpc(port: int, payloads: list[bytes], workers: int) -> None:
     channel.close()
 
 
-def _ingest_path_cpu(payloads: list[bytes]) -> float:
-    """CPU seconds to parse, decode and buffer every payload, as a receiver does."""
+def _ingest_path_cpu(payloads: list[bytes], reference_decoder: bool = False) -> float:
+    """CPU seconds to decode and buffer every payload, as a receiver does (with the
+    compiled decoder where built), or with protobuf's parser and the reference decoder."""
 
     class _Discard:
         def consume_trace(self, trace: object) -> None:
@@ -173,8 +182,12 @@ def _ingest_path_cpu(payloads: list[bytes]) -> float:
     ingest = OtlpIngest(Assembler(_Discard(), config, stats), NodeMetricsState(),
                         IngestLimits(), stats)
     t = time.process_time()
-    for body in payloads:
-        ingest.export_traces(parse_trace_request(body, "protobuf"), "bench")
+    if reference_decoder:
+        for body in payloads:
+            ingest.export_traces(parse_trace_request(body, "protobuf"), "bench")
+    else:
+        for body in payloads:
+            ingest.export_trace_payload(body, "protobuf", "bench")
     return time.process_time() - t
 
 
@@ -193,26 +206,36 @@ def run(requests: int = 300, workers: int = 2, repeats: int = 3,
 def _measure(payloads: list[bytes], workers: int, repeats: int) -> dict[str, Any]:
     spans = parse_floor(payloads)
     traces = _trace_count(payloads)
-    floors, ingests = [], []
+    floors, ingests, references = [], [], []
     for _ in range(repeats):  # interleaved, best of each: the machine is shared
         t = time.process_time()
         assert parse_floor(payloads) == spans
         floors.append(time.process_time() - t)
         ingests.append(_ingest_path_cpu(payloads))
-    floor_cpu, ingest_cpu = min(floors), min(ingests)
+        references.append(_ingest_path_cpu(payloads, reference_decoder=True))
+    floor_cpu, ingest_cpu, reference_cpu = min(floors), min(ingests), min(references)
     results: dict[str, Any] = {
         "spans": spans,
         "traces": traces,
+        "compiled_decoder": native_decoder_available(),
         "floor_cpu_us_per_span": floor_cpu / spans * 1e6,
         "ingest_path": {
             "cpu_us_per_span": ingest_cpu / spans * 1e6,
             "ratio_to_floor": ingest_cpu / floor_cpu,
             "spans_per_core_second": spans / ingest_cpu,
         },
+        "ingest_path_reference_decoder": {
+            "cpu_us_per_span": reference_cpu / spans * 1e6,
+            "ratio_to_floor": reference_cpu / floor_cpu,
+        },
     }
+    runs = [("http", _send_http, False), ("grpc", _send_grpc, False)]
+    if native_decoder_available():  # the same whole-collector run without it, beside
+        runs.append(("http_reference_decoder", _send_http, True))
     with tempfile.TemporaryDirectory() as tmp:
-        for transport, sender in (("http", _send_http), ("grpc", _send_grpc)):
-            proc, http_port, grpc_port = _start_collector(Path(tmp) / f"{transport}.db")
+        for transport, sender, reference_decoder in runs:
+            proc, http_port, grpc_port = _start_collector(Path(tmp) / f"{transport}.db",
+                                                          reference_decoder)
             ps = psutil.Process(proc.pid)
             try:
                 time.sleep(1.0)  # let start-up CPU settle
@@ -221,7 +244,7 @@ def _measure(payloads: list[bytes], workers: int, repeats: int) -> dict[str, Any
                 idle_share = (_cpu(ps) - idle_start) / IDLE_WINDOW_SECONDS
                 before = _cpu(ps)
                 started = wall = time.monotonic()
-                sender(http_port if transport == "http" else grpc_port, payloads, workers)
+                sender(grpc_port if sender is _send_grpc else http_port, payloads, workers)
                 wall = time.monotonic() - wall
                 stored = _wait_stored(http_port, traces)
                 received = _counter(http_port, SPANS_RECEIVED)

@@ -31,7 +31,12 @@ from tokenpath.collector import api_views
 from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
 from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.collector.node_metrics import NodeMetricsState, nic_last_mile
-from tokenpath.collector.receivers.http import method_not_allowed, otlp_router
+from tokenpath.collector.receivers.http import (
+    OtlpFastPath,
+    method_not_allowed,
+    otlp_endpoints,
+    otlp_router,
+)
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore
@@ -107,7 +112,8 @@ def build_app(
 ) -> FastAPI:
     app = FastAPI(title="tokenpath collector", docs_url=None, redoc_url=None,
                   openapi_url="/api/openapi.json")
-    app.include_router(otlp_router(ingest, stats))
+    endpoints = otlp_endpoints(ingest, stats)
+    app.include_router(otlp_router(endpoints))
 
     @app.get(HEALTH_PATH)
     def healthz() -> dict[str, str]:
@@ -227,7 +233,8 @@ def build_app(
                 return answer
         return await http_exception_handler(request, exc)
 
-    if auth_token:
+    app.add_middleware(OtlpFastPath, endpoints=endpoints)
+    if auth_token:  # added last, so it runs first: before the OTLP fast path too
         app.add_middleware(BearerAuthMiddleware, token=auth_token)
     return app
 

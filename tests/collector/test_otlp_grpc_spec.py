@@ -117,14 +117,14 @@ def test_rpcs_past_the_concurrency_cap_are_refused_not_queued(
     assert service.grpc_endpoint is not None
     release = threading.Event()
     entered = threading.Semaphore(0)
-    export = service.ingest.export_traces
+    export = service.ingest.export_trace_payload
 
-    def held(message: object, receiver: str) -> object:
+    def held(body: bytes, content_type: str, receiver: str) -> object:
         entered.release()
         release.wait(10)
-        return export(message, receiver)  # type: ignore[arg-type]
+        return export(body, content_type, receiver)
 
-    monkeypatch.setattr(service.ingest, "export_traces", held)
+    monkeypatch.setattr(service.ingest, "export_trace_payload", held)
     body = export_request([request_span()]).SerializeToString()
     with grpc.insecure_channel(service.grpc_endpoint) as channel:
         call = channel.unary_unary(f"/{TRACE_SERVICE}/Export")
