@@ -14,6 +14,7 @@ from tokenpath.collector.assembler import AssemblerConfig
 from tokenpath.collector.call_join import JoinConfig
 from tokenpath.collector.cost.attributor import AttributorConfig
 from tokenpath.collector.forwarder import ForwarderConfig
+from tokenpath.collector.gc_tuning import DEFAULT_GC_YOUNG_THRESHOLD
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.pipeline_worker import DEFAULT_QUEUE_SIZE
 from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
@@ -43,7 +44,7 @@ ENV_FORWARD_RECORDS = "TOKENPATH_FORWARD_RECORDS"
 # agent's section of a file both read, which the collector leaves alone.
 FILE_KEYS = frozenset({"http", "grpc", "store", "prices", "retention", "max_buffered_spans",
                        "assembler", "cost", "limits", "tls", "agent", "forward_records",
-                       "pipeline_queue_size", "join"})
+                       "pipeline_queue_size", "join", "gc_young_threshold"})
 
 
 def default_store_path() -> str:
@@ -75,6 +76,9 @@ class CollectorConfig:
     forward_records: str | None = None
     pipeline_queue_size: int = DEFAULT_QUEUE_SIZE
     join: JoinConfig = field(default_factory=JoinConfig)
+    # The garbage collector's young threshold in the collector process (gc_tuning.py);
+    # 0 keeps Python's default.
+    gc_young_threshold: int = DEFAULT_GC_YOUNG_THRESHOLD
 
     @property
     def forwarder(self) -> ForwarderConfig | None:
@@ -93,6 +97,8 @@ class CollectorConfig:
             raise ConfigError("prices", f"no such file: {self.prices_path}")
         if self.pipeline_queue_size < 1:
             raise ConfigError("pipeline_queue_size", "must be >= 1")
+        if self.gc_young_threshold < 0:
+            raise ConfigError("gc_young_threshold", "must be >= 0 (0: Python's default)")
         if self.forwarder is not None:
             self.forwarder.validate()
         self.assembler.validate()
@@ -147,12 +153,14 @@ class CollectorConfig:
                           str) or None
         queue_size = resolve("pipeline_queue_size", None, None, f, DEFAULT_QUEUE_SIZE,
                              lambda v: typed_value("pipeline_queue_size", "int", v))
+        gc_young = resolve("gc_young_threshold", None, None, f, DEFAULT_GC_YOUNG_THRESHOLD,
+                           lambda v: typed_value("gc_young_threshold", "int", v))
         config = cls(
             http_host=http_host, http_port=http_port, grpc_host=grpc_host, grpc_port=grpc_port,
             store_path=store_path, prices_path=prices_path, retention_seconds=retention,
             max_buffered_spans=max_buffered, auth_token=token, assembler=assembler, cost=cost,
             limits=limits, tls=tls, forward_records=forward, pipeline_queue_size=queue_size,
-            join=join,
+            join=join, gc_young_threshold=gc_young,
         )
         config.validate()
         return config

@@ -28,6 +28,8 @@ def _load(tmp_path: Path, file: dict[str, Any]) -> CollectorConfig:
     ({"retention": "nan"}, "retention"),
     ({"retention": True}, "retention"),
     ({"max_buffered_spans": True}, "max_buffered_spans"),
+    ({"gc_young_threshold": -1}, "gc_young_threshold"),
+    ({"gc_young_threshold": "lots"}, "gc_young_threshold"),
 ])
 def test_a_wrong_key_or_value_names_the_key(tmp_path: Path, file: dict[str, Any],
                                            key: str) -> None:

@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the collector until interrupted (SIGINT/SIGTERM flush and exit cleanly)."""
         from tokenpath.collector.config import CollectorConfig
+        from tokenpath.collector.gc_tuning import tune_gc
         from tokenpath.collector.service import CollectorService
 
         logging.basicConfig(level=log_level.upper(),
@@ -56,6 +57,7 @@ def register(app: typer.Typer) -> None:
             service.start()
         except ConfigError as exc:
             fail(str(exc))
+        tune_gc(cfg.gc_young_threshold)  # this process is the collector's alone
         console.print(f"tokenpath collector: OTLP/HTTP, API and UI on {service.http_url}"
                       + (f", OTLP/gRPC on {service.grpc_endpoint}" if service.grpc else "")
                       + f"; store {cfg.store_path}"
