@@ -32,6 +32,7 @@ from tokenpath.collector.assembler import AssembledTrace, Assembler, AssemblerCo
 from tokenpath.collector.call_join import CallJoiner, JoinConfig
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
 from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.collector.gc_tuning import DEFAULT_GC_YOUNG_THRESHOLD, tune_gc
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.mapping import StageMapper
 from tokenpath.collector.node_metrics import NodeMetricsState
@@ -153,7 +154,11 @@ def measure(payloads: list[bytes], store_dir: Path) -> dict[str, Any]:
     }
 
 
-def run(requests: int = 300, reference_requests: int = 1500) -> dict[str, Any]:
+def run(requests: int = 300, reference_requests: int = 1500,
+        gc_young_threshold: int = DEFAULT_GC_YOUNG_THRESHOLD) -> dict[str, Any]:
+    """Both shapes, with the garbage collector set as the collector process sets it
+    (collector/gc_tuning.py; 0 keeps Python's default)."""
+    tune_gc(gc_young_threshold)
     shapes = {SHAPE_STAGE_SPANS: make_requests(requests),
               SHAPE_REFERENCE_PATH: reference_path_requests(reference_requests)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -164,8 +169,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--reference-requests", type=int, default=1500)
+    parser.add_argument("--gc-young-threshold", type=int, default=DEFAULT_GC_YOUNG_THRESHOLD)
     args = parser.parse_args()
-    print(json.dumps(run(args.requests, args.reference_requests), indent=2))
+    print(json.dumps(run(args.requests, args.reference_requests, args.gc_young_threshold),
+                     indent=2))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ GEN_AI_PREFIX = "gen_ai."
 
 def is_engine_span(span: SpanData) -> bool:
     """vLLM's llm_request, SGLang's request root, Dynamo's engine.generate."""
-    return (span.name == A.VLLM_REQUEST_SPAN_NAME or span.name == DYNAMO_ENGINE_SPAN
+    name = span.name
+    return (name == A.VLLM_REQUEST_SPAN_NAME or name == DYNAMO_ENGINE_SPAN
             or span.attributes.get(SGLANG_MODULE_ATTRIBUTE) == SGLANG_REQUEST_MODULE)
 
 
@@ -52,8 +53,13 @@ def is_http_server(span: SpanData) -> bool:
     proxy request, Dynamo's frontend, the llm-d / GIE endpoint picker's)."""
     if span.name in GATEWAY_SPAN_NAMES:
         return True
-    return (span.kind == SPAN_KIND_SERVER and not is_engine_span(span)
-            and any(key in span.attributes for key in HTTP_SERVER_MARKERS))
+    return span.kind == SPAN_KIND_SERVER and _is_plain_http_server(span)
+
+
+def _is_plain_http_server(span: SpanData) -> bool:
+    """A SERVER span's test: not an engine's, and carrying an HTTP server attribute."""
+    attributes = span.attributes
+    return not is_engine_span(span) and any(key in attributes for key in HTTP_SERVER_MARKERS)
 
 
 def route(span: SpanData) -> str:
@@ -74,14 +80,20 @@ def has_gen_ai(span: SpanData) -> bool:
 
 
 def is_call_span(span: SpanData) -> bool:
-    if is_engine_span(span):
+    """An engine span, an LLM gateway's server span (a front door's, or an HTTP server span
+    on an LLM route or carrying gen_ai.*), or a GenAI client span. Most spans are neither
+    server nor client: they are told apart by their kind first."""
+    kind = span.kind
+    if kind == SPAN_KIND_CLIENT:
+        if is_engine_span(span) or span.name in GATEWAY_SPAN_NAMES:
+            return True
+        attributes = span.attributes
+        return A.GEN_AI_OPERATION_NAME in attributes or A.GEN_AI_REQUEST_MODEL in attributes
+    if is_engine_span(span) or span.name in GATEWAY_SPAN_NAMES:
         return True
-    if span.name in GATEWAY_SPAN_NAMES:
-        return True
-    if is_http_server(span):
+    if kind == SPAN_KIND_SERVER and _is_plain_http_server(span):
         return is_llm_route(span) or has_gen_ai(span)
-    return span.kind == SPAN_KIND_CLIENT and (
-        A.GEN_AI_OPERATION_NAME in span.attributes or A.GEN_AI_REQUEST_MODEL in span.attributes)
+    return False
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ from tokenpath.collector.pipeline_worker import PipelineWorker
 from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.collector.receivers.grpc import GrpcReceiver
 from tokenpath.collector.receivers.ingest import OtlpIngest
+from tokenpath.collector.receivers.otlp_decode import native_decoder_available
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, StoreConfig
 from tokenpath.pipeline import FanOut, IdleCost, RecordSink
@@ -124,7 +125,10 @@ class CollectorService:
         except BaseException:  # a listener could not start: stop what did, then report
             self.shutdown()
             raise
-        log.info("collector listening: http %s grpc %s", self.http_url, self.grpc_endpoint)
+        log.info("collector listening: http %s grpc %s; OTLP trace decoder: %s",
+                 self.http_url, self.grpc_endpoint,
+                 "compiled" if native_decoder_available()
+                 else "reference only (the compiled decoder is not built)")
 
     def shutdown(self) -> None:
         """Stop receiving, flush every buffered trace into the store. Idempotent."""

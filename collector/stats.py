@@ -24,6 +24,7 @@ class CollectorStats(Telemetry):
         self.spans_rejected = LabelledCount(M.SPANS_REJECTED)  # (receiver, reason)
         self.spans_dropped = LabelledCount(M.SPANS_DROPPED)  # by reason
         self.spans_summarised = LabelledCount(M.SPANS_SUMMARISED)  # folded on ingest
+        self.trace_exports_decoded = LabelledCount(M.TRACE_EXPORTS_DECODED)  # by decoder
         self.traces_evicted = LabelledCount(M.TRACES_EVICTED)  # by reason
         self.pipeline_errors = LabelledCount(M.PIPELINE_ERRORS)  # by step
         self.attributes_dropped = LabelledCount(M.ATTRIBUTES_DROPPED)  # by reason

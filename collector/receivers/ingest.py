@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.receivers.otlp_decode import (
+    DECODER_REFERENCE,
     DecodedSpans,
     MetricPoint,
     decode_metrics,
@@ -116,11 +117,14 @@ class OtlpIngest:
         """An export request's body (protobuf or OTLP/JSON): decoded, counted, handed on.
         Raises :class:`MalformedPayload` or :class:`Overloaded`."""
         self.admit_traces()
-        return self._take(decode_trace_payload(body, content_type, self.limits), receiver)
+        decoded, decoder = decode_trace_payload(body, content_type, self.limits)
+        self._stats.trace_exports_decoded.inc(decoder)
+        return self._take(decoded, receiver)
 
     def export_traces(self, message: ExportTraceServiceRequest, receiver: str) -> DecodedSpans:
         """The same for a request already parsed by protobuf."""
         self.admit_traces()
+        self._stats.trace_exports_decoded.inc(DECODER_REFERENCE)
         return self._take(decode_traces(message, self.limits), receiver)
 
     def _take(self, decoded: DecodedSpans, receiver: str) -> DecodedSpans:

@@ -357,15 +357,20 @@ def decode_native(body: bytes, limits: IngestLimits,
     return out
 
 
-def decode_trace_payload(body: bytes, content_type: str, limits: IngestLimits) -> DecodedSpans:
-    """An export request's body decoded under the limits: by the compiled decoder where it
-    is built and the payload is protobuf it decodes exactly, else parsed by protobuf and
-    decoded by :func:`decode_traces` (which raises :class:`MalformedPayload`)."""
+DECODER_COMPILED = "compiled"
+DECODER_REFERENCE = "reference"
+
+
+def decode_trace_payload(body: bytes, content_type: str, limits: IngestLimits
+                         ) -> tuple[DecodedSpans, str]:
+    """An export request's body decoded under the limits, and the decoder that did it:
+    the compiled one where it is built and the payload is protobuf it decodes exactly,
+    else protobuf's parser and :func:`decode_traces` (which raise :class:`MalformedPayload`)."""
     if content_type != "json":
         decoded = decode_native(body, limits)
         if decoded is not None:
-            return decoded
-    return decode_traces(parse_trace_request(body, content_type), limits)
+            return decoded, DECODER_COMPILED
+    return decode_traces(parse_trace_request(body, content_type), limits), DECODER_REFERENCE
 
 
 # OTLP span flags: bit 8 says whether the parent's remoteness is known, bit 9 that it is

@@ -19,12 +19,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.support.otlp import export_request
+from tests.support.otlp import export_request, to_otlp_json
 from tests.support.otlp_strategies import mutated_bytes, trace_requests
 from tokenpath import attributes as A
 from tokenpath.collector.limits import IngestLimits
+from tokenpath.collector.node_metrics import NodeMetricsState
 from tokenpath.collector.receivers import otlp_decode
+from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.receivers.otlp_decode import (
+    DECODER_COMPILED,
+    DECODER_REFERENCE,
     DecodedSpans,
     MalformedPayload,
     decode_native,
@@ -32,6 +36,8 @@ from tokenpath.collector.receivers.otlp_decode import (
     decode_traces,
     parse_trace_request,
 )
+from tokenpath.collector.spans import SpanData
+from tokenpath.collector.stats import CollectorStats
 
 FUZZ = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -162,8 +168,9 @@ def test_what_it_does_not_decode_exactly_is_left_to_the_reference(
         with pytest.raises(MalformedPayload):
             decode_trace_payload(body, "protobuf", LIMITS)
     else:
-        assert _comparable(decode_trace_payload(body, "protobuf", LIMITS)) == _comparable(
-            reference)
+        decoded, decoder = decode_trace_payload(body, "protobuf", LIMITS)
+        assert decoder == DECODER_REFERENCE
+        assert _comparable(decoded) == _comparable(reference)
 
 
 def test_attributes_split_around_other_fields_decode_as_one_set(native: ModuleType) -> None:
@@ -222,6 +229,18 @@ def test_the_receivers_decode_with_it(native: ModuleType, monkeypatch: pytest.Mo
             return native.decode_traces(body, config)
 
     monkeypatch.setattr(otlp_decode, "_native", Counting)
-    decoded = decode_trace_payload(bench_payloads[0], "protobuf", LIMITS)
+    stats = CollectorStats()
+    ingest = OtlpIngest(_Spans(), NodeMetricsState(), LIMITS, stats)
+    decoded = ingest.export_trace_payload(bench_payloads[0], "protobuf", "test")
     assert calls == [bench_payloads[0]] and len(decoded.spans) == 100
+    json_body = to_otlp_json(ExportTraceServiceRequest.FromString(bench_payloads[1]))
+    assert len(ingest.export_trace_payload(json_body, "json", "test").spans) == 100
+    assert calls == [bench_payloads[0]]  # OTLP/JSON is the reference's
+    assert stats.trace_exports_decoded[DECODER_COMPILED] == 1
+    assert stats.trace_exports_decoded[DECODER_REFERENCE] == 1
+
+
+class _Spans:
+    def consume_spans(self, spans: list[SpanData]) -> dict[str, int]:
+        return {}
 
