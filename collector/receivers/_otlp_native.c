@@ -236,7 +236,6 @@ static int table_put(Table *t, Entry *slot, const uint8_t *p, Py_ssize_t n, uint
     return DONE;
 }
 
-static const long NO_COUNTS[3] = {0, 0, 0};
 
 /* --- the decoder's state ------------------------------------------------------------ */
 
@@ -276,6 +275,25 @@ static int any_value(Decoder *d, Reader r, int depth, PyObject **out);
 
 static int check_any_value(Reader r, int depth);
 
+/* The next field of a message whose fields numbered in ``len_fields`` (a bit each) are
+ * all length-delimited: its number, and its bytes in ``s``; fields of other numbers are
+ * skipped (unknown). *field is 0 at the end of the message. */
+static int next_field(Reader *r, uint32_t len_fields, uint32_t *field, Reader *s) {
+    while (r->p < r->end) {
+        int wt;
+        CHECK(read_tag(r, field, &wt));
+        if (*field < 32 && (len_fields >> *field) & 1) {
+            EXPECT(wt, 2);
+            return read_bytes(r, s);
+        }
+        CHECK(skip_field(r, wt));
+    }
+    *field = 0;
+    return DONE;
+}
+
+#define BIT(n) (1u << (n))
+
 static int check_key_value(Reader r, int depth) {
     int value_seen = 0;
     while (r.p < r.end) {
@@ -304,20 +322,13 @@ static int check_key_value(Reader r, int depth) {
 
 /* Every field of a message is the same repeated KeyValue (field ``number``) or other. */
 static int check_key_values(Reader r, uint32_t number, int depth) {
-    while (r.p < r.end) {
-        uint32_t field;
-        int wt;
-        Reader s;
-        CHECK(read_tag(&r, &field, &wt));
-        if (field == number) {
-            EXPECT(wt, 2);
-            CHECK(read_bytes(&r, &s));
-            CHECK(check_key_value(s, depth + 1));
-        } else {
-            CHECK(skip_field(&r, wt));
-        }
+    uint32_t field;
+    Reader s;
+    for (;;) {
+        CHECK(next_field(&r, BIT(number), &field, &s));
+        if (!field) return DONE;
+        CHECK(check_key_value(s, depth + 1));
     }
-    return DONE;
 }
 
 static int check_any_value(Reader r, int depth) {
@@ -348,18 +359,12 @@ static int check_any_value(Reader r, int depth) {
             EXPECT(wt, 2);
             CHECK(read_bytes(&r, &s));
             if (field == 5) {
-                while (s.p < s.end) { /* ArrayValue: values = 1 */
+                for (;;) { /* ArrayValue: values = 1 */
                     uint32_t f;
-                    int w;
                     Reader item;
-                    CHECK(read_tag(&s, &f, &w));
-                    if (f == 1) {
-                        EXPECT(w, 2);
-                        CHECK(read_bytes(&s, &item));
-                        CHECK(check_any_value(item, depth + 1));
-                    } else {
-                        CHECK(skip_field(&s, w));
-                    }
+                    CHECK(next_field(&s, BIT(1), &f, &item));
+                    if (!f) break;
+                    CHECK(check_any_value(item, depth + 1));
                 }
             } else {
                 CHECK(check_key_values(s, 1, depth + 1)); /* KeyValueList */
@@ -418,56 +423,81 @@ static int check_shape(Reader r, const Shape *shape) {
 
 /* --- attribute values ------------------------------------------------------------------ */
 
-static int short_text(Decoder *d, Reader s, PyObject **out) {
+/* The entry for these bytes in a per-request table, made by ``make`` the first time. */
+typedef int (*MakeFn)(Decoder *d, Reader s, PyObject **obj, long counts[3]);
+
+static int interned(Decoder *d, Table *t, Reader s, MakeFn make, Entry **out) {
     Py_ssize_t n = s.end - s.p;
     uint64_t h = hash_bytes(s.p, n);
-    Entry *e = table_find(&d->texts, s.p, n, h);
+    Entry *e = table_find(t, s.p, n, h);
     if (e->obj == NULL) {
-        PyObject *text;
-        CHECK(new_text(s, &text));
+        PyObject *obj;
         long counts[3] = {0, 0, 0};
-        if (PyUnicode_GET_LENGTH(text) > d->max_value_length) {
-            PyObject *cut = PyUnicode_Substring(text, 0, d->max_value_length);
-            Py_DECREF(text);
-            if (cut == NULL) return FAILED;
-            text = cut;
-            counts[0] = 1;
-        }
-        CHECK(table_put(&d->texts, e, s.p, n, h, text, counts));
-        e = table_find(&d->texts, s.p, n, h);
+        CHECK(make(d, s, &obj, counts));
+        CHECK(table_put(t, e, s.p, n, h, obj, counts));
+        e = table_find(t, s.p, n, h);
     }
+    *out = e;
+    return DONE;
+}
+
+/* A string value cut to the value length limit (counts[0]: it was cut). */
+static int make_value_text(Decoder *d, Reader s, PyObject **out, long counts[3]) {
+    PyObject *text;
+    CHECK(new_text(s, &text));
+    if (PyUnicode_GET_LENGTH(text) > d->max_value_length) {
+        PyObject *cut = PyUnicode_Substring(text, 0, d->max_value_length);
+        Py_DECREF(text);
+        if (cut == NULL) return FAILED;
+        text = cut;
+        counts[0] = 1;
+    }
+    *out = text;
+    return DONE;
+}
+
+static int make_text(Decoder *d, Reader s, PyObject **out, long counts[3]) {
+    (void)d;
+    (void)counts;
+    return new_text(s, out);
+}
+
+static int make_hex(Decoder *d, Reader s, PyObject **out, long counts[3]) {
+    (void)d;
+    (void)counts;
+    *out = new_hex(s.p, s.end - s.p);
+    return *out == NULL ? FAILED : DONE;
+}
+
+/* An int64 from the bytes of its varint. */
+static int make_int(Decoder *d, Reader s, PyObject **out, long counts[3]) {
+    (void)d;
+    (void)counts;
+    uint64_t raw;
+    CHECK(read_varint(&s, &raw));
+    *out = PyLong_FromLongLong((long long)(int64_t)raw);
+    return *out == NULL ? FAILED : DONE;
+}
+
+/* Short values are shared within the request; longer ones are made each time. */
+static int string_value(Decoder *d, Reader s, PyObject **out) {
+    long counts[3] = {0, 0, 0};
+    if (s.end - s.p > SHARE_MAX_BYTES) {
+        CHECK(make_value_text(d, s, out, counts));
+        d->values_truncated += counts[0];
+        return DONE;
+    }
+    Entry *e;
+    CHECK(interned(d, &d->texts, s, make_value_text, &e));
     d->values_truncated += e->counts[0];
     Py_INCREF(e->obj);
     *out = e->obj;
     return DONE;
 }
 
-static int string_value(Decoder *d, Reader s, PyObject **out) {
-    if (s.end - s.p <= SHARE_MAX_BYTES) return short_text(d, s, out);
-    PyObject *text;
-    CHECK(new_text(s, &text));
-    if (PyUnicode_GET_LENGTH(text) > d->max_value_length) {
-        d->values_truncated++;
-        PyObject *cut = PyUnicode_Substring(text, 0, d->max_value_length);
-        Py_DECREF(text);
-        if (cut == NULL) return FAILED;
-        text = cut;
-    }
-    *out = text;
-    return DONE;
-}
-
-static int int_value(Decoder *d, const uint8_t *start, const uint8_t *stop, uint64_t raw,
-                     PyObject **out) {
-    Py_ssize_t n = stop - start;
-    uint64_t h = hash_bytes(start, n);
-    Entry *e = table_find(&d->ints, start, n, h);
-    if (e->obj == NULL) {
-        PyObject *number = PyLong_FromLongLong((long long)(int64_t)raw);
-        if (number == NULL) return FAILED;
-        CHECK(table_put(&d->ints, e, start, n, h, number, NO_COUNTS));
-        e = table_find(&d->ints, start, n, h);
-    }
+static int shared_value(Decoder *d, Table *t, Reader s, MakeFn make, PyObject **out) {
+    Entry *e;
+    CHECK(interned(d, t, s, make, &e));
     Py_INCREF(e->obj);
     *out = e->obj;
     return DONE;
@@ -478,17 +508,10 @@ static int array_value(Decoder *d, Reader r, int depth, PyObject **out) {
     if (items == NULL) return FAILED;
     Py_ssize_t count = 0;
     int rc = DONE;
-    while (r.p < r.end) {
+    for (;;) {
         uint32_t field;
-        int wt;
         Reader s;
-        if ((rc = read_tag(&r, &field, &wt)) != DONE) break;
-        if (field != 1) {
-            if ((rc = skip_field(&r, wt)) != DONE) break;
-            continue;
-        }
-        if (wt != 2) { rc = FALLBACK; break; }
-        if ((rc = read_bytes(&r, &s)) != DONE) break;
+        if ((rc = next_field(&r, BIT(1), &field, &s)) != DONE || !field) break;
         if (count++ >= d->max_value_length) { /* arrays: items past the cap are checked only */
             if ((rc = check_any_value(s, depth + 1)) != DONE) break;
             continue;
@@ -552,7 +575,8 @@ static int any_value(Decoder *d, Reader r, int depth, PyObject **out) {
         *out = number ? Py_True : Py_False;
         Py_INCREF(*out);
         return DONE;
-    case 3: return int_value(d, number_start, number_stop, number, out);
+    case 3: return shared_value(d, &d->ints, (Reader){number_start, number_stop}, make_int,
+                                out);
     case 4: {
         double value;
         memcpy(&value, &number, sizeof value);
@@ -597,44 +621,34 @@ static inline void run_add(Run *run, const uint8_t *tag_start, const uint8_t *st
 
 /* The next occurrence of field ``number`` (length-delimited) in ``r``. */
 static int next_in_run(Reader *r, uint32_t number, Reader *s, int *found) {
-    while (r->p < r->end) {
-        uint32_t field;
-        int wt;
-        CHECK(read_tag(r, &field, &wt));
-        if (field == number) {
-            CHECK(read_bytes(r, s));
-            *found = 1;
-            return DONE;
-        }
-        CHECK(skip_field(r, wt));
-    }
-    *found = 0;
+    uint32_t field;
+    CHECK(next_field(r, BIT(number), &field, s));
+    *found = field != 0;
     return DONE;
 }
 
-static int admitted_key(Decoder *d, Reader s, PyObject **key) {
-    Py_ssize_t n = s.end - s.p;
-    uint64_t h = hash_bytes(s.p, n);
-    Entry *e = table_find(&d->keys, s.p, n, h);
-    if (e->obj == NULL) {
-        PyObject *text;
-        CHECK(new_text(s, &text));
-        if (!d->keep_content) {
-            Py_ssize_t count = PyTuple_GET_SIZE(d->content_prefixes);
-            for (Py_ssize_t i = 0; i < count; i++) {
-                PyObject *prefix = PyTuple_GET_ITEM(d->content_prefixes, i);
-                Py_ssize_t m = PyBytes_GET_SIZE(prefix);
-                if (m <= n && memcmp(s.p, PyBytes_AS_STRING(prefix), (size_t)m) == 0) {
-                    Py_DECREF(text);
-                    text = Py_None;
-                    Py_INCREF(text);
-                    break;
-                }
+/* A key as stored, or Py_None for a GenAI content key (dropped unless content is kept). */
+static int make_key(Decoder *d, Reader s, PyObject **out, long counts[3]) {
+    (void)counts;
+    if (!d->keep_content) {
+        Py_ssize_t n = s.end - s.p, count = PyTuple_GET_SIZE(d->content_prefixes);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *prefix = PyTuple_GET_ITEM(d->content_prefixes, i);
+            Py_ssize_t m = PyBytes_GET_SIZE(prefix);
+            if (m <= n && memcmp(s.p, PyBytes_AS_STRING(prefix), (size_t)m) == 0) {
+                CHECK(check_utf8(s));
+                Py_INCREF(Py_None);
+                *out = Py_None;
+                return DONE;
             }
         }
-        CHECK(table_put(&d->keys, e, s.p, n, h, text, NO_COUNTS));
-        e = table_find(&d->keys, s.p, n, h);
     }
+    return new_text(s, out);
+}
+
+static int admitted_key(Decoder *d, Reader s, PyObject **key) {
+    Entry *e;
+    CHECK(interned(d, &d->keys, s, make_key, &e));
     *key = e->obj; /* borrowed; Py_None for a content key */
     return DONE;
 }
@@ -767,32 +781,7 @@ static PyObject *new_record(PyTypeObject *type, PyObject *fields, PyObject **val
 }
 
 static int shared_name(Decoder *d, Reader s, Entry **out) {
-    Py_ssize_t n = s.end - s.p;
-    uint64_t h = hash_bytes(s.p, n);
-    Entry *e = table_find(&d->names, s.p, n, h);
-    if (e->obj == NULL) {
-        PyObject *text;
-        CHECK(new_text(s, &text));
-        CHECK(table_put(&d->names, e, s.p, n, h, text, NO_COUNTS));
-        e = table_find(&d->names, s.p, n, h);
-    }
-    *out = e;
-    return DONE;
-}
-
-static int shared_id(Decoder *d, Reader s, PyObject **out) {
-    Py_ssize_t n = s.end - s.p;
-    uint64_t h = hash_bytes(s.p, n);
-    Entry *e = table_find(&d->ids, s.p, n, h);
-    if (e->obj == NULL) {
-        PyObject *hex = new_hex(s.p, n);
-        if (hex == NULL) return FAILED;
-        CHECK(table_put(&d->ids, e, s.p, n, h, hex, NO_COUNTS));
-        e = table_find(&d->ids, s.p, n, h);
-    }
-    Py_INCREF(e->obj);
-    *out = e->obj;
-    return DONE;
+    return interned(d, &d->names, s, make_text, out);
 }
 
 /* --- events ------------------------------------------------------------------------- */
@@ -988,12 +977,12 @@ static int decode_span(Decoder *d, Reader span, PyObject *resource, PyObject *sp
         return check_rejected_span(span, &f);
     }
     PyObject *values[12] = {NULL};
-    int rc = shared_id(d, f.trace_id, &values[0]);
+    int rc = shared_value(d, &d->ids, f.trace_id, make_hex, &values[0]);
     if (rc != DONE) return rc;
     rc = FAILED;
     if ((values[1] = new_hex(f.span_id.p, 8)) == NULL) goto fail;
     if (f.parent.end != f.parent.p && !is_zero(f.parent)) {
-        if ((rc = shared_id(d, f.parent, &values[2])) != DONE) goto fail;
+        if ((rc = shared_value(d, &d->ids, f.parent, make_hex, &values[2])) != DONE) goto fail;
         rc = FAILED;
     } else {
         values[2] = PyUnicode_New(0, 0);
@@ -1065,88 +1054,57 @@ static int decode_resource(Decoder *d, Reader r, PyObject **out) {
 
 static int decode_scope_spans(Decoder *d, Reader r, PyObject *resource, PyObject *spans) {
     int scope_seen = 0;
-    while (r.p < r.end) {
-        uint32_t field;
-        int wt;
-        Reader s;
-        CHECK(read_tag(&r, &field, &wt));
+    uint32_t field;
+    Reader s;
+    for (;;) { /* scope = 1, spans = 2, schema_url = 3 */
+        CHECK(next_field(&r, BIT(1) | BIT(2) | BIT(3), &field, &s));
+        if (field == 0) return DONE;
         if (field == 1) {
-            EXPECT(wt, 2);
             if (scope_seen++) return FALLBACK;
-            CHECK(read_bytes(&r, &s));
             CHECK(check_shape(s, &SCOPE_SHAPE));
         } else if (field == 2) {
-            EXPECT(wt, 2);
-            CHECK(read_bytes(&r, &s));
             CHECK(decode_span(d, s, resource, spans));
-        } else if (field == 3) {
-            EXPECT(wt, 2);
-            CHECK(read_bytes(&r, &s));
-            CHECK(check_utf8(s));
         } else {
-            CHECK(skip_field(&r, wt));
+            CHECK(check_utf8(s));
         }
     }
-    return DONE;
 }
 
 static int decode_resource_spans(Decoder *d, Reader r, PyObject *spans) {
-    /* The resource first, wherever it is in the message. */
-    Reader scan = r, resource_bytes = {r.p, r.p};
+    /* resource = 1, scope_spans = 2, schema_url = 3; the resource first, wherever it is. */
+    const uint32_t fields = BIT(1) | BIT(2) | BIT(3);
+    Reader scan = r, resource_bytes = {r.p, r.p}, s;
     int resource_seen = 0;
-    while (scan.p < scan.end) {
-        uint32_t field;
-        int wt;
-        Reader s;
-        CHECK(read_tag(&scan, &field, &wt));
+    uint32_t field;
+    for (;;) {
+        CHECK(next_field(&scan, fields, &field, &s));
+        if (field == 0) break;
         if (field == 1) {
-            EXPECT(wt, 2);
             if (resource_seen++) return FALLBACK;
-            CHECK(read_bytes(&scan, &resource_bytes));
-        } else if (field == 2) {
-            EXPECT(wt, 2);
-            CHECK(read_bytes(&scan, &s));
+            resource_bytes = s;
         } else if (field == 3) {
-            EXPECT(wt, 2);
-            CHECK(read_bytes(&scan, &s));
             CHECK(check_utf8(s));
-        } else {
-            CHECK(skip_field(&scan, wt));
         }
     }
     PyObject *resource;
     CHECK(decode_resource(d, resource_bytes, &resource));
-    int rc = DONE;
-    while (r.p < r.end && rc == DONE) {
-        uint32_t field;
-        int wt;
-        Reader s;
-        if ((rc = read_tag(&r, &field, &wt)) != DONE) break;
-        if (field == 2) {
-            if ((rc = read_bytes(&r, &s)) == DONE) rc = decode_scope_spans(d, s, resource, spans);
-        } else {
-            rc = skip_field(&r, wt);
-        }
+    int rc;
+    for (;;) {
+        if ((rc = next_field(&r, fields, &field, &s)) != DONE || field == 0) break;
+        if (field == 2 && (rc = decode_scope_spans(d, s, resource, spans)) != DONE) break;
     }
     Py_DECREF(resource);
     return rc;
 }
 
 static int decode_request(Decoder *d, Reader r, PyObject *spans) {
-    while (r.p < r.end) {
-        uint32_t field;
-        int wt;
-        Reader s;
-        CHECK(read_tag(&r, &field, &wt));
-        if (field == 1) {
-            EXPECT(wt, 2);
-            CHECK(read_bytes(&r, &s));
-            CHECK(decode_resource_spans(d, s, spans));
-        } else {
-            CHECK(skip_field(&r, wt));
-        }
+    uint32_t field;
+    Reader s;
+    for (;;) { /* resource_spans = 1 */
+        CHECK(next_field(&r, BIT(1), &field, &s));
+        if (field == 0) return DONE;
+        CHECK(decode_resource_spans(d, s, spans));
     }
-    return DONE;
 }
 
 /* --- the module ------------------------------------------------------------------------- */
