@@ -28,7 +28,7 @@ lint: venv
 typecheck: venv
 	VENV=$(VENV) bash scripts/typecheck.sh
 
-test: venv system-deps lint
+test: system-deps venv lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 bench: venv

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the tests need, installed only when missing: a real Prometheus and
 # promtool for rules and scraping, Alertmanager for alert delivery, Chromium for the UI,
-# and a C compiler for the fake NVIDIA driver library the agent's NVML tests load.
+# and a C compiler (with Python's headers) for the fake NVIDIA driver library the agent's
+# NVML tests load and for the collector's compiled OTLP decoder, which the package build
+# compiles when it can (make test runs this before it builds the virtual environment).
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
@@ -10,6 +12,9 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/
   || need+=(prometheus-alertmanager)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+python3 -c 'import pathlib, sys, sysconfig
+sys.exit(not pathlib.Path(sysconfig.get_paths()["include"], "Python.h").is_file())' \
+  || need+=(python3-dev)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import sysconfig
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -49,7 +50,9 @@ KEEP_CONTENT = IngestLimits(keep_content_attributes=True)
 
 
 def _compiler() -> bool:
-    return shutil.which(str(sysconfig.get_config_var("CC") or "cc").split()[0]) is not None
+    """A C compiler and Python's headers: what the package build needs to compile it."""
+    compiler = shutil.which(str(sysconfig.get_config_var("CC") or "cc").split()[0])
+    return compiler is not None and Path(sysconfig.get_paths()["include"], "Python.h").is_file()
 
 
 @pytest.fixture(scope="module")
