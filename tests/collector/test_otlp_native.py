@@ -247,3 +247,50 @@ class _Spans:
     def consume_spans(self, spans: list[SpanData]) -> dict[str, int]:
         return {}
 
+
+
+def test_decoding_leaks_nothing_on_any_path(native: ModuleType,
+                                            bench_payloads: list[bytes]) -> None:
+    """The C code's references and allocations balance on every path: decoded payloads,
+    payloads left to the reference part-way through (a truncated one, one with a bad
+    string late in it), content keys (Py_None in its key table) and booleans. Python's
+    allocator traces what it allocates (tracemalloc) and singletons count references."""
+    import gc
+    import sys
+    import tracemalloc
+
+    content = _span()
+    content.attributes.extend([KeyValue(key="gen_ai.prompt", value=AnyValue(string_value="x")),
+                               KeyValue(key="ok", value=AnyValue(bool_value=True))])
+    valid = [*bench_payloads[:2], export_request([content]).SerializeToString()]
+    left_to_reference = [bench_payloads[0][: len(bench_payloads[0]) // 2],
+                         _body_with_span_bytes(_span().SerializeToString() * 3
+                                               + b"\x2a\x02\xff\xfe")]
+    for body in left_to_reference:
+        assert decode_native(body, LIMITS, native) is None
+
+    def decode_all() -> None:
+        for body in (*valid, *left_to_reference):
+            decode_native(body, LIMITS, native)
+
+    decode_all()  # warm: caches, interned strings, the config
+    gc.collect()
+    none_refs, true_refs = sys.getrefcount(None), sys.getrefcount(True)
+    for _ in range(50):
+        decode_all()
+    gc.collect()
+    # one reference kept (or dropped) per decode would be 250 here
+    assert abs(sys.getrefcount(None) - none_refs) < 10
+    assert abs(sys.getrefcount(True) - true_refs) < 10
+    tracemalloc.start()
+    try:
+        decode_all()
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(50):
+            decode_all()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 4096, f"{grown} bytes kept after 50 rounds"
