@@ -229,32 +229,38 @@ class PrefixCacheTracker:
 
     def _remember(self, record: RequestRecord, at: float) -> None:
         fingerprints = record.prefix_fingerprints
-        for fingerprint in fingerprints:
-            seen = self._recent.pop(fingerprint, None)
+        recent = self._recent
+        for fingerprint in fingerprints:  # each seen now goes to the end (most recent)
+            seen = recent.get(fingerprint)
             if seen is None:
-                seen = _Seen(at, at)
-            else:
-                seen.first = min(seen.first, at)
-                seen.last = max(seen.last, at)
-            self._recent[fingerprint] = seen
-        while len(self._recent) > self._capacity:
-            self._recent.popitem(last=False)
-        while self._recent:
-            oldest = next(iter(self._recent.values()))
+                recent[fingerprint] = _Seen(at, at)
+                continue
+            if at < seen.first:
+                seen.first = at
+            if at > seen.last:
+                seen.last = at
+            recent.move_to_end(fingerprint)
+        while len(recent) > self._capacity:
+            recent.popitem(last=False)
+        while recent:
+            oldest = next(iter(recent.values()))
             if at - oldest.last <= self._ttl:
                 break
-            self._recent.popitem(last=False)
+            recent.popitem(last=False)
         key = engine_key(record)
         here = self._by_engine.setdefault(key, OrderedDict())
         for fingerprint in fingerprints:
-            seen_here = here.pop(fingerprint, None)
+            seen_here = here.get(fingerprint)
             if seen_here is None:
                 self._engine_entries += 1
-                seen_here = _Seen(at, at)
-            else:  # records come in close order, not prefill order: keep both ends
-                seen_here.first = min(seen_here.first, at)
-                seen_here.last = max(seen_here.last, at)
-            here[fingerprint] = seen_here
+                here[fingerprint] = _Seen(at, at)
+                continue
+            # records come in close order, not prefill order: keep both ends
+            if at < seen_here.first:
+                seen_here.first = at
+            if at > seen_here.last:
+                seen_here.last = at
+            here.move_to_end(fingerprint)
         self._trim_engine(key, at)
 
     def _trim_engine(self, key: str, at: float) -> None:
