@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -518,7 +519,7 @@ class CostAttributor:
         ledger.measured_seconds += result.measured_seconds
         ledger.modeled_seconds += result.modeled_seconds
         ledger.gpu_count = timeline.gpu_count
-        out_idle.extend(_merge_idle(ledger.pool, result.idle_spans))
+        out_idle.extend(merge_idle_spans(ledger.pool, result.idle_spans))
         for interval in result.finished:
             item = node.pending.pop(interval.key, None)
             if item is None:
@@ -575,13 +576,31 @@ def _prefill_steps(record: RequestRecord) -> float | None:
     return None
 
 
-def _merge_idle(pool: str, spans: list[tuple[float, float, float, float]]) -> list[IdleCost]:
+def merge_idle_spans(pool: str, spans: list[tuple[float, float, float, float]]) -> list[IdleCost]:
+    """Contiguous idle spans of one close, one row per run of the same rate (dollars and
+    joules per second). A row's idle is then spread evenly over its time, so any part of
+    it prices pro rata exactly however the ticks happened to cut the timeline: merging
+    spans of different rates (a partly idle slice of a busy minute, then a wholly idle
+    one) would make a query over part of a row depend on when the collector ticked."""
     merged: list[IdleCost] = []
     for start, end, dollars, joules in spans:
-        if merged and merged[-1].end_unix == start:
-            last = merged[-1]
+        last = merged[-1] if merged else None
+        if last is not None and last.end_unix == start and _same_rate(last, end - start,
+                                                                      dollars, joules):
             merged[-1] = IdleCost(pool, last.start_unix, end, last.dollars + dollars,
                                   last.energy_joules + joules)
         else:
             merged.append(IdleCost(pool, start, end, dollars, joules))
     return merged
+
+
+_RATE_REL_TOL = 1e-9
+
+
+def _same_rate(row: IdleCost, seconds: float, dollars: float, joules: float) -> bool:
+    row_seconds = row.end_unix - row.start_unix
+    if seconds <= 0 or row_seconds <= 0:  # no time: nothing to spread
+        return True
+    return (math.isclose(row.dollars / row_seconds, dollars / seconds, rel_tol=_RATE_REL_TOL)
+            and math.isclose(row.energy_joules / row_seconds, joules / seconds,
+                             rel_tol=_RATE_REL_TOL))
