@@ -94,6 +94,22 @@ class _Seen:
     last: float
 
 
+def _touch(table: OrderedDict[str, _Seen], fingerprint: str, at: float) -> bool:
+    """Note ``fingerprint`` seen at ``at``: it moves to the end of ``table`` (the most
+    recent), keeping both ends of when it was seen (records come in close order, not
+    prefill order). True when it is new to the table."""
+    seen = table.get(fingerprint)
+    if seen is None:
+        table[fingerprint] = _Seen(at, at)
+        return True
+    if at < seen.first:
+        seen.first = at
+    if at > seen.last:
+        seen.last = at
+    table.move_to_end(fingerprint)
+    return False
+
+
 def engine_key(record: RequestRecord) -> str:
     """The engine (GPU set) a record ran on: its node and engine id."""
     return f"{record.node or ''}/{record.engine_id or ''}"
@@ -230,16 +246,8 @@ class PrefixCacheTracker:
     def _remember(self, record: RequestRecord, at: float) -> None:
         fingerprints = record.prefix_fingerprints
         recent = self._recent
-        for fingerprint in fingerprints:  # each seen now goes to the end (most recent)
-            seen = recent.get(fingerprint)
-            if seen is None:
-                recent[fingerprint] = _Seen(at, at)
-                continue
-            if at < seen.first:
-                seen.first = at
-            if at > seen.last:
-                seen.last = at
-            recent.move_to_end(fingerprint)
+        for fingerprint in fingerprints:
+            _touch(recent, fingerprint, at)
         while len(recent) > self._capacity:
             recent.popitem(last=False)
         while recent:
@@ -250,17 +258,8 @@ class PrefixCacheTracker:
         key = engine_key(record)
         here = self._by_engine.setdefault(key, OrderedDict())
         for fingerprint in fingerprints:
-            seen_here = here.get(fingerprint)
-            if seen_here is None:
+            if _touch(here, fingerprint, at):
                 self._engine_entries += 1
-                here[fingerprint] = _Seen(at, at)
-                continue
-            # records come in close order, not prefill order: keep both ends
-            if at < seen_here.first:
-                seen_here.first = at
-            if at > seen_here.last:
-                seen_here.last = at
-            here.move_to_end(fingerprint)
         self._trim_engine(key, at)
 
     def _trim_engine(self, key: str, at: float) -> None:
