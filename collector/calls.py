@@ -53,13 +53,13 @@ def is_http_server(span: SpanData) -> bool:
     proxy request, Dynamo's frontend, the llm-d / GIE endpoint picker's)."""
     if span.name in GATEWAY_SPAN_NAMES:
         return True
-    return span.kind == SPAN_KIND_SERVER and _is_plain_http_server(span)
+    return (span.kind == SPAN_KIND_SERVER and not is_engine_span(span)
+            and _has_http_server_marker(span))
 
 
-def _is_plain_http_server(span: SpanData) -> bool:
-    """A SERVER span's test: not an engine's, and carrying an HTTP server attribute."""
+def _has_http_server_marker(span: SpanData) -> bool:
     attributes = span.attributes
-    return not is_engine_span(span) and any(key in attributes for key in HTTP_SERVER_MARKERS)
+    return any(key in attributes for key in HTTP_SERVER_MARKERS)
 
 
 def route(span: SpanData) -> str:
@@ -81,17 +81,15 @@ def has_gen_ai(span: SpanData) -> bool:
 
 def is_call_span(span: SpanData) -> bool:
     """An engine span, an LLM gateway's server span (a front door's, or an HTTP server span
-    on an LLM route or carrying gen_ai.*), or a GenAI client span. Most spans are neither
-    server nor client: they are told apart by their kind first."""
-    kind = span.kind
-    if kind == SPAN_KIND_CLIENT:
-        if is_engine_span(span) or span.name in GATEWAY_SPAN_NAMES:
-            return True
-        attributes = span.attributes
-        return A.GEN_AI_OPERATION_NAME in attributes or A.GEN_AI_REQUEST_MODEL in attributes
+    on an LLM route or carrying gen_ai.*), or a GenAI client span. Engine and front-door
+    spans are tested once: a server span past them is not an engine's."""
     if is_engine_span(span) or span.name in GATEWAY_SPAN_NAMES:
         return True
-    if kind == SPAN_KIND_SERVER and _is_plain_http_server(span):
+    kind = span.kind
+    if kind == SPAN_KIND_CLIENT:
+        attributes = span.attributes
+        return A.GEN_AI_OPERATION_NAME in attributes or A.GEN_AI_REQUEST_MODEL in attributes
+    if kind == SPAN_KIND_SERVER and _has_http_server_marker(span):
         return is_llm_route(span) or has_gen_ai(span)
     return False
 
