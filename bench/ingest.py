@@ -13,7 +13,9 @@ Python) measured in the same run:
   the last trace is stored, which is at least the root grace period (6 s) after the last
   span arrived, so it includes what the collector spends idle meanwhile: its idle CPU
   share is measured first (``idle_cpu_percent_of_core``, over ``IDLE_WINDOW_SECONDS``)
-  and the figure without it is reported beside (``cpu_us_per_span_net_of_idle``).
+  and the figure without it is reported beside (``cpu_us_per_span_net_of_idle``). Each
+  transport runs ``collector_runs`` times, interleaved; the figure is the run with the
+  least CPU (the floor is the best of its repeats too), every run's beside.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
@@ -207,18 +210,21 @@ def _ingest_path_cpu(payloads: list[bytes], reference_decoder: bool = False) -> 
 
 
 def run(requests: int = 300, workers: int = 2, repeats: int = 3,
-        reference_requests: int = 1500) -> dict[str, Any]:
+        reference_requests: int = 1500, collector_runs: int = 2) -> dict[str, Any]:
     """Both payload shapes (bench.payloads.SHAPES); the top-level figures are the
-    15-stage shape's, as before."""
+    15-stage shape's, as before. The floor and the ingest path are the best of
+    ``repeats``, each whole-collector figure the best of ``collector_runs``."""
     shapes = {SHAPE_STAGE_SPANS: make_requests(requests),
               SHAPE_REFERENCE_PATH: reference_path_requests(reference_requests)}
-    results: dict[str, Any] = {"shapes": {name: _measure(payloads, workers, repeats)
-                                          for name, payloads in shapes.items()}}
+    results: dict[str, Any] = {"shapes": {
+        name: _measure(payloads, workers, repeats, collector_runs)
+        for name, payloads in shapes.items()}}
     results.update(results["shapes"][SHAPE_STAGE_SPANS])
     return results
 
 
-def _measure(payloads: list[bytes], workers: int, repeats: int) -> dict[str, Any]:
+def _measure(payloads: list[bytes], workers: int, repeats: int,
+             collector_runs: int) -> dict[str, Any]:
     spans = parse_floor(payloads)
     traces = _trace_count(payloads)
     floors, ingests, references = [], [], []
@@ -247,54 +253,76 @@ def _measure(payloads: list[bytes], workers: int, repeats: int) -> dict[str, Any
     runs = [("http", _send_http, False), ("grpc", _send_grpc, False)]
     if native_decoder_available():  # the same whole-collector run without it, beside
         runs.append(("http_reference_decoder", _send_http, True))
+    found: dict[str, list[dict[str, Any]]] = {transport: [] for transport, _, _ in runs}
     with tempfile.TemporaryDirectory() as tmp:
-        for transport, sender, reference_decoder in runs:
-            store = Path(tmp) / f"{transport}.db"
-            proc, http_port, grpc_port = _start_collector(store, reference_decoder)
-            ps = psutil.Process(proc.pid)
-            try:
-                time.sleep(1.0)  # let start-up CPU settle
-                idle_start = _cpu(ps)
-                time.sleep(IDLE_WINDOW_SECONDS)
-                idle_share = (_cpu(ps) - idle_start) / IDLE_WINDOW_SECONDS
-                before = _cpu(ps)
-                started = wall = time.monotonic()
-                sender(grpc_port if sender is _send_grpc else http_port, payloads, workers)
-                wall = time.monotonic() - wall
-                stored = _wait_stored(store, traces)
-                # The CPU counted is the collector's own, before the one scrape below.
-                cpu = _cpu(ps) - before
-                counted_wall = time.monotonic() - started
-                received = _counter(http_port, SPANS_RECEIVED)
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(60)
-            per_span = cpu / spans
-            net_per_span = max(0.0, cpu - idle_share * counted_wall) / spans
-            results[transport] = {
-                "cpu_us_per_span": per_span * 1e6,
-                "idle_cpu_percent_of_core": idle_share * 100,
-                "cpu_us_per_span_net_of_idle": net_per_span * 1e6,
-                "counted_wall_seconds": counted_wall,
-                "cpu_us_per_request": cpu / traces * 1e6,
-                "spans_per_request": spans / traces,
-                "ratio_to_floor": per_span / (floor_cpu / spans),
-                "spans_per_core_second": spans / cpu if cpu else None,
-                "wall_spans_per_second": spans / wall,
-                "spans_received": received,
-                "lost": spans - received,
-                "records_stored": stored,
-                "traces_sent": traces,
-            }
+        for attempt in range(collector_runs):  # interleaved, like the floor's repeats
+            for transport, sender, reference_decoder in runs:
+                store = Path(tmp) / f"{transport}-{attempt}.db"
+                found[transport].append(_collector_run(store, sender, reference_decoder,
+                                                       payloads, workers))
+    for transport, measured in found.items():
+        # The least CPU of the runs, as the floor is the least of its repeats: sharing the
+        # machine only ever adds CPU. Every run's figure and its losses are kept beside.
+        best = min(measured, key=lambda m: m["cpu"])
+        cpu = best["cpu"]
+        per_span = cpu / spans
+        net_per_span = max(0.0, cpu - best["idle_share"] * best["counted_wall"]) / spans
+        results[transport] = {
+            "cpu_us_per_span": per_span * 1e6,
+            "cpu_us_per_span_runs": [m["cpu"] / spans * 1e6 for m in measured],
+            "idle_cpu_percent_of_core": best["idle_share"] * 100,
+            "cpu_us_per_span_net_of_idle": net_per_span * 1e6,
+            "counted_wall_seconds": best["counted_wall"],
+            "cpu_us_per_request": cpu / traces * 1e6,
+            "spans_per_request": spans / traces,
+            "ratio_to_floor": per_span / (floor_cpu / spans),
+            "spans_per_core_second": spans / cpu if cpu else None,
+            "wall_spans_per_second": spans / best["send_wall"],
+            "spans_received": min(m["received"] for m in measured),
+            "lost": max(spans - m["received"] for m in measured),
+            "records_stored": min(m["stored"] for m in measured),
+            "traces_sent": traces,
+        }
     return results
+
+
+def _collector_run(store: Path, sender: Callable[[int, list[bytes], int], None],
+                   reference_decoder: bool, payloads: list[bytes], workers: int,
+                   ) -> dict[str, float]:
+    """One collector subprocess fed every payload until every trace is stored: its CPU
+    seconds, idle share, and what it received and stored."""
+    traces = _trace_count(payloads)
+    proc, http_port, grpc_port = _start_collector(store, reference_decoder)
+    ps = psutil.Process(proc.pid)
+    try:
+        time.sleep(1.0)  # let start-up CPU settle
+        idle_start = _cpu(ps)
+        time.sleep(IDLE_WINDOW_SECONDS)
+        idle_share = (_cpu(ps) - idle_start) / IDLE_WINDOW_SECONDS
+        before = _cpu(ps)
+        started = wall = time.monotonic()
+        sender(grpc_port if sender is _send_grpc else http_port, payloads, workers)
+        wall = time.monotonic() - wall
+        stored = _wait_stored(store, traces)
+        # The CPU counted is the collector's own, before the one scrape below.
+        cpu = _cpu(ps) - before
+        counted_wall = time.monotonic() - started
+        received = _counter(http_port, SPANS_RECEIVED)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    return {"cpu": cpu, "idle_share": idle_share, "counted_wall": counted_wall,
+            "send_wall": wall, "received": received, "stored": stored}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--collector-runs", type=int, default=2)
     args = parser.parse_args()
-    print(json.dumps(run(args.requests, args.workers), indent=2))
+    print(json.dumps(run(args.requests, args.workers, collector_runs=args.collector_runs),
+                     indent=2))
 
 
 if __name__ == "__main__":
