@@ -68,9 +68,6 @@ from tokenpath.stages import (
     Phase,
     Provenance,
     StageId,
-    parse_phase,
-    parse_provenance,
-    parse_stage,
 )
 
 log = logging.getLogger(__name__)
@@ -197,6 +194,7 @@ def _first_count(layers: list[dict[str, AttrValue]], *keys: str) -> int | None:
 
 
 _START = attrgetter("start_unix_nano")
+_INF = float("inf")
 
 
 def map_trace(trace: AssembledTrace) -> RequestRecord | None:
@@ -210,6 +208,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     phase_of = PHASE_BY_VALUE.get
     provenance_of = PROVENANCE_BY_VALUE.get
     measured = Provenance.MEASURED
+    stage_event = A.STAGE_EVENT
     upstream = _outermost_upstream(spans)
     for span in spans:
         attributes = span.attributes
@@ -226,15 +225,25 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
                 seconds -= _overlap_seconds(span, upstream)  # its router span holds the call
             add(stage, seconds, provenance_of(attributes.get(A.PROVENANCE), measured), phase)
         for event in span.events:
-            if event.name != A.STAGE_EVENT:
+            if event.name != stage_event:
                 continue
-            ev_stage = parse_stage(event.attributes.get(A.STAGE))
-            ev_seconds = _seconds(event.attributes.get(A.STAGE_SECONDS))
-            if ev_stage is None or ev_seconds is None:
+            ev_attributes = event.attributes
+            value = ev_attributes.get(A.STAGE)
+            ev_stage = stage_of(value) if isinstance(value, str) else None
+            if ev_stage is None:
                 continue
-            acc.add(ev_stage, ev_seconds,
-                    parse_provenance(event.attributes.get(A.PROVENANCE), Provenance.MEASURED),
-                    parse_phase(event.attributes.get(A.PHASE)))
+            value = ev_attributes.get(A.STAGE_SECONDS)
+            if value.__class__ is float and 0.0 < value < _INF:  # the common case
+                ev_seconds: float | None = value
+            else:  # ints, strings, negatives and non-finite values: as for any duration
+                ev_seconds = _seconds(value)
+                if ev_seconds is None:
+                    continue
+            value = ev_attributes.get(A.PROVENANCE)
+            ev_provenance = provenance_of(value, measured) if isinstance(value, str) else measured
+            value = ev_attributes.get(A.PHASE)
+            add(ev_stage, ev_seconds, ev_provenance,
+                phase_of(value) if isinstance(value, str) else None)
     if not engine_spans and not acc.stages and not any(is_call_span(s) for s in spans) and not (
             server_spans and any(has_gen_ai(s) for s in spans)):
         return None  # not an LLM call: startup spans, health checks, docs pages
