@@ -36,7 +36,7 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
-class _CounterChild:
+class CounterChild:
     __slots__ = ("labels", "value")
 
     def __init__(self, labels: str) -> None:
@@ -80,14 +80,14 @@ class _Family:
 class FastCounter(_Family):
     def __init__(self, spec: MetricSpec) -> None:
         super().__init__(spec)
-        self._children: dict[tuple[str, ...], _CounterChild] = {}
+        self._children: dict[tuple[str, ...], CounterChild] = {}
 
-    def labels(self, *values: str) -> _CounterChild:
+    def labels(self, *values: str) -> CounterChild:
         child = self._children.get(values)
         if child is None:
             with self._lock:
                 child = self._children.setdefault(
-                    values, _CounterChild(_labels(self.spec.labels, values)))
+                    values, CounterChild(_labels(self.spec.labels, values)))
         return child
 
     def render(self, out: list[str]) -> None:

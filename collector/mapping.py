@@ -234,11 +234,12 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
                 continue
             value = ev_attributes.get(A.STAGE_SECONDS)
             if value.__class__ is float and 0.0 < value < _INF:  # the common case
-                ev_seconds: float | None = value
+                ev_seconds = float(value)
             else:  # ints, strings, negatives and non-finite values: as for any duration
-                ev_seconds = _seconds(value)
-                if ev_seconds is None:
+                parsed = _seconds(value)
+                if parsed is None:
                     continue
+                ev_seconds = parsed
             value = ev_attributes.get(A.PROVENANCE)
             ev_provenance = provenance_of(value, measured) if isinstance(value, str) else measured
             value = ev_attributes.get(A.PHASE)

@@ -14,13 +14,13 @@ from prometheus_client.registry import Collector
 
 from tokenpath import metric_names as M
 from tokenpath.collector.cost.energy import ENERGY_MEASURED
-from tokenpath.collector.exposition import FastCounter, FastHistogram, render
+from tokenpath.collector.exposition import CounterChild, FastCounter, FastHistogram, render
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.labels import BoundedLabel
 from tokenpath.leaks import MissCause, context_bucket_index, context_bucket_labels, context_tokens
 from tokenpath.pipeline import IdleCost
 from tokenpath.records import RequestRecord
-from tokenpath.stages import GPU_STAGES, PLAIN_VALUES
+from tokenpath.stages import GPU_STAGES, PLAIN_VALUES, StageId
 from tokenpath.telemetry import Count, CountsRead, Instrument, Level, Telemetry
 
 MISS_CAUSE_VALUES = frozenset(cause.value for cause in MissCause)
@@ -81,6 +81,8 @@ class PrometheusSink:
         self.tenant_requests = FastCounter(M.TENANT_REQUESTS)
         self.miss_tokens = FastCounter(M.CACHE_MISS_TOKENS)
         self._context_buckets = context_bucket_labels()
+        # model label -> stage -> its series, looked up once (the model label is bounded)
+        self._stage_series: dict[str, dict[StageId, _StageSeries]] = {}
         self._families: list[FastCounter | FastHistogram] = [
             self.requests, self.stage_duration, self.ttft, self.tpot, self.tokens, self.cost,
             self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
@@ -99,19 +101,28 @@ class PrometheusSink:
     def consume_record(self, record: RequestRecord) -> None:
         model = self._model(record.model)
         self.requests.labels(model, self._status(record.status)).inc()
+        stage_series = self._stage_series.get(model)
+        if stage_series is None:
+            stage_series = self._stage_series[model] = {}
         for timing in record.ordered_stages():
-            stage = PLAIN_VALUES[timing.stage]
-            self.stage_duration.labels(stage, model).observe(timing.seconds)
+            series = stage_series.get(timing.stage)
+            if series is None:
+                series = stage_series[timing.stage] = _StageSeries(
+                    self.stage_duration, self.cost, self.energy, PLAIN_VALUES[timing.stage],
+                    model)
+            series.duration.observe(timing.seconds)
             if timing.phases:
+                booked = 0.0
                 for phase, share in timing.phases.items():
-                    if share.cost_dollars > 0:
-                        self.cost.labels(stage, PLAIN_VALUES[phase], model).inc(
-                            share.cost_dollars)
-                rest = timing.cost_dollars - sum(s.cost_dollars for s in timing.phases.values())
+                    dollars = share.cost_dollars
+                    booked += dollars
+                    if dollars > 0:
+                        series.cost(PLAIN_VALUES[phase]).inc(dollars)
+                rest = timing.cost_dollars - booked
                 if rest > 1e-15:
-                    self.cost.labels(stage, M.PHASE_NONE, model).inc(rest)
+                    series.cost(M.PHASE_NONE).inc(rest)
             else:  # a zero-cost stage (the scheduler queue) still gets its series, at 0
-                self.cost.labels(stage, M.PHASE_NONE, model).inc(max(0.0, timing.cost_dollars))
+                series.cost(M.PHASE_NONE).inc(max(0.0, timing.cost_dollars))
         if record.ttft_seconds is not None:
             self.ttft.labels(model).observe(record.ttft_seconds)
         if record.tpot_seconds is not None:
@@ -128,16 +139,15 @@ class PrometheusSink:
                 if gpu_timing is None or gpu_dollars <= 0:
                     continue
                 per_dollar = record.energy_joules / gpu_dollars
-                stage = PLAIN_VALUES[stage_id]
+                series = stage_series[stage_id]  # written above: the record has the stage
                 booked = 0.0
                 for phase, share in gpu_timing.phases.items():
                     if share.cost_dollars > 0:
-                        self.energy.labels(stage, PLAIN_VALUES[phase], model).inc(
-                            share.cost_dollars * per_dollar)
+                        series.energy(PLAIN_VALUES[phase]).inc(share.cost_dollars * per_dollar)
                         booked += share.cost_dollars
                 rest = gpu_timing.cost_dollars - booked  # as the cost metric books it
                 if rest > 1e-15:
-                    self.energy.labels(stage, M.PHASE_NONE, model).inc(rest * per_dollar)
+                    series.energy(M.PHASE_NONE).inc(rest * per_dollar)
             if record.energy_provenance == ENERGY_MEASURED:
                 self.energy_measured.labels(model).inc(record.energy_joules)
         tenant = self._tenant(record.tenant or M.TENANT_UNATTRIBUTED)
@@ -173,6 +183,39 @@ class PrometheusSink:
 
     def shutdown(self) -> None:
         """Nothing buffered: metrics are updated as records arrive."""
+
+
+class _StageSeries:
+    """The series of one stage and model: its duration histogram, and its cost and energy
+    counters by phase label, each looked up on first use (a series appears when first
+    written)."""
+
+    __slots__ = ("_cost", "_cost_by_phase", "_energy", "_energy_by_phase", "_model",
+                 "_stage", "duration")
+
+    def __init__(self, duration: FastHistogram, cost: FastCounter, energy: FastCounter,
+                 stage: str, model: str) -> None:
+        self.duration = duration.labels(stage, model)
+        self._cost = cost
+        self._energy = energy
+        self._stage = stage
+        self._model = model
+        self._cost_by_phase: dict[str, CounterChild] = {}
+        self._energy_by_phase: dict[str, CounterChild] = {}
+
+    def cost(self, phase: str) -> CounterChild:
+        child = self._cost_by_phase.get(phase)
+        if child is None:
+            child = self._cost_by_phase[phase] = self._cost.labels(self._stage, phase,
+                                                                    self._model)
+        return child
+
+    def energy(self, phase: str) -> CounterChild:
+        child = self._energy_by_phase.get(phase)
+        if child is None:
+            child = self._energy_by_phase[phase] = self._energy.labels(self._stage, phase,
+                                                                        self._model)
+        return child
 
 
 class _LabelTelemetry(Telemetry):

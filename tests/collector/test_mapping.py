@@ -130,6 +130,40 @@ def test_stage_spans_and_events_add_up_per_phase() -> None:
     assert set(record.stages) == {StageId.GPU_DISPATCH, StageId.NIC_TX}
 
 
+@pytest.mark.parametrize(("seconds", "expected"), [
+    (0.25, 0.25),  # the common case: a positive finite double
+    (2, 2.0),  # an integer
+    ("0.5", 0.5),  # a number sent as text
+    (0.0, 0.0),
+    (-1.5, 0.0),  # skew: a negative duration counts as none
+    (-0.0, 0.0),
+    (True, None),  # not a number: the event is skipped
+    ("soon", None),
+    (float("nan"), None),
+    (float("inf"), None),
+])
+def test_a_stage_events_seconds_are_read_as_any_duration(seconds: object,
+                                                         expected: float | None) -> None:
+    tid = new_trace_id()
+    root = span(tid, "root", start=0.0, end=1.0, events=[
+        SpanEvent(A.STAGE_EVENT, 0, {A.STAGE: StageId.ROUTER.value, A.STAGE_SECONDS: seconds,
+                                     A.PROVENANCE: "derived", A.PHASE: "decode"}),
+        SpanEvent(A.STAGE_EVENT, 0, {A.STAGE: StageId.NIC_TX.value, A.STAGE_SECONDS: 0.1,
+                                     A.PROVENANCE: 4, A.PHASE: ("decode",)}),
+    ])
+    record = map_trace(trace(root))
+    assert record is not None
+    nic = record.stages[StageId.NIC_TX]  # a provenance or phase not a string: the defaults
+    assert (nic.seconds, nic.provenance, nic.phases) == (0.1, Provenance.MEASURED, {})
+    if expected is None:
+        assert StageId.ROUTER not in record.stages
+        return
+    router = record.stages[StageId.ROUTER]
+    assert repr(router.seconds) == repr(expected)  # 0.0, never -0.0
+    assert router.provenance is Provenance.DERIVED
+    assert repr(router.phases[Phase.DECODE].seconds) == repr(expected)
+
+
 def test_a_garbled_token_count_is_capped_at_64_bits() -> None:
     tid = new_trace_id()
     attributes = {**VLLM_ATTRS, A.VLLM_USAGE_PROMPT_TOKENS: 1e300,

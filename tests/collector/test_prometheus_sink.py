@@ -8,8 +8,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenpath import metric_names as M
 from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.leaks import context_bucket_labels
-from tokenpath.records import RequestRecord, StageTiming
-from tokenpath.stages import Provenance, StageId
+from tokenpath.records import PhaseShare, RequestRecord, StageTiming
+from tokenpath.stages import Phase, Provenance, StageId
 
 MODEL = "sink-model"
 
@@ -100,3 +100,32 @@ def test_energy_of_a_stage_without_phase_dollars_is_booked_under_none() -> None:
     energy = _samples(sink, M.ENERGY.series)
     assert sum(energy.values()) == pytest.approx(700.0)
     assert {dict(k)[M.LABEL_PHASE] for k in energy} == {M.PHASE_NONE}
+
+
+def test_stage_series_are_kept_apart_by_model_and_phase_and_appear_when_first_written() -> None:
+    """The sink keeps each (model, stage)'s series once looked up: records of two models,
+    with and without phase splits, still land on their own series, and a phase's series
+    appears only once a record has dollars there."""
+    sink = PrometheusSink()
+    prefill_only = StageTiming(StageId.KERNEL_EXEC, 0.2, Provenance.MODELED, 0.3,
+                               {Phase.PREFILL: PhaseShare(0.2, 0.3)})
+    first = RequestRecord(trace_id=f"{1:032x}", model="model-a",
+                          stages={StageId.KERNEL_EXEC: prefill_only})
+    sink.consume_record(first)
+    assert {dict(k)[M.LABEL_PHASE] for k in _samples(sink, M.COST.series)} == {Phase.PREFILL.value}
+    both = StageTiming(StageId.KERNEL_EXEC, 0.5, Provenance.MODELED, 1.5,
+                       {Phase.PREFILL: PhaseShare(0.1, 0.25), Phase.DECODE: PhaseShare(0.4, 1.0)})
+    sink.consume_record(RequestRecord(trace_id=f"{2:032x}", model="model-a",
+                                      stages={StageId.KERNEL_EXEC: both}))  # 0.25 unsplit
+    sink.consume_record(RequestRecord(trace_id=f"{3:032x}", model="model-b", stages={
+        StageId.KERNEL_EXEC: StageTiming(StageId.KERNEL_EXEC, 0.1, Provenance.MODELED, 0.0),
+    }))
+    cost = {(dict(k)[M.LABEL_MODEL], dict(k)[M.LABEL_PHASE]): v
+            for k, v in _samples(sink, M.COST.series).items()}
+    assert cost == {("model-a", Phase.PREFILL.value): pytest.approx(0.55),
+                    ("model-a", Phase.DECODE.value): pytest.approx(1.0),
+                    ("model-a", M.PHASE_NONE): pytest.approx(0.25),
+                    ("model-b", M.PHASE_NONE): 0.0}
+    counts = {dict(k)[M.LABEL_MODEL]: v
+              for k, v in _samples(sink, M.STAGE_DURATION.name + "_count").items()}
+    assert counts == {"model-a": 2.0, "model-b": 1.0}
