@@ -99,7 +99,7 @@ TARGETS = (
            ("shapes", "reference_path", "grpc", "ratio_to_floor"), "<=", 3.0, "x"),
     Target("ingest", "reference-path traces: whole collector spans/s per core, OTLP/HTTP",
            ("shapes", "reference_path", "http", "spans_per_core_second"), ">=", 50_000,
-           beside=(("CPU a request (3 spans, ~50 stage events)",
+           beside=(("CPU a request (3 spans, 13 stage events)",
                     ("shapes", "reference_path", "http", "cpu_us_per_request"), "µs"),)),
     Target("ingest", "reference-path traces: whole collector spans/s per core, OTLP/gRPC",
            ("shapes", "reference_path", "grpc", "spans_per_core_second"), ">=", 50_000),

@@ -210,7 +210,7 @@ def _ingest_path_cpu(payloads: list[bytes], reference_decoder: bool = False) -> 
 
 
 def run(requests: int = 300, workers: int = 2, repeats: int = 3,
-        reference_requests: int = 1500, collector_runs: int = 2) -> dict[str, Any]:
+        reference_requests: int = 1500, collector_runs: int = 3) -> dict[str, Any]:
     """Both payload shapes (bench.payloads.SHAPES); the top-level figures are the
     15-stage shape's, as before. The floor and the ingest path are the best of
     ``repeats``, each whole-collector figure the best of ``collector_runs``."""
@@ -319,7 +319,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--collector-runs", type=int, default=2)
+    parser.add_argument("--collector-runs", type=int, default=3)
     args = parser.parse_args()
     print(json.dumps(run(args.requests, args.workers, collector_runs=args.collector_runs),
                      indent=2))
