@@ -15,7 +15,8 @@ Python) measured in the same run:
   share is measured first (``idle_cpu_percent_of_core``, over ``IDLE_WINDOW_SECONDS``)
   and the figure without it is reported beside (``cpu_us_per_span_net_of_idle``). Each
   transport runs ``collector_runs`` times, interleaved; the figure is the run with the
-  least CPU (the floor is the best of its repeats too), every run's beside.
+  least CPU (the floor is the best of its repeats too), every run's beside. Before each
+  run the payloads' times are moved so that they end as sending starts (``rebased``).
 """
 
 from __future__ import annotations
@@ -286,6 +287,35 @@ def _measure(payloads: list[bytes], workers: int, repeats: int,
     return results
 
 
+def rebased(payloads: list[bytes], now_ns: int) -> list[bytes]:
+    """The payloads with every span and event time moved by one offset, so that the last
+    span ends at ``now_ns``: the spans arrive as if just sent by their engines. Without it
+    every run but the first would replay older traces, and the cost attributor, which
+    waits for each engine's timeline as far behind the clock as spans arrive late (up to
+    ``cost.max_delay_seconds``), would hold their records for different times, or not at
+    all, from one run to the next."""
+    messages = []
+    last_end = 0
+    for body in payloads:
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(body)
+        messages.append(message)
+        for rs in message.resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    last_end = max(last_end, span.end_time_unix_nano)
+    offset = now_ns - last_end
+    for message in messages:
+        for rs in message.resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    span.start_time_unix_nano += offset
+                    span.end_time_unix_nano += offset
+                    for event in span.events:
+                        event.time_unix_nano += offset
+    return [message.SerializeToString() for message in messages]
+
+
 def _collector_run(store: Path, sender: Callable[[int, list[bytes], int], None],
                    reference_decoder: bool, payloads: list[bytes], workers: int,
                    ) -> dict[str, float]:
@@ -299,6 +329,7 @@ def _collector_run(store: Path, sender: Callable[[int, list[bytes], int], None],
         idle_start = _cpu(ps)
         time.sleep(IDLE_WINDOW_SECONDS)
         idle_share = (_cpu(ps) - idle_start) / IDLE_WINDOW_SECONDS
+        payloads = rebased(payloads, time.time_ns())
         before = _cpu(ps)
         started = wall = time.monotonic()
         sender(grpc_port if sender is _send_grpc else http_port, payloads, workers)
