@@ -205,16 +205,17 @@ class _StageSeries:
 
     def cost(self, phase: str) -> CounterChild:
         child = self._cost_by_phase.get(phase)
-        if child is None:
-            child = self._cost_by_phase[phase] = self._cost.labels(self._stage, phase,
-                                                                    self._model)
-        return child
+        return child if child is not None else self._first(self._cost, self._cost_by_phase,
+                                                           phase)
 
     def energy(self, phase: str) -> CounterChild:
         child = self._energy_by_phase.get(phase)
-        if child is None:
-            child = self._energy_by_phase[phase] = self._energy.labels(self._stage, phase,
-                                                                        self._model)
+        return child if child is not None else self._first(self._energy,
+                                                           self._energy_by_phase, phase)
+
+    def _first(self, family: FastCounter, by_phase: dict[str, CounterChild],
+               phase: str) -> CounterChild:
+        child = by_phase[phase] = family.labels(self._stage, phase, self._model)
         return child
 
 
