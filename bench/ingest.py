@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
@@ -41,6 +41,7 @@ import httpx
 import psutil
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from bench.payloads import (
     SHAPE_REFERENCE_PATH,
@@ -139,15 +140,23 @@ def _wait_stored(store: Path, traces: int, timeout: float = 120.0) -> int:
     return stored
 
 
-def _trace_count(payloads: list[bytes]) -> int:
-    ids = set()
+def _parsed(payloads: list[bytes]) -> list[ExportTraceServiceRequest]:
+    messages = []
     for body in payloads:
-        m = ExportTraceServiceRequest()
-        m.ParseFromString(body)
-        for rs in m.resource_spans:
-            for ss in rs.scope_spans:
-                ids.update(span.trace_id for span in ss.spans)
-    return len(ids)
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(body)
+        messages.append(message)
+    return messages
+
+
+def _spans(message: ExportTraceServiceRequest) -> Iterator[Span]:
+    for rs in message.resource_spans:
+        for ss in rs.scope_spans:
+            yield from ss.spans
+
+
+def _trace_count(payloads: list[bytes]) -> int:
+    return len({span.trace_id for message in _parsed(payloads) for span in _spans(message)})
 
 
 def _send_http(port: int, payloads: list[bytes], workers: int) -> None:
@@ -166,11 +175,7 @@ def _send_http(port: int, payloads: list[bytes], workers: int) -> None:
 
 
 def _send_grpc(port: int, payloads: list[bytes], workers: int) -> None:
-    messages = []
-    for body in payloads:
-        m = ExportTraceServiceRequest()
-        m.ParseFromString(body)
-        messages.append(m)
+    messages = _parsed(payloads)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = trace_service_pb2_grpc.TraceServiceStub(channel)  # type: ignore[no-untyped-call]
 
@@ -260,7 +265,7 @@ def _measure(payloads: list[bytes], workers: int, repeats: int,
             for transport, sender, reference_decoder in runs:
                 store = Path(tmp) / f"{transport}-{attempt}.db"
                 found[transport].append(_collector_run(store, sender, reference_decoder,
-                                                       payloads, workers))
+                                                       payloads, traces, workers))
     for transport, measured in found.items():
         # The least CPU of the runs, as the floor is the least of its repeats: sharing the
         # machine only ever adds CPU. Every run's figure and its losses are kept beside.
@@ -294,34 +299,23 @@ def rebased(payloads: list[bytes], now_ns: int) -> list[bytes]:
     waits for each engine's timeline as far behind the clock as spans arrive late (up to
     ``cost.max_delay_seconds``), would hold their records for different times, or not at
     all, from one run to the next."""
-    messages = []
-    last_end = 0
-    for body in payloads:
-        message = ExportTraceServiceRequest()
-        message.ParseFromString(body)
-        messages.append(message)
-        for rs in message.resource_spans:
-            for ss in rs.scope_spans:
-                for span in ss.spans:
-                    last_end = max(last_end, span.end_time_unix_nano)
-    offset = now_ns - last_end
+    messages = _parsed(payloads)
+    offset = now_ns - max(span.end_time_unix_nano for message in messages
+                          for span in _spans(message))
     for message in messages:
-        for rs in message.resource_spans:
-            for ss in rs.scope_spans:
-                for span in ss.spans:
-                    span.start_time_unix_nano += offset
-                    span.end_time_unix_nano += offset
-                    for event in span.events:
-                        event.time_unix_nano += offset
+        for span in _spans(message):
+            span.start_time_unix_nano += offset
+            span.end_time_unix_nano += offset
+            for event in span.events:
+                event.time_unix_nano += offset
     return [message.SerializeToString() for message in messages]
 
 
 def _collector_run(store: Path, sender: Callable[[int, list[bytes], int], None],
-                   reference_decoder: bool, payloads: list[bytes], workers: int,
-                   ) -> dict[str, float]:
-    """One collector subprocess fed every payload until every trace is stored: its CPU
-    seconds, idle share, and what it received and stored."""
-    traces = _trace_count(payloads)
+                   reference_decoder: bool, payloads: list[bytes], traces: int,
+                   workers: int) -> dict[str, float]:
+    """One collector subprocess fed every payload until all ``traces`` are stored: its
+    CPU seconds, idle share, and what it received and stored."""
     proc, http_port, grpc_port = _start_collector(store, reference_decoder)
     ps = psutil.Process(proc.pid)
     try:
