@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, MutableMapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ from tokenpath.instrumentation.network import (
 )
 from tokenpath.instrumentation.request_ids import request_id_for
 from tokenpath.instrumentation.safety import telemetry_errors
+from tokenpath.instrumentation.span_attributes import set_span_attributes
 from tokenpath.instrumentation.stage_recorder import StageRecorder
 from tokenpath.instrumentation.tenants import TenantConfig, TenantResolver
 from tokenpath.stages import Provenance, StageId
@@ -121,18 +122,31 @@ def current_request() -> GatewayRequest | None:
     return _current.get()
 
 
-@contextmanager
-def gateway_stage(stage: StageId) -> Iterator[None]:
+class _GatewayStageTimer:
+    """The ``with`` body as a gateway stage of the current request (nothing outside one).
+    A class rather than a generator context manager: it runs twice a request."""
+
+    __slots__ = ("_request", "_stage", "_start")
+
+    def __init__(self, stage: StageId) -> None:
+        self._stage = stage
+        self._request: GatewayRequest | None = None
+        self._start = 0.0
+
+    def __enter__(self) -> None:
+        self._request = _current.get()
+        if self._request is not None:
+            self._start = time.perf_counter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        request = self._request
+        if request is not None:  # an exception in the body still ends the stage, then raises
+            request.recorder.record(self._stage, time.perf_counter() - self._start)
+
+
+def gateway_stage(stage: StageId) -> AbstractContextManager[None]:
     """Time the ``with`` body as a gateway stage of the current request (no-op outside)."""
-    request = _current.get()
-    if request is None:
-        yield
-        return
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        request.recorder.record(stage, time.perf_counter() - start)
+    return _GatewayStageTimer(stage)
 
 
 def mark_engine_handoff() -> None:
@@ -286,19 +300,17 @@ class TokenpathGatewayMiddleware:
             span = request.span
             tally = request.tally
             extra = request.extra
-            extra.update({
-                attr.HTTP_RESPONSE_STATUS_CODE: status_code,
-                attr.STATUS: "ok" if 0 < status_code < 400 and not failed else "error",
-                attr.RESPONSE_BYTES: tally.payload_bytes,
-                attr.RESPONSE_CHUNKS: tally.chunks,
-                attr.RESPONSE_PACKETS: tally.packets,
-                attr.RESPONSE_SMALL_CHUNKS: tally.small_chunks,
-                attr.RESPONSE_WRITE_SECONDS: request.write_seconds,
-                attr.LINK_BITS_PER_SECOND: link.link_bits_per_second,
-            })
+            extra[attr.HTTP_RESPONSE_STATUS_CODE] = status_code
+            extra[attr.STATUS] = "ok" if 0 < status_code < 400 and not failed else "error"
+            extra[attr.RESPONSE_BYTES] = tally.payload_bytes
+            extra[attr.RESPONSE_CHUNKS] = tally.chunks
+            extra[attr.RESPONSE_PACKETS] = tally.packets
+            extra[attr.RESPONSE_SMALL_CHUNKS] = tally.small_chunks
+            extra[attr.RESPONSE_WRITE_SECONDS] = request.write_seconds
+            extra[attr.LINK_BITS_PER_SECOND] = link.link_bits_per_second
             if request.ttft is not None and 0 < status_code < 400:  # not for refusals
                 extra[attr.TTFT_SECONDS] = request.ttft
-            span.set_attributes(extra)
+            set_span_attributes(span, extra)
             if failed or status_code >= 500 or status_code == 0:
                 span.set_status(Status(StatusCode.ERROR))
             recorder.flush()
