@@ -114,6 +114,7 @@ async def main():
                 pass
     await asyncio.gather(*(one(c) for c in clients for _ in range(concurrency)))
     loop = asyncio.get_running_loop()
+    rounds = 0
     while True:
         print("ready", flush=True)
         line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
@@ -124,8 +125,9 @@ async def main():
             while running[0]:
                 await one(clients[index])
                 done[index] += 1
-        tasks = [asyncio.create_task(worker(i)) for i in range(len(clients))
-                 for _ in range(concurrency)]
+        rounds += 1  # each round starts the variants' requests in another order
+        order = [(rounds + i) % len(clients) for i in range(len(clients))]
+        tasks = [asyncio.create_task(worker(i)) for _ in range(concurrency) for i in order]
         await asyncio.sleep(float(line))
         running[0] = False
         await asyncio.gather(*tasks)
