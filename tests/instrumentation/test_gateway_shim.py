@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -211,3 +213,31 @@ def test_the_engine_request_id_names_the_gateway_span() -> None:
     assert server.context is not None
     assert trace_of(body["request_id"]) == (server.context.trace_id, server.context.span_id)
     assert engine_request_id() is None  # outside a request
+
+
+def test_response_path_ends_when_the_last_body_write_began() -> None:
+    sink = SpanSink()
+    marks: dict[str, int] = {}
+
+    async def app(scope: object, receive: object, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200})
+        await send({"type": "http.response.body", "body": b"data: a\n\n", "more_body": True})
+        await asyncio.sleep(0.02)  # the last write begins well after the first
+        marks["before_last"] = time.time_ns()
+        await send({"type": "http.response.body", "body": b"data: b\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        pass
+
+    middleware = TokenpathGatewayMiddleware(app, sink.provider)
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    run_async(lambda: middleware(scope, receive, send))
+    (span,) = sink.spans()
+    (response_path,) = [event for event in span.events
+                        if (event.attributes or {}).get(attr.STAGE) == StageId.RESPONSE_PATH]
+    assert span.end_time is not None
+    assert marks["before_last"] <= response_path.timestamp <= span.end_time
