@@ -118,15 +118,11 @@ def test_global_instrument_covers_apps_created_afterwards_and_is_idempotent() ->
     assert not GatewayInstrumentor.is_instrumented(fastapi.FastAPI())
 
 
-def _drive(sink: SpanSink, messages: list[dict[str, object]],
+def _serve(sink: SpanSink, app: Any,
            headers: list[tuple[bytes, bytes]] | None = None) -> list[dict[str, object]]:
-    """Runs the middleware on a raw ASGI scope whose app sends ``messages``; returns what
-    reached the server's ``send``."""
+    """Runs the middleware around ``app`` on a raw ASGI scope; returns what reached the
+    server's ``send``."""
     sent: list[dict[str, object]] = []
-
-    async def app(scope: object, receive: object, send: Any) -> None:
-        for message in messages:
-            await send(message)
 
     async def receive() -> dict[str, object]:
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -139,6 +135,17 @@ def _drive(sink: SpanSink, messages: list[dict[str, object]],
              "headers": headers or []}
     run_async(lambda: middleware(scope, receive, send))
     return sent
+
+
+def _drive(sink: SpanSink, messages: list[dict[str, object]],
+           headers: list[tuple[bytes, bytes]] | None = None) -> list[dict[str, object]]:
+    """:func:`_serve` with an app that sends ``messages``."""
+
+    async def app(scope: object, receive: object, send: Any) -> None:
+        for message in messages:
+            await send(message)
+
+    return _serve(sink, app, headers)
 
 
 def test_a_trace_header_name_in_any_case_is_honoured() -> None:
@@ -186,16 +193,8 @@ def test_a_stream_that_breaks_after_its_first_chunk_is_recorded_as_failed() -> N
         await send({"type": "http.response.body", "body": b"data: a\n\n", "more_body": True})
         raise RuntimeError("engine died mid-stream")
 
-    async def receive() -> dict[str, object]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, object]) -> None:
-        pass
-
-    middleware = TokenpathGatewayMiddleware(app, sink.provider)
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
     with pytest.raises(RuntimeError, match="mid-stream"):  # the app's error is the app's
-        run_async(lambda: middleware(scope, receive, send))
+        _serve(sink, app)
     (span,) = sink.spans()
     attributes = span.attributes or {}
     assert attributes[attr.STATUS] == "error"
@@ -227,15 +226,7 @@ def test_response_path_ends_when_the_last_body_write_began() -> None:
         await send({"type": "http.response.body", "body": b"data: b\n\n", "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def receive() -> dict[str, object]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, object]) -> None:
-        pass
-
-    middleware = TokenpathGatewayMiddleware(app, sink.provider)
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
-    run_async(lambda: middleware(scope, receive, send))
+    _serve(sink, app)
     (span,) = sink.spans()
     (response_path,) = [event for event in span.events
                         if (event.attributes or {}).get(attr.STAGE) == StageId.RESPONSE_PATH]
