@@ -46,14 +46,19 @@ def set_span_attributes(span: Span, attributes: Mapping[str, Any]) -> None:
     """``span.set_attributes(attributes)``, by the SDK fast path where it gives the same."""
     store = getattr(span, "_attributes", None)
     span_lock = getattr(span, "_lock", None)
-    if (_SdkBoundedAttributes is not None and store.__class__ is _SdkBoundedAttributes
-            and span_lock is not None and not store._immutable
-            and _plain(attributes, store.max_value_len)):
+    if (_SdkBoundedAttributes is None or store.__class__ is not _SdkBoundedAttributes
+            or span_lock is None):
+        span.set_attributes(attributes)
+        return
+    try:  # the container's internals as this SDK has them; another version: the public path
+        fast = not store._immutable and _plain(attributes, store.max_value_len)
+        store_lock, values, maxlen = store._lock, store._dict, store.maxlen
+    except AttributeError:
+        fast = False
+    if fast:
         with span_lock:
             if span.is_recording():
-                with store._lock:
-                    values = store._dict
-                    maxlen = store.maxlen
+                with store_lock:
                     if maxlen is None or len(values) + len(attributes) <= maxlen:
                         for key in attributes:
                             if key in values:  # the SDK moves a key it sets again to the end

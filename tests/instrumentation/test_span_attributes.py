@@ -75,3 +75,4 @@ def test_a_span_of_another_sdk_gets_the_public_set_attributes() -> None:
     span = Recording()
     set_span_attributes(span, {"a": 1})
     assert span.got == [{"a": 1}]
+
