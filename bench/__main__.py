@@ -144,7 +144,7 @@ def _run_here(name: str, output: Path) -> int:
         traceback.print_exc()
         output.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         return 1
-    output.write_text(json.dumps(result))
+    output.write_text(json.dumps(result, default=str))
     return 0
 
 

@@ -7,15 +7,17 @@
    Target: ratio <= 0.25.
 2. ``gateway_throughput``: the reference gateway's max requests/s with tokenpath's
    gateway shim (on a real SDK provider) vs without; see :func:`bench_gateway_throughput`
-   for what runs in each variant. The server (uvicorn, one event loop) runs in this process with a
-   near-zero time scale so the gateway's CPU is the bottleneck; a separate process sends
-   streaming requests at a fixed concurrency. Max requests/s is measured as requests per
-   CPU-second of the server process (one event loop: its throughput limit on one core);
-   CPU time rather than wall time keeps the figure stable on a shared machine.
-   Target: ratio >= 0.9.
+   for what runs in each variant. Each variant serves in a process of its own (uvicorn,
+   one event loop, a near-zero engine time scale so the gateway's CPU is the bottleneck),
+   all at the same time under one load process sending streaming requests at a fixed
+   concurrency to each. Max requests/s is measured as requests per CPU-second of the
+   variant's process (one event loop: its throughput limit on one core); CPU time rather
+   than wall time, and the variants side by side, keep the figure stable on a shared
+   machine. Target: ratio >= 0.9.
 
-Run: ``python -m bench.stage_recording`` (prints JSON). Timings are process CPU time; each
-figure is the best of a few alternating rounds, to be robust to a noisy shared machine.
+Run: ``python -m bench.stage_recording`` (prints JSON). Timings are CPU time; the stage
+recording figure is the best of a few alternating rounds, to be robust to a noisy shared
+machine.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import psutil
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import NoOpTracerProvider, set_span_in_context
@@ -112,7 +114,8 @@ async def main():
             r.raise_for_status()
             async for _ in r.aiter_bytes():
                 pass
-    await asyncio.gather(*(one(c) for c in clients for _ in range(concurrency)))
+    await asyncio.gather(*(one(c) for c in clients for _ in range(concurrency)),
+                         return_exceptions=True)  # a warm-up failure shows in the rounds
     loop = asyncio.get_running_loop()
     rounds = 0
     while True:
@@ -120,10 +123,14 @@ async def main():
         line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
         if not line:
             break
-        running, done = [True], [0] * len(clients)
+        running, done, failed = [True], [0] * len(clients), [0] * len(clients)
         async def worker(index):
             while running[0]:
-                await one(clients[index])
+                try:
+                    await one(clients[index])
+                except httpx.TransportError:  # counted; the round goes on
+                    failed[index] += 1
+                    continue
                 done[index] += 1
         rounds += 1  # each round starts the variants' requests in another order
         order = [(rounds + i) % len(clients) for i in range(len(clients))]
@@ -131,55 +138,51 @@ async def main():
         await asyncio.sleep(float(line))
         running[0] = False
         await asyncio.gather(*tasks)
-        print(json.dumps(done), flush=True)
+        print(json.dumps({"done": done, "failed": failed}), flush=True)
     for client in clients:
         await client.aclose()
 asyncio.run(main())
 """
 
 
-def _threads_cpu_seconds(thread_ids: list[int]) -> float:
-    """CPU seconds the threads have used (Linux thread CPU clocks)."""
-    return sum(time.clock_gettime(time.pthread_getcpuclockid(ident)) for ident in thread_ids)
+# The variants of the gateway bench: the reference path with the gateway shim, without it
+# (the engines' hooks on in both), without any tracing, and with OpenTelemetry's FastAPI
+# instrumentation in the shim's place.
+INSTRUMENTED, PLAIN, UNINSTRUMENTED_PATH, OTEL_FASTAPI = (
+    "instrumented", "plain", "uninstrumented_path", "otel_fastapi")
+GATEWAY_VARIANTS = (INSTRUMENTED, PLAIN, UNINSTRUMENTED_PATH, OTEL_FASTAPI)
 
 
-class _GatewayVariant:
-    """One variant of the reference path, serving on its own thread, and every thread
-    that does its work: the server (app and engines) and its tracer provider's export
-    thread."""
+def _variant_path(variant: str) -> tuple[ReferenceServingPath, TracerProvider | None]:
+    """The reference path of one variant of the gateway bench, not yet started."""
+    engine = EngineConfig(time_scale=1e-6)
+    base = ReferencePathConfig(engine=engine, replicas=2,
+                               rate_limit_per_second=1e9, rate_limit_burst=1e9)
+    config = base if variant == INSTRUMENTED else ReferencePathConfig(
+        **{**_fields(base), "instrument": False})
+    provider = None if variant == UNINSTRUMENTED_PATH else _provider()
+    path = ReferenceServingPath(config, tracer_provider=provider or NoOpTracerProvider())
+    if variant == OTEL_FASTAPI:  # OpenTelemetry's own instrumentation, as its docs set it up
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-    def __init__(self, name: str, config: ReferencePathConfig, traced: bool,
-                 otel_fastapi: bool = False) -> None:
-        self.name = name
-        before = {t.ident for t in threading.enumerate()}
-        self.provider = _provider() if traced else None
-        self.path = ReferenceServingPath(
-            config, tracer_provider=self.provider or NoOpTracerProvider())
-        if otel_fastapi:  # OpenTelemetry's own instrumentation, as its docs set it up
-            from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+        FastAPIInstrumentor.instrument_app(path.app, tracer_provider=provider)
+    return path, provider
 
-            FastAPIInstrumentor.instrument_app(self.path.app, tracer_provider=self.provider)
-        self.path.start()
-        self.thread_ids = [t.ident for t in threading.enumerate()
-                           if t.ident is not None and t.ident not in before]
-        if self.path.server_thread_id not in self.thread_ids:
-            raise RuntimeError(f"{name}: its server thread was not found")
-        self.requests: list[int] = []
-        self.cpu_seconds: list[float] = []
 
-    def cpu(self) -> float:
-        return _threads_cpu_seconds(self.thread_ids)
+def serve_variant(variant: str) -> None:
+    """A gateway bench variant's own process: serve until stdin closes, printing the URL."""
+    path, provider = _variant_path(variant)
+    path.start()
+    print(path.base_url, flush=True)
+    sys.stdin.read()
+    path.shutdown()
+    if provider is not None:
+        provider.shutdown()
 
-    def rate(self, index: int | None = None) -> float:
-        """Requests per CPU-second, in one round or over all of them."""
-        if index is not None:
-            return self.requests[index] / self.cpu_seconds[index]
-        return sum(self.requests) / sum(self.cpu_seconds)
 
-    def shutdown(self) -> None:
-        self.path.shutdown()
-        if self.provider is not None:
-            self.provider.shutdown()
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def bench_gateway_throughput(seconds_per_round: float = 3.0, rounds: int = 12,
@@ -187,83 +190,103 @@ def bench_gateway_throughput(seconds_per_round: float = 3.0, rounds: int = 12,
     """Max requests/s of the reference gateway with and without the gateway shim,
     measured side by side.
 
-    The variants serve at the same time, each on its own thread in this process, and one
-    load process keeps ``concurrency`` streaming requests in flight against each of them
-    for ``seconds_per_round``; a variant's figure is the requests it served per CPU-second
-    of its own threads (its server, which runs its app and engines, and its tracer
-    provider's export thread). So both see the same machine at the same moments: this
-    shared machine's drift between rounds moved the earlier, alternated figure's rounds
-    from 0.67x to 1.20x. ``ratio`` (the target) is over all rounds; each round's own
-    ratio is beside, for the spread.
+    Each variant serves in a process of its own (its own interpreter and garbage
+    collector, as separate gateways would), all at the same time, while one load process
+    keeps ``concurrency`` streaming requests in flight against each of them for
+    ``seconds_per_round``, interleaving the variants' requests and rotating their order
+    every round. A variant's figure is the requests it served per CPU-second of its
+    process (uvicorn on one event loop with the app and its simulated engines, and its
+    tracer provider's export thread). So all variants see the same machine at the same
+    moments: this shared machine's drift moved the earlier, alternated rounds from 0.67x
+    to 1.20x. ``ratio`` (the target) is over all rounds; each round's own ratio is beside,
+    for the spread.
 
     ``ratio`` toggles only the gateway shim: the simulated engines stand in for engine
     processes that a real gateway does not host, and their hooks run in both variants.
     ``whole_path_ratio`` also switches the engine hooks off in the baseline (that variant
-    then pays for the engines' telemetry too); it is reported, not targeted.
+    then pays for the engines' telemetry too), and ``otel_fastapi_ratio`` runs
+    OpenTelemetry's FastAPI instrumentation (a server span, and a span per ASGI receive
+    and send) instead of the shim on the same app; both are reported, not targeted.
     """
-    engine = EngineConfig(time_scale=1e-6)
-    base = ReferencePathConfig(engine=engine, replicas=2,
-                               rate_limit_per_second=1e9, rate_limit_burst=1e9)
-    plain = ReferencePathConfig(**{**_fields(base), "instrument": False})
-    variants = [_GatewayVariant("instrumented", base, traced=True),
-                _GatewayVariant("plain", plain, traced=True),
-                _GatewayVariant("uninstrumented_path", plain, traced=False),
-                _GatewayVariant("otel_fastapi", plain, traced=True, otel_fastapi=True)]
-    process_cpu = attributed_cpu = 0.0
+    servers: dict[str, subprocess.Popen[str]] = {}
+    requests: dict[str, list[int]] = {v: [] for v in GATEWAY_VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in GATEWAY_VARIANTS}
+    failed: dict[str, int] = dict.fromkeys(GATEWAY_VARIANTS, 0)  # transport errors
     try:
+        for variant in GATEWAY_VARIANTS:
+            servers[variant] = subprocess.Popen(
+                [sys.executable, "-m", "bench.stage_recording", "--serve", variant],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        urls = []
+        for variant, server in servers.items():
+            assert server.stdout is not None
+            url = server.stdout.readline().strip()
+            if not url.startswith("http"):
+                raise RuntimeError(f"gateway bench: the {variant} server did not start")
+            urls.append(url)
+        processes = {v: psutil.Process(server.pid) for v, server in servers.items()}
         client = subprocess.Popen(
-            [sys.executable, "-c", _LOAD_CLIENT, ",".join(v.path.base_url for v in variants),
-             str(concurrency)],
+            [sys.executable, "-c", _LOAD_CLIENT, ",".join(urls), str(concurrency)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
         assert client.stdin is not None and client.stdout is not None
         try:
             for _ in range(rounds):
                 if client.stdout.readline().strip() != "ready":
-                    raise RuntimeError("load client failed")
-                cpu0 = [v.cpu() for v in variants]
-                process0 = time.process_time()
+                    raise RuntimeError("gateway bench: the load client failed")
+                before = {v: _cpu_seconds(p) for v, p in processes.items()}
                 client.stdin.write(f"{seconds_per_round}\n")
                 client.stdin.flush()
-                done = json.loads(client.stdout.readline())
-                process_cpu += time.process_time() - process0
-                for variant, served, before in zip(variants, done, cpu0, strict=True):
-                    used = variant.cpu() - before
-                    variant.requests.append(served)
-                    variant.cpu_seconds.append(used)
-                    attributed_cpu += used
+                line = client.stdout.readline()
+                if not line.strip():
+                    raise RuntimeError("gateway bench: the load client failed")
+                counts = json.loads(line)
+                for variant, served, lost in zip(GATEWAY_VARIANTS, counts["done"],
+                                                 counts["failed"], strict=True):
+                    requests[variant].append(served)
+                    failed[variant] += lost
+                    cpu[variant].append(_cpu_seconds(processes[variant]) - before[variant])
             client.stdout.readline()
             client.stdin.write("\n")
             client.stdin.flush()
             if client.wait(timeout=60) != 0:
-                raise RuntimeError("load client failed")
+                raise RuntimeError("gateway bench: the load client failed")
         finally:
             if client.poll() is None:
                 client.kill()
     finally:
-        for variant in variants:
-            variant.shutdown()
-    instrumented, baseline, uninstrumented, otel_fastapi = variants
-    ratio = instrumented.rate() / baseline.rate()
-    round_ratios = sorted(instrumented.rate(i) / baseline.rate(i) for i in range(rounds))
+        for server in servers.values():
+            if server.stdin is not None:
+                server.stdin.close()
+        for server in servers.values():
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+    def rate(variant: str, index: int | None = None) -> float:
+        """Requests per CPU-second, in one round or over all of them."""
+        if index is not None:
+            return requests[variant][index] / cpu[variant][index]
+        return sum(requests[variant]) / sum(cpu[variant])
+
+    ratio = rate(INSTRUMENTED) / rate(PLAIN)
+    round_ratios = sorted(rate(INSTRUMENTED, i) / rate(PLAIN, i) for i in range(rounds))
     return {
-        "instrumented_requests_per_cpu_second": instrumented.rate(),
-        "plain_requests_per_cpu_second": baseline.rate(),
-        "uninstrumented_path_requests_per_cpu_second": uninstrumented.rate(),
+        "instrumented_requests_per_cpu_second": rate(INSTRUMENTED),
+        "plain_requests_per_cpu_second": rate(PLAIN),
+        "uninstrumented_path_requests_per_cpu_second": rate(UNINSTRUMENTED_PATH),
         "ratio": ratio,
         "round_ratios": round_ratios,
         "median_round_ratio": statistics.median(round_ratios),
-        "whole_path_ratio": instrumented.rate() / uninstrumented.rate(),
-        # OpenTelemetry's FastAPI instrumentation (a server span, and a span per ASGI
-        # receive and send) instead of tokenpath's shim, on the same app: for comparison
-        "otel_fastapi_requests_per_cpu_second": otel_fastapi.rate(),
-        "otel_fastapi_ratio": otel_fastapi.rate() / baseline.rate(),
-        "requests_per_round": statistics.mean(
-            n for v in variants for n in v.requests),
+        "whole_path_ratio": rate(INSTRUMENTED) / rate(UNINSTRUMENTED_PATH),
+        "otel_fastapi_requests_per_cpu_second": rate(OTEL_FASTAPI),
+        "otel_fastapi_ratio": rate(OTEL_FASTAPI) / rate(PLAIN),
+        "requests_per_round": statistics.mean(n for v in requests.values() for n in v),
         "seconds_per_round": seconds_per_round,
-        # the share of this process's CPU in the rounds that no variant's threads used
-        # (the bench's own thread, the interpreter): near 0 says nothing went uncounted
-        "unattributed_cpu_share": 1.0 - attributed_cpu / process_cpu if process_cpu else 0.0,
+        # requests that failed on the wire (not counted as served; their CPU is in the
+        # figure): expected 0
+        "failed_requests": failed,
         "target": GATEWAY_THROUGHPUT_TARGET,
         "ok": ratio >= GATEWAY_THROUGHPUT_TARGET,
     }
@@ -291,6 +314,9 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve":  # a gateway bench variant's server
+        serve_variant(sys.argv[2])
+        return
     print(json.dumps(run(), indent=2))
 
 

@@ -8,11 +8,12 @@ so :func:`set_span_attributes` writes them into the SDK span's attribute dict di
 under the span's lock and then the attributes' lock, as ``set_attributes`` takes them.
 
 It does so only where the result is the SDK's own, key for key and in order: an SDK
-span still recording, its ``BoundedAttributes`` mutable, every key a non-empty string,
-every value a ``str``, ``bool``, ``int`` or ``float`` (strings within the span's value
-length limit), and room for all of them under the attribute count limit (so nothing is
-evicted or counted as dropped). Anything else (an ended span, a tuple value, a full
-span, another SDK or a no-op span) gets the public ``set_attributes``. Measured in
+span (of a class that does not override ``set_attributes``) still recording, its
+``BoundedAttributes`` mutable, every key a non-empty string, every value a ``str``,
+``bool``, ``int`` or ``float`` (strings within the span's value length limit), and room
+for all of them under the attribute count limit (so nothing is evicted or counted as
+dropped). Anything else (an ended span, a tuple value, a full span, another SDK or a
+no-op span) gets the public ``set_attributes``. Measured in docs/instrumentation.md and
 docs/performance.md (the gateway shim).
 """
 
@@ -23,10 +24,12 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-try:  # the SDK's attribute container, for the fast path
+try:  # the SDK's span and attribute container, for the fast path
     from opentelemetry.attributes import BoundedAttributes as _SdkBoundedAttributes
-except ImportError:  # pragma: no cover - the API ships it
+    from opentelemetry.sdk.trace import Span as _SdkSpan
+except ImportError:  # pragma: no cover - the SDK is a dependency
     _SdkBoundedAttributes = None  # type: ignore[assignment,misc]
+    _SdkSpan = None  # type: ignore[assignment,misc]
 
 _PLAIN_TYPES = frozenset((str, bool, int, float))
 
@@ -46,8 +49,10 @@ def set_span_attributes(span: Span, attributes: Mapping[str, Any]) -> None:
     """``span.set_attributes(attributes)``, by the SDK fast path where it gives the same."""
     store = getattr(span, "_attributes", None)
     span_lock = getattr(span, "_lock", None)
-    if (_SdkBoundedAttributes is None or store.__class__ is not _SdkBoundedAttributes
-            or span_lock is None):
+    if (_SdkBoundedAttributes is None or _SdkSpan is None
+            or store.__class__ is not _SdkBoundedAttributes or span_lock is None
+            # a span class that sets attributes its own way (redacting, hooking) keeps it
+            or getattr(type(span), "set_attributes", None) is not _SdkSpan.set_attributes):
         span.set_attributes(attributes)
         return
     try:  # the container's internals as this SDK has them; another version: the public path
@@ -56,8 +61,8 @@ def set_span_attributes(span: Span, attributes: Mapping[str, Any]) -> None:
     except AttributeError:
         fast = False
     if fast:
-        with span_lock:
-            if span.is_recording():
+        with span_lock:  # as set_attributes does: an ended span has an end time
+            if getattr(span, "_end_time", 0) is None:
                 with store_lock:
                     if maxlen is None or len(values) + len(attributes) <= maxlen:
                         for key in attributes:

@@ -224,6 +224,8 @@ def test_response_path_ends_when_the_last_body_write_began() -> None:
         await asyncio.sleep(0.02)  # the last write begins well after the first
         marks["before_last"] = time.time_ns()
         await send({"type": "http.response.body", "body": b"data: b\n\n", "more_body": True})
+        marks["after_last"] = time.time_ns()
+        await asyncio.sleep(0.2)  # the request ends well after its last write
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     _serve(sink, app)
@@ -232,3 +234,5 @@ def test_response_path_ends_when_the_last_body_write_began() -> None:
                         if (event.attributes or {}).get(attr.STAGE) == StageId.RESPONSE_PATH]
     assert span.end_time is not None
     assert marks["before_last"] <= response_path.timestamp <= span.end_time
+    # not the end of the request: within the 0.2 s after the last write, well before it
+    assert response_path.timestamp < marks["after_last"] + 100_000_000

@@ -76,3 +76,17 @@ def test_a_span_of_another_sdk_gets_the_public_set_attributes() -> None:
     set_span_attributes(span, {"a": 1})
     assert span.got == [{"a": 1}]
 
+
+
+def test_a_span_class_that_sets_attributes_its_own_way_keeps_it() -> None:
+    from opentelemetry.sdk.trace import _Span
+
+    class Redacting(_Span):
+        def set_attributes(self, attributes: Any) -> None:
+            super().set_attributes({k: "redacted" for k in attributes})
+
+    provider = TracerProvider(shutdown_on_exit=False)
+    span = _span(provider, {})
+    span.__class__ = Redacting
+    set_span_attributes(span, {"a": "secret"})
+    assert dict(span.attributes) == {"a": "redacted"}
