@@ -100,7 +100,8 @@ def _start_collector(store: Path, reference_decoder: bool = False
     raise RuntimeError("collector did not start")
 
 
-def _cpu(proc: psutil.Process) -> float:
+def process_cpu_seconds(proc: psutil.Process) -> float:
+    """User and system CPU seconds of ``proc`` and its children."""
     t = proc.cpu_times()
     total = t.user + t.system
     for child in proc.children(recursive=True):
@@ -208,9 +209,18 @@ def _collector_gc() -> Iterator[None]:
         gc.unfreeze()
 
 
+def _floor_cpu(payloads: list[bytes]) -> float:
+    """CPU seconds of one floor repeat, under the collector's GC settings."""
+    with _collector_gc():
+        t = time.process_time()
+        parse_floor(payloads)
+        return time.process_time() - t
+
+
 def _ingest_path_cpu(payloads: list[bytes], reference_decoder: bool = False) -> float:
     """CPU seconds to decode and buffer every payload, as a receiver does (with the
-    compiled decoder where built), or with protobuf's parser and the reference decoder."""
+    compiled decoder where built), or with protobuf's parser and the reference decoder;
+    under the collector's GC settings."""
 
     class _Discard:
         def consume_trace(self, trace: object) -> None:
@@ -224,14 +234,15 @@ def _ingest_path_cpu(payloads: list[bytes], reference_decoder: bool = False) -> 
                              max_traces=10**6)
     ingest = OtlpIngest(Assembler(_Discard(), config, stats), NodeMetricsState(),
                         IngestLimits(), stats)
-    t = time.process_time()
-    if reference_decoder:
-        for body in payloads:
-            ingest.export_traces(parse_trace_request(body, "protobuf"), "bench")
-    else:
-        for body in payloads:
-            ingest.export_trace_payload(body, "protobuf", "bench")
-    return time.process_time() - t
+    with _collector_gc():
+        t = time.process_time()
+        if reference_decoder:
+            for body in payloads:
+                ingest.export_traces(parse_trace_request(body, "protobuf"), "bench")
+        else:
+            for body in payloads:
+                ingest.export_trace_payload(body, "protobuf", "bench")
+        return time.process_time() - t
 
 
 def run(requests: int = 300, workers: int = 2, repeats: int = 3,
@@ -254,14 +265,9 @@ def _measure(payloads: list[bytes], workers: int, repeats: int,
     traces = _trace_count(payloads)
     floors, ingests, references = [], [], []
     for _ in range(repeats):  # interleaved, best of each: the machine is shared
-        with _collector_gc():
-            t = time.process_time()
-            assert parse_floor(payloads) == spans
-            floors.append(time.process_time() - t)
-        with _collector_gc():
-            ingests.append(_ingest_path_cpu(payloads))
-        with _collector_gc():
-            references.append(_ingest_path_cpu(payloads, reference_decoder=True))
+        floors.append(_floor_cpu(payloads))
+        ingests.append(_ingest_path_cpu(payloads))
+        references.append(_ingest_path_cpu(payloads, reference_decoder=True))
     runs = [("http", _send_http, False), ("grpc", _send_grpc, False)]
     if native_decoder_available():  # the same whole-collector run without it, beside
         runs.append(("http_reference_decoder", _send_http, True))
@@ -271,10 +277,7 @@ def _measure(payloads: list[bytes], workers: int, repeats: int,
             for transport, sender, reference_decoder in runs:
                 # a floor repeat beside each run: the floor gets the same chances of this
                 # shared machine's quiet moments as the collector runs do
-                with _collector_gc():
-                    t = time.process_time()
-                    parse_floor(payloads)
-                    floors.append(time.process_time() - t)
+                floors.append(_floor_cpu(payloads))
                 store = Path(tmp) / f"{transport}-{attempt}.db"
                 found[transport].append(_collector_run(store, sender, reference_decoder,
                                                        payloads, traces, workers))
@@ -349,17 +352,17 @@ def _collector_run(store: Path, sender: Callable[[int, list[bytes], int], None],
     ps = psutil.Process(proc.pid)
     try:
         time.sleep(1.0)  # let start-up CPU settle
-        idle_start = _cpu(ps)
+        idle_start = process_cpu_seconds(ps)
         time.sleep(IDLE_WINDOW_SECONDS)
-        idle_share = (_cpu(ps) - idle_start) / IDLE_WINDOW_SECONDS
+        idle_share = (process_cpu_seconds(ps) - idle_start) / IDLE_WINDOW_SECONDS
         payloads = rebased(payloads, time.time_ns())
-        before = _cpu(ps)
+        before = process_cpu_seconds(ps)
         started = wall = time.monotonic()
         sender(grpc_port if sender is _send_grpc else http_port, payloads, workers)
         wall = time.monotonic() - wall
         stored = _wait_stored(store, traces)
         # The CPU counted is the collector's own, before the one scrape below.
-        cpu = _cpu(ps) - before
+        cpu = process_cpu_seconds(ps) - before
         counted_wall = time.monotonic() - started
         received = _counter(http_port, SPANS_RECEIVED)
     finally:

@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import NoOpTracerProvider, set_span_in_context
 
+from bench.ingest import process_cpu_seconds
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.reference.engine import EngineConfig
 from tokenpath.instrumentation.reference.serving_path import (
@@ -180,11 +181,6 @@ def serve_variant(variant: str) -> None:
         provider.shutdown()
 
 
-def _cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
-
-
 def bench_gateway_throughput(seconds_per_round: float = 3.0, rounds: int = 12,
                              concurrency: int = 16) -> dict[str, Any]:
     """Max requests/s of the reference gateway with and without the gateway shim,
@@ -234,7 +230,7 @@ def bench_gateway_throughput(seconds_per_round: float = 3.0, rounds: int = 12,
             for _ in range(rounds):
                 if client.stdout.readline().strip() != "ready":
                     raise RuntimeError("gateway bench: the load client failed")
-                before = {v: _cpu_seconds(p) for v, p in processes.items()}
+                before = {v: process_cpu_seconds(p) for v, p in processes.items()}
                 client.stdin.write(f"{seconds_per_round}\n")
                 client.stdin.flush()
                 line = client.stdout.readline()
@@ -245,7 +241,7 @@ def bench_gateway_throughput(seconds_per_round: float = 3.0, rounds: int = 12,
                                                  counts["failed"], strict=True):
                     requests[variant].append(served)
                     failed[variant] += lost
-                    cpu[variant].append(_cpu_seconds(processes[variant]) - before[variant])
+                    cpu[variant].append(process_cpu_seconds(processes[variant]) - before[variant])
             client.stdout.readline()
             client.stdin.write("\n")
             client.stdin.flush()

@@ -22,14 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from opentelemetry.attributes import BoundedAttributes as _SdkBoundedAttributes
+from opentelemetry.sdk.trace import Span as _SdkSpan  # the SDK is a dependency
 from opentelemetry.trace import Span
-
-try:  # the SDK's span and attribute container, for the fast path
-    from opentelemetry.attributes import BoundedAttributes as _SdkBoundedAttributes
-    from opentelemetry.sdk.trace import Span as _SdkSpan
-except ImportError:  # pragma: no cover - the SDK is a dependency
-    _SdkBoundedAttributes = None  # type: ignore[assignment,misc]
-    _SdkSpan = None  # type: ignore[assignment,misc]
 
 _PLAIN_TYPES = frozenset((str, bool, int, float))
 
@@ -49,8 +44,7 @@ def set_span_attributes(span: Span, attributes: Mapping[str, Any]) -> None:
     """``span.set_attributes(attributes)``, by the SDK fast path where it gives the same."""
     store = getattr(span, "_attributes", None)
     span_lock = getattr(span, "_lock", None)
-    if (_SdkBoundedAttributes is None or _SdkSpan is None
-            or store.__class__ is not _SdkBoundedAttributes or span_lock is None
+    if (store.__class__ is not _SdkBoundedAttributes or span_lock is None
             # a span class that sets attributes its own way (redacting, hooking) keeps it
             or getattr(type(span), "set_attributes", None) is not _SdkSpan.set_attributes):
         span.set_attributes(attributes)

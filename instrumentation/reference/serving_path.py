@@ -94,11 +94,6 @@ class LoopbackServer:
         self.port = int(sockets[0].getsockname()[1])
         self._server, self._thread = server, thread
 
-    @property
-    def thread_id(self) -> int | None:
-        """The serving thread's id while serving (everything the app does runs on it)."""
-        return None if self._thread is None else self._thread.ident
-
     def shutdown(self) -> None:
         """Stop serving (in-flight requests are aborted); idempotent."""
         server, thread = self._server, self._thread
@@ -146,11 +141,6 @@ class ReferenceServingPath:
     @property
     def base_url(self) -> str:
         return self._server.base_url
-
-    @property
-    def server_thread_id(self) -> int | None:
-        """The thread serving the app and running its engines (None when not serving)."""
-        return self._server.thread_id
 
     def start(self) -> None:
         self._server.start()

@@ -1,5 +1,5 @@
 """The gateway benchmark's side-by-side machinery runs end to end (its figures are
-`make bench`'s), and `make bench` runs a bench in an interpreter of its own."""
+`make bench`'s), and `make bench`'s runner reads a child's result."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_every_variant_serves_side_by_side_in_its_own_process() -> None:
     assert result["requests_per_round"] > 0
 
 
-def test_a_bench_runs_in_a_fresh_interpreter_and_reports_its_result() -> None:
+def test_make_bench_runs_a_bench_as_a_child_process_and_reads_its_result() -> None:
     result = _run_one("memory", Console(quiet=True))
     assert "error" not in result
     assert result["bytes_per_buffered_span"] > 0
