@@ -7,13 +7,26 @@ DEMO_DEFAULT_ARGS ?= --duration 45
 
 .PHONY: venv demo test lint typecheck bench system-deps clean dashboards
 
-$(STAMP): pyproject.toml setup.py collector/receivers/_otlp_native.c
+# The compiled core (tokenpath/compiled.py) is built in place by its own step, with the
+# environment's mypyc, and again whenever a source it may compile changes: a stale
+# extension would shadow the edited .py.
+CORE_STAMP := $(VENV)/.compiled-core-stamp
+CORE_SOURCES := $(wildcard tokenpath/*.py collector/*.py collector/cost/*.py)
+
+$(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip "setuptools>=68" wheel
+	TOKENPATH_COMPILE=0 $(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
-venv: $(STAMP)
+$(CORE_STAMP): $(STAMP) $(CORE_SOURCES) collector/receivers/_otlp_native.c
+	@echo "building the compiled core (mypyc) and the OTLP decoder (C), about a minute"
+	$(PY) setup.py -q build_ext --inplace >$(VENV)/build_ext.log 2>&1 \
+		|| { tail -40 $(VENV)/build_ext.log; exit 1; }
+	$(PY) -c "import tokenpath.compiled as c; print('tokenpath core:', c.describe())"
+	@touch $(CORE_STAMP)
+
+venv: $(STAMP) $(CORE_STAMP)
 
 demo: venv
 	$(VENV)/bin/tokenpath demo $(if $(ARGS),$(ARGS),$(DEMO_DEFAULT_ARGS))
@@ -39,4 +52,4 @@ dashboards: venv
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
-	find collector -name "_otlp_native*.so" -delete
+	find collector tokenpath -name "*.so" -delete

@@ -4,6 +4,11 @@
 package named ``collector`` or ``agent`` never lands in a user's environment.
 """
 
+import os
+import runpy
+import sys
+from pathlib import Path
+
 from setuptools import Extension, find_packages, setup
 
 NAMESPACE_ROOTS = {
@@ -42,8 +47,53 @@ NATIVE_EXTENSIONS = [
     ),
 ]
 
+
+def _installed_layout(root: Path) -> Path:
+    """A tree of symlinks with the installed layout (``tokenpath/collector/...``), so that
+    mypy names each module as it is imported; returns its ``tokenpath`` folder."""
+    tree = root / "tokenpath"
+    tree.mkdir(parents=True, exist_ok=True)
+    here = Path(__file__).resolve().parent
+    links = {entry.name: entry for entry in (here / "tokenpath").iterdir()}
+    links.update({name.rpartition(".")[2]: here / folder
+                  for name, folder in NAMESPACE_ROOTS.items() if name != "tokenpath"})
+    for name, target in links.items():
+        link = tree / name
+        if not link.is_symlink():
+            link.symlink_to(target)
+    return tree
+
+
+def compiled_core() -> list[Extension]:
+    """The mypyc-compiled modules of ``tokenpath/compiled.py`` (docs/performance.md), or
+    none where ``TOKENPATH_COMPILE=0`` or mypyc is not installed (plain Python then)."""
+    names = runpy.run_path(str(Path(__file__).parent / "tokenpath" / "compiled.py"))
+    if os.environ.get(names["COMPILE_ENV"], "1") == "0":
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        print("tokenpath: mypyc is not installed; the compiled core is not built",
+              file=sys.stderr)
+        return []
+    build = Path("build") / "mypyc"
+    tree = _installed_layout(build / "src")
+    # Options for the compile alone (make lint runs mypy --strict with every dependency
+    # installed): a build environment may lack the third-party packages' types.
+    config = build / "mypy.ini"
+    config.write_text("[mypy]\nignore_missing_imports = True\nfollow_imports = silent\n")
+    paths = [str(tree.parent / (name.replace(".", "/") + ".py"))
+             for name in names["COMPILED_MODULES"]]
+    extensions: list[Extension] = mypycify(
+        ["--config-file", str(config), *paths], opt_level="3",
+        group_name=names["LIBRARY_GROUP"], target_dir=str(build / "c"))
+    for extension in extensions:  # no C compiler: the package installs as plain Python
+        extension.optional = True
+    return extensions
+
+
 setup(
-    ext_modules=NATIVE_EXTENSIONS,
+    ext_modules=[*NATIVE_EXTENSIONS, *compiled_core()],
     packages=packages,
     package_dir=NAMESPACE_ROOTS,
     package_data=PACKAGE_DATA,

@@ -174,7 +174,7 @@ class Assembler:
         self._open: OrderedDict[str, set[str]] = OrderedDict()
         self._annotations: OrderedDict[str, tuple[float, Attributes]] = OrderedDict()
         self._span_count = 0
-        self._thread: threading.Thread | None = None
+        self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
         # Wakes the finalization thread: set on shutdown, and when spans bring a deadline
         # earlier than the one it sleeps until (``_sleep_until``, under the lock; inf
@@ -394,10 +394,10 @@ class Assembler:
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is not None:
+        if self._flusher is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="tokenpath-assembler", daemon=True)
-        self._thread.start()
+        self._flusher = threading.Thread(target=self._run, name="tokenpath-assembler", daemon=True)
+        self._flusher.start()
 
     def _next_due(self) -> float | None:
         """When the next trace or annotation falls due (lock held); None when nothing is
@@ -444,8 +444,8 @@ class Assembler:
         self._closed = True
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._flusher is not None:
+            self._flusher.join()
         self.flush()
         self._downstream.shutdown()
 

@@ -78,6 +78,15 @@ UNKNOWN_MODEL = M.UNKNOWN
 MAX_COUNT = 2**63 - 1
 ERROR_STATUS = "error"
 CLIENT_ERROR_STATUS = "client_error"
+
+
+def capped_count(number: float) -> int:
+    """A count from a finite number: at least 0, at most MAX_COUNT (a garbled ``1e300``).
+    Compared, not ``min``-ed: ``min(1e300, MAX_COUNT)`` is the int in Python but the
+    float 2**63 where the comparison runs in floats (compiled code)."""
+    if number >= MAX_COUNT:
+        return MAX_COUNT
+    return int(number) if number > 0 else 0
 OK_STATUS = "ok"
 
 
@@ -120,7 +129,7 @@ class _Lookup:
     def count(self, *keys: str) -> int | None:
         """A non-negative count, at most MAX_COUNT (a garbled ``1e300`` token count)."""
         f = attribute_number(self.get(*keys))
-        return None if f is None else int(min(max(0.0, f), MAX_COUNT))
+        return None if f is None else capped_count(f)
 
 
 class _StageAccumulator:
@@ -189,7 +198,7 @@ def _first_count(layers: list[dict[str, AttrValue]], *keys: str) -> int | None:
             if value is not None:
                 f = attribute_number(value)
                 if f is not None:
-                    return int(min(max(0.0, f), MAX_COUNT))
+                    return capped_count(f)
     return None
 
 
@@ -396,8 +405,8 @@ def _map_engine(record: RequestRecord, acc: _StageAccumulator,
     record.engine_start_unix = min(s.start_unix_nano for s in engine_spans) / 1e9
     step_counts = [attribute_number(s.attributes.get(A.STEP_COUNT)) for s in engine_spans]
     if any(v is not None for v in step_counts):
-        record.engine_steps = int(min(MAX_COUNT, sum(max(0.0, v) for v in step_counts
-                                                     if v is not None)))
+        record.engine_steps = capped_count(sum(max(0.0, v) for v in step_counts
+                                               if v is not None))
     step_seconds = [_seconds(s.attributes.get(A.STEP_SECONDS)) for s in engine_spans]
     if any(v is not None for v in step_seconds):
         record.engine_step_seconds = sum(v for v in step_seconds if v is not None)

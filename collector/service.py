@@ -36,6 +36,7 @@ from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.receivers.otlp_decode import native_decoder_available
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, StoreConfig
+from tokenpath.compiled import describe as describe_compiled_core
 from tokenpath.pipeline import FanOut, IdleCost, RecordSink
 from tokenpath.records import RequestRecord
 
@@ -125,10 +126,11 @@ class CollectorService:
         except BaseException:  # a listener could not start: stop what did, then report
             self.shutdown()
             raise
-        log.info("collector listening: http %s grpc %s; OTLP trace decoder: %s",
-                 self.http_url, self.grpc_endpoint,
+        log.info("collector listening: http %s grpc %s; OTLP trace decoder: %s; "
+                 "per-request core: %s", self.http_url, self.grpc_endpoint,
                  "compiled" if native_decoder_available()
-                 else "reference only (the compiled decoder is not built)")
+                 else "reference only (the compiled decoder is not built)",
+                 describe_compiled_core())
 
     def shutdown(self) -> None:
         """Stop receiving, flush every buffered trace into the store. Idempotent."""

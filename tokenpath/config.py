@@ -152,6 +152,14 @@ def resolve_typed(key: str, argument: Any, env: str | None, file_section: Mappin
     return default
 
 
+def _type_name(annotation: Any) -> str:
+    """A dataclass field's type as written (``"int"``, ``"float | None"``): a string under
+    ``from __future__ import annotations``, the type itself in a compiled module."""
+    if isinstance(annotation, str):
+        return annotation
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
+
+
 def read_section(kind: Any, f: Mapping[str, Any], name: str) -> Any:
     """The ``name`` mapping of a config file as the ``kind`` dataclass, each value read by
     its field's type (a ``*_seconds`` float as a duration); unknown keys and wrong values
@@ -165,7 +173,7 @@ def read_section(kind: Any, f: Mapping[str, Any], name: str) -> Any:
         if key not in fields:
             raise ConfigError(f"{name}.{key}",
                               f"unknown key; known: {', '.join(sorted(fields))}")
-        type_name = str(fields[key].type)
+        type_name = _type_name(fields[key].type)
         value_kind = ("duration" if type_name == "float" and key.endswith("_seconds")
                       else "str" if type_name.startswith("str") else type_name)
         values[key] = typed_value(f"{name}.{key}", value_kind, value)

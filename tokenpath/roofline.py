@@ -141,12 +141,13 @@ class Roofline:
         """KV bytes a prefill reads (cached prefix) and writes (new tokens)."""
         return self.model.kv_bytes_per_token * float(cached_tokens + new_tokens)
 
-    def decode_flops(self, context_tokens: int) -> float:
+    def decode_flops(self, context_tokens: float) -> float:
+        """FLOPs of one decode token at ``context_tokens`` (a mean context may be fractional)."""
         return 2.0 * self.model.params + 4.0 * self.model.layers * self.model.attention_dim * float(
             context_tokens
         )
 
-    def decode_bytes(self, context_tokens: int) -> float:
+    def decode_bytes(self, context_tokens: float) -> float:
         """The sequence's own KV-cache read for one decode token (weights excluded)."""
         return self.model.kv_bytes_per_token * float(context_tokens)
 

@@ -103,7 +103,9 @@ class Telemetry:
     """A component's telemetry: every instrument attribute is exported."""
 
     def instruments(self) -> Iterator[Instrument]:
-        names = getattr(self, "__slots__", None) or vars(self)
+        names = getattr(self, "__slots__", None) or getattr(self, "__dict__", None)
+        if names is None:  # a compiled class (tokenpath/compiled.py) keeps no __dict__
+            names = [name for name in dir(self) if not name.startswith("__")]
         for name in names:
             value = getattr(self, name, None)
             if isinstance(value, Instrument):

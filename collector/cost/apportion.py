@@ -198,10 +198,10 @@ def _coefficients(iv: EngineInterval, phase: Phase, origin: float) -> list[float
         ctx1 = iv.context_at(iv.end)
         if t1 - t0 < DECODE_SLOPE_MIN_SECONDS:
             ctx0 = ctx1 = iv.context_at((iv.decode_start + iv.end) / 2.0)
-        c0 = roofline.compute_seconds(roofline.decode_flops(ctx0))  # type: ignore[arg-type]
-        m0 = roofline.memory_seconds(roofline.decode_bytes(ctx0))  # type: ignore[arg-type]
-        c1 = roofline.compute_seconds(roofline.decode_flops(ctx1))  # type: ignore[arg-type]
-        m1 = roofline.memory_seconds(roofline.decode_bytes(ctx1))  # type: ignore[arg-type]
+        c0 = roofline.compute_seconds(roofline.decode_flops(ctx0))
+        m0 = roofline.memory_seconds(roofline.decode_bytes(ctx0))
+        c1 = roofline.compute_seconds(roofline.decode_flops(ctx1))
+        m1 = roofline.memory_seconds(roofline.decode_bytes(ctx1))
         span = t1 - t0
         c_slope = (c1 - c0) / span if span > 0 else 0.0
         m_slope = (m1 - m0) / span if span > 0 else 0.0
@@ -561,8 +561,8 @@ def _late_work(iv: EngineInterval, phase: Phase, summary: GroupSummary, seconds:
     steps = summary.steps * part
     if phase is Phase.DECODE:
         ctx = iv.context_at(mid)
-        return steps * (roofline.compute_seconds(roofline.decode_flops(ctx))  # type: ignore[arg-type]
-                        + roofline.memory_seconds(roofline.decode_bytes(ctx))  # type: ignore[arg-type]
+        return steps * (roofline.compute_seconds(roofline.decode_flops(ctx))
+                        + roofline.memory_seconds(roofline.decode_bytes(ctx))
                         + weight_share)
     duration = iv.decode_start - iv.prefill_start
     n, cached = iv.new_tokens, iv.cached_tokens

@@ -144,20 +144,24 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
 
 
 def test_an_idle_finalization_thread_sleeps_until_spans_arrive() -> None:
+    # Each turn of the thread's loop (and each tick) reads the clock on the thread: with
+    # nothing buffered it reads it once, to work out that it sleeps until spans arrive.
+    thread_reads: list[float] = []
+
+    def clock() -> float:
+        now = time.monotonic()
+        if threading.current_thread() is asm._flusher:
+            thread_reads.append(now)
+        return now
+
     sink, stats = TraceSink(), CollectorStats()
-    asm = Assembler(sink, AssemblerConfig(root_grace_seconds=0.05, tick_seconds=0.01), stats)
-    ticks: list[float] = []
-    real_tick = asm.tick
-
-    def counted_tick() -> int:
-        ticks.append(time.monotonic())
-        return real_tick()
-
-    asm.tick = counted_tick  # type: ignore[method-assign]
+    asm = Assembler(sink, AssemblerConfig(root_grace_seconds=0.05, tick_seconds=0.01), stats,
+                    clock=clock)
     asm.start()
     try:
+        assert _wait_for(lambda: len(thread_reads) == 1)
         time.sleep(0.3)
-        assert ticks == []  # nothing buffered: the thread never woke (30 ticks at 0.01 s)
+        assert len(thread_reads) == 1  # nothing buffered: it never woke (30 ticks at 0.01 s)
         asm.consume_spans([span(new_trace_id(), "root")])
         assert _wait_for(lambda: len(sink.traces) == 1)
     finally:
@@ -178,7 +182,7 @@ def test_a_root_after_a_rootless_trace_is_finalized_at_its_own_grace(
     try:
         asm.consume_spans([span(new_trace_id(), "child", parent="e" * 16)])
         time.sleep(0.1)
-        assert asm._thread is not None and asm._thread.is_alive()
+        assert asm._flusher is not None and asm._flusher.is_alive()
         rooted = new_trace_id()
         asm.consume_spans([span(rooted, "root")])
         assert _wait_for(lambda: [t.trace_id for t in sink.traces] == [rooted], timeout=5.0)
@@ -193,7 +197,7 @@ def test_a_shutdown_landing_while_the_thread_computes_its_sleep_is_not_lost() ->
     stopper: list[threading.Thread] = []
 
     def clock() -> float:
-        if armed.is_set() and threading.current_thread() is asm._thread:
+        if armed.is_set() and threading.current_thread() is asm._flusher:
             armed.clear()
             stopper.append(threading.Thread(target=asm.shutdown, daemon=True))
             stopper[0].start()

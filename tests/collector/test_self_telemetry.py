@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import types
 from collections import deque
 from typing import Any
 
@@ -57,6 +58,9 @@ def _reachable_holders(root: object) -> list[Telemetry]:
         names = list(getattr(obj, "__dict__", {}))
         for cls in type(obj).__mro__:
             names.extend(getattr(cls, "__slots__", ()))
+            # a compiled class's attributes (tokenpath/compiled.py) are its descriptors
+            names.extend(name for name, member in vars(cls).items()
+                         if isinstance(member, types.GetSetDescriptorType))
         for name in names:
             try:
                 queue.append(getattr(obj, name))
