@@ -18,6 +18,10 @@ Python) measured in the same run:
   least CPU (the floor is the best of its repeats too, which run before the collector
   runs and once beside each of them), every run's beside. Before each run the payloads'
   times are moved so that they end as sending starts (``rebased``).
+- ``http_reference_decoder`` and ``http_pure_python_core``: the same OTLP/HTTP runs,
+  interleaved with the others, of a collector with the pure-Python reference decoder and
+  of one with the compiled core's modules run as plain Python (tokenpath/compiled.py):
+  what each compiled part buys, on the same traffic in the same run.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ from tokenpath.collector.receivers.otlp_decode import (
     parse_trace_request,
 )
 from tokenpath.collector.stats import CollectorStats
+from tokenpath.compiled import PURE_PYTHON_ENV, compiled_modules
+from tokenpath.compiled import describe as describe_compiled_core
 
 IDLE_WINDOW_SECONDS = 3.0
 SPANS_RECEIVED = M.SPANS_RECEIVED.series + "{"
@@ -77,12 +83,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_collector(store: Path, reference_decoder: bool = False
+# Whole-collector variants: the collector as built, and beside it (same run, same
+# traffic) with the pure-Python reference decoder, and with the compiled core's modules
+# run as plain Python (tokenpath/compiled.py), so the bench says what each compiled part
+# buys. Each is the environment its collector process gets.
+AS_BUILT: dict[str, str] = {}
+REFERENCE_DECODER_ENV = {DECODER_ENV: "python"}
+PURE_PYTHON_CORE_ENV = {PURE_PYTHON_ENV: "1"}
+
+
+def _start_collector(store: Path, variant: dict[str, str]
                      ) -> tuple[subprocess.Popen[bytes], int, int]:
     http_port, grpc_port = _free_port(), _free_port()
-    env = dict(os.environ)
-    if reference_decoder:
-        env[DECODER_ENV] = "python"
+    env = {**os.environ, **variant}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokenpath.cli.main", "collector", "--http",
          f"127.0.0.1:{http_port}", "--grpc", f"127.0.0.1:{grpc_port}", "--store", str(store),
@@ -268,24 +281,27 @@ def _measure(payloads: list[bytes], workers: int, repeats: int,
         floors.append(_floor_cpu(payloads))
         ingests.append(_ingest_path_cpu(payloads))
         references.append(_ingest_path_cpu(payloads, reference_decoder=True))
-    runs = [("http", _send_http, False), ("grpc", _send_grpc, False)]
+    runs = [("http", _send_http, AS_BUILT), ("grpc", _send_grpc, AS_BUILT)]
     if native_decoder_available():  # the same whole-collector run without it, beside
-        runs.append(("http_reference_decoder", _send_http, True))
+        runs.append(("http_reference_decoder", _send_http, REFERENCE_DECODER_ENV))
+    if compiled_modules():  # and without the compiled core
+        runs.append(("http_pure_python_core", _send_http, PURE_PYTHON_CORE_ENV))
     found: dict[str, list[dict[str, Any]]] = {transport: [] for transport, _, _ in runs}
     with tempfile.TemporaryDirectory() as tmp:
         for attempt in range(collector_runs):  # interleaved, like the floor's repeats
-            for transport, sender, reference_decoder in runs:
+            for transport, sender, variant in runs:
                 # a floor repeat beside each run: the floor gets the same chances of this
                 # shared machine's quiet moments as the collector runs do
                 floors.append(_floor_cpu(payloads))
                 store = Path(tmp) / f"{transport}-{attempt}.db"
-                found[transport].append(_collector_run(store, sender, reference_decoder,
+                found[transport].append(_collector_run(store, sender, variant,
                                                        payloads, traces, workers))
     floor_cpu, ingest_cpu, reference_cpu = min(floors), min(ingests), min(references)
     results: dict[str, Any] = {
         "spans": spans,
         "traces": traces,
         "compiled_decoder": native_decoder_available(),
+        "compiled_core": describe_compiled_core(),
         "floor_cpu_us_per_span": floor_cpu / spans * 1e6,
         "floor_cpu_us_per_span_repeats": [f / spans * 1e6 for f in floors],
         "ingest_path": {
@@ -344,11 +360,11 @@ def rebased(payloads: list[bytes], now_ns: int) -> list[bytes]:
 
 
 def _collector_run(store: Path, sender: Callable[[int, list[bytes], int], None],
-                   reference_decoder: bool, payloads: list[bytes], traces: int,
+                   variant: dict[str, str], payloads: list[bytes], traces: int,
                    workers: int) -> dict[str, float]:
     """One collector subprocess fed every payload until all ``traces`` are stored: its
     CPU seconds, idle share, and what it received and stored."""
-    proc, http_port, grpc_port = _start_collector(store, reference_decoder)
+    proc, http_port, grpc_port = _start_collector(store, variant)
     ps = psutil.Process(proc.pid)
     try:
         time.sleep(1.0)  # let start-up CPU settle
