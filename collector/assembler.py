@@ -41,7 +41,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from tokenpath.attributes import (
@@ -102,7 +102,7 @@ class AssemblerConfig:
             raise ConfigError("assembler.tick_seconds", "must be > 0")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # a written __init__: see tokenpath/records.py
 class AssembledTrace:
     """The spans of one trace handed downstream: all of them, or (``continued``) those
     that arrived after an earlier emission of the same trace."""
@@ -110,11 +110,21 @@ class AssembledTrace:
     trace_id: str
     spans: list[SpanData]
     complete: bool
-    annotations: list[Attributes] = field(default_factory=list)
-    continued: bool = False
+    annotations: list[Attributes]
+    continued: bool
     # ASGI response sends folded on ingest: server span id -> (body sends, first body
     # send's start in unix ns); the sends themselves are not kept (one per chunk)
-    body_sends: dict[str, tuple[int, int]] = field(default_factory=dict)
+    body_sends: dict[str, tuple[int, int]]
+
+    def __init__(self, trace_id: str, spans: list[SpanData], complete: bool,
+                 annotations: list[Attributes] | None = None, continued: bool = False,
+                 body_sends: dict[str, tuple[int, int]] | None = None) -> None:
+        self.trace_id = trace_id
+        self.spans = spans
+        self.complete = complete
+        self.annotations = [] if annotations is None else annotations
+        self.continued = continued
+        self.body_sends = {} if body_sends is None else body_sends
 
 
 class TraceConsumer(Protocol):
@@ -123,18 +133,29 @@ class TraceConsumer(Protocol):
     def shutdown(self) -> None: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # a written __init__: see tokenpath/records.py
 class _Pending:
     spans: dict[str, SpanData]
     last_seen: float
-    root_seen: bool = False  # a root or a local root: its grace runs
-    true_root: bool = False  # a span without a parent: the trace cannot go on after it
-    waited: bool = False  # given a second idle period: it held no call span yet
-    continued: bool = False
-    body_sends: dict[str, tuple[int, int]] = field(default_factory=dict)
+    root_seen: bool  # a root or a local root: its grace runs
+    true_root: bool  # a span without a parent: the trace cannot go on after it
+    waited: bool  # given a second idle period: it held no call span yet
+    continued: bool
+    body_sends: dict[str, tuple[int, int]]
     # span ids that may make room for an important span once the trace is at its cap;
     # None until the cap is first reached
-    expendable: list[str] | None = None
+    expendable: list[str] | None
+
+    def __init__(self, spans: dict[str, SpanData], last_seen: float,
+                 root_seen: bool = False, continued: bool = False) -> None:
+        self.spans = spans
+        self.last_seen = last_seen
+        self.root_seen = root_seen
+        self.true_root = False
+        self.waited = False
+        self.continued = continued
+        self.body_sends = {}
+        self.expendable = None
 
 
 ASGI_EVENT_TYPE = "asgi.event.type"  # the ASGI instrumentation's per-message sub-spans

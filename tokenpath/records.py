@@ -13,23 +13,40 @@ from tokenpath.metric_names import UNKNOWN
 from tokenpath.stages import PLAIN_VALUES, STAGE_IDS, Phase, Provenance, StageId
 
 
-@dataclass(slots=True)
+# The per-record classes below write their own ``__init__`` (``init=False``): mypyc
+# compiles a written one, while a dataclass's generated ``__init__`` runs as interpreted
+# Python even in a compiled module (measured: 6 to 9 times slower a construction;
+# docs/performance.md). Keep each ``__init__``'s parameters in field order.
+@dataclass(slots=True, init=False)
 class PhaseShare:
     """The part of a GPU stage that belongs to one phase."""
 
-    seconds: float = 0.0
-    cost_dollars: float = 0.0
+    seconds: float
+    cost_dollars: float
+
+    def __init__(self, seconds: float = 0.0, cost_dollars: float = 0.0) -> None:
+        self.seconds = seconds
+        self.cost_dollars = cost_dollars
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class StageTiming:
     """One stage of one request: how long, how much, and how we know."""
 
     stage: StageId
     seconds: float
     provenance: Provenance
-    cost_dollars: float = 0.0
-    phases: dict[Phase, PhaseShare] = field(default_factory=dict)
+    cost_dollars: float
+    phases: dict[Phase, PhaseShare]
+
+    def __init__(self, stage: StageId, seconds: float, provenance: Provenance,
+                 cost_dollars: float = 0.0,
+                 phases: dict[Phase, PhaseShare] | None = None) -> None:
+        self.stage = stage
+        self.seconds = seconds
+        self.provenance = provenance
+        self.cost_dollars = cost_dollars
+        self.phases = {} if phases is None else phases
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -51,7 +51,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from itertools import pairwise
 
 from tokenpath.collector.cost.energy import IDLE_POWER_FRACTION
@@ -81,7 +81,7 @@ _PREFIXES = 12
 EnergyMeter = Callable[[float, float], "float | None"]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # a written __init__: see tokenpath/records.py
 class EngineInterval:
     """One request's engine timeline on a node, and what it accumulated so far."""
 
@@ -95,21 +95,50 @@ class EngineInterval:
     cached_tokens: int
     output_tokens: int
     gpus: int
-    cost_by_phase: dict[Phase, float] = field(default_factory=dict)
-    energy_joules: float = 0.0
+    cost_by_phase: dict[Phase, float]
+    energy_joules: float
     # slices of its life whose joules were modeled, and measured
-    modeled_energy_slices: float = 0.0
-    measured_energy_slices: float = 0.0
-    late_dollars: float = 0.0  # charged from closed slices (their joules are modeled)
-    decode_batch_seconds: float = 0.0  # integral of batch size over decode time
-    decode_seconds_seen: float = 0.0
-    prefill_steps: float | None = None  # engine steps of its prefill, when measured
+    modeled_energy_slices: float
+    measured_energy_slices: float
+    late_dollars: float  # charged from closed slices (their joules are modeled)
+    decode_batch_seconds: float  # integral of batch size over decode time
+    decode_seconds_seen: float
+    prefill_steps: float | None  # engine steps of its prefill, when measured
     # Its engine's in-model seconds over its elapsed seconds (None: the engine did not say)
-    in_model_ratio: float | None = None
+    in_model_ratio: float | None
     # sweep state: the phase it is in, its coefficients there, the prefix sums at entry
-    phase: Phase | None = None
-    coefficients: list[float] = field(default_factory=list)
-    entry: list[float] = field(default_factory=list)
+    phase: Phase | None
+    coefficients: list[float]
+    entry: list[float]
+
+    def __init__(self, key: int, group: GroupKey, roofline: Roofline | None,
+                 prefill_start: float, decode_start: float, end: float, input_tokens: int,
+                 cached_tokens: int, output_tokens: int, gpus: int,
+                 prefill_steps: float | None = None,
+                 in_model_ratio: float | None = None) -> None:
+        """What a record says of its engine timeline; the rest is accumulated state."""
+        self.key = key
+        self.group = group
+        self.roofline = roofline
+        self.prefill_start = prefill_start
+        self.decode_start = decode_start
+        self.end = end
+        self.input_tokens = input_tokens
+        self.cached_tokens = cached_tokens
+        self.output_tokens = output_tokens
+        self.gpus = gpus
+        self.cost_by_phase = {}
+        self.energy_joules = 0.0
+        self.modeled_energy_slices = 0.0
+        self.measured_energy_slices = 0.0
+        self.late_dollars = 0.0
+        self.decode_batch_seconds = 0.0
+        self.decode_seconds_seen = 0.0
+        self.prefill_steps = prefill_steps
+        self.in_model_ratio = in_model_ratio
+        self.phase = None
+        self.coefficients = []
+        self.entry = []
 
     @property
     def new_tokens(self) -> int:
@@ -135,7 +164,7 @@ class EngineInterval:
         return self.decode_batch_seconds / self.decode_seconds_seen
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class GroupSummary:
     """What one engine group did in a closed slice, kept to price late records."""
 
@@ -144,29 +173,53 @@ class GroupSummary:
     batch: int
     dollars: float
 
+    def __init__(self, total_work: float, steps: float, batch: int, dollars: float) -> None:
+        self.total_work = total_work
+        self.steps = steps
+        self.batch = batch
+        self.dollars = dollars
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class ClosedSlice:
     start: float
     end: float
-    groups: dict[GroupKey, GroupSummary] = field(default_factory=dict)
+    groups: dict[GroupKey, GroupSummary]
+
+    def __init__(self, start: float, end: float,
+                 groups: dict[GroupKey, GroupSummary] | None = None) -> None:
+        self.start = start
+        self.end = end
+        self.groups = {} if groups is None else groups
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class SliceResult:
-    """What advancing a node's timeline produced."""
+    """What advancing a node's timeline produced (starts empty)."""
 
-    node_dollars: float = 0.0
-    attributed_dollars: float = 0.0
-    idle_dollars: float = 0.0
-    attributed_joules: float = 0.0
-    idle_joules: float = 0.0
-    measured_joules: float = 0.0  # the meter's joules over the slices it covered
-    measured_seconds: float = 0.0
-    modeled_seconds: float = 0.0  # slices priced without a meter reading
+    node_dollars: float
+    attributed_dollars: float
+    idle_dollars: float
+    attributed_joules: float
+    idle_joules: float
+    measured_joules: float  # the meter's joules over the slices it covered
+    measured_seconds: float
+    modeled_seconds: float  # slices priced without a meter reading
     # (start, end, dollars, joules) of each slice's unused GPU time
-    idle_spans: list[tuple[float, float, float, float]] = field(default_factory=list)
-    finished: list[EngineInterval] = field(default_factory=list)
+    idle_spans: list[tuple[float, float, float, float]]
+    finished: list[EngineInterval]
+
+    def __init__(self) -> None:
+        self.node_dollars = 0.0
+        self.attributed_dollars = 0.0
+        self.idle_dollars = 0.0
+        self.attributed_joules = 0.0
+        self.idle_joules = 0.0
+        self.measured_joules = 0.0
+        self.measured_seconds = 0.0
+        self.modeled_seconds = 0.0
+        self.idle_spans = []
+        self.finished = []
 
     def add(self, other: SliceResult) -> None:
         """Fold ``other`` (a later advance) into this result."""

@@ -182,11 +182,17 @@ class AttributorStats(Telemetry):
         self.pending_records = Level(M.RECORDS_PENDING_PRICE, pending)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # a written __init__: see tokenpath/records.py
 class _Pending:
     record: RequestRecord
     interval: EngineInterval
     roofline: Roofline | None
+
+    def __init__(self, record: RequestRecord, interval: EngineInterval,
+                 roofline: Roofline | None) -> None:
+        self.record = record
+        self.interval = interval
+        self.roofline = roofline
 
 
 class _LagWindow:

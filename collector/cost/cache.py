@@ -88,10 +88,14 @@ class HeavyHitters:
         return sorted(self._entries.values(), key=lambda e: -e.count)[:limit]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # a written __init__: see tokenpath/records.py
 class _Seen:
     first: float
     last: float
+
+    def __init__(self, first: float, last: float) -> None:
+        self.first = first
+        self.last = last
 
 
 def _touch(table: OrderedDict[str, _Seen], fingerprint: str, at: float) -> bool:
