@@ -13,10 +13,12 @@ from tokenpath.metric_names import UNKNOWN
 from tokenpath.stages import PLAIN_VALUES, STAGE_IDS, Phase, Provenance, StageId
 
 
-# The per-record classes below write their own ``__init__`` (``init=False``): mypyc
-# compiles a written one, while a dataclass's generated ``__init__`` runs as interpreted
-# Python even in a compiled module (measured: 6 to 9 times slower a construction;
-# docs/performance.md). Keep each ``__init__``'s parameters in field order.
+# The classes built per record or per slice write their own ``__init__``
+# (``init=False``): mypyc compiles a written one, while a dataclass's generated
+# ``__init__`` runs as interpreted Python even in a compiled module (6 to 9 times slower a
+# construction, docs/performance.md). A written one takes the fields its callers set, in
+# field order, and starts accumulated state at zero; tests/core/test_compiled.py lists
+# the classes and checks their ``__init__`` is compiled.
 @dataclass(slots=True, init=False)
 class PhaseShare:
     """The part of a GPU stage that belongs to one phase."""

@@ -3,6 +3,8 @@ second authority: it prices engine traffic to the same bytes as the plain Python
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import os
 import subprocess
@@ -32,6 +34,28 @@ def test_every_listed_module_runs_compiled() -> None:
     # make venv builds them; a stale or missing extension would leave some plain
     assert compiled.compiled_modules() == list(compiled.COMPILED_MODULES)
     assert compiled.describe().startswith("compiled")
+
+
+# Built once per record or per slice; a dataclass's generated __init__ would run them as
+# interpreted Python (tokenpath/records.py).
+PER_RECORD_CLASSES = (
+    ("tokenpath.records", "PhaseShare"), ("tokenpath.records", "StageTiming"),
+    ("tokenpath.collector.assembler", "AssembledTrace"),
+    ("tokenpath.collector.assembler", "_Pending"),
+    ("tokenpath.collector.cost.apportion", "EngineInterval"),
+    ("tokenpath.collector.cost.apportion", "GroupSummary"),
+    ("tokenpath.collector.cost.apportion", "ClosedSlice"),
+    ("tokenpath.collector.cost.apportion", "SliceResult"),
+    ("tokenpath.collector.cost.attributor", "_Pending"),
+    ("tokenpath.collector.cost.cache", "_Seen"),
+)
+
+
+@pytest.mark.skipif(not BUILT, reason="TOKENPATH_COMPILE=0: built as plain Python")
+@pytest.mark.parametrize(("module", "name"), PER_RECORD_CLASSES)
+def test_per_record_classes_construct_in_compiled_code(module: str, name: str) -> None:
+    cls = getattr(importlib.import_module(module), name)
+    assert not inspect.isfunction(cls.__init__), f"{module}.{name}.__init__ is Python"
 
 
 def test_the_switch_runs_every_module_from_its_source() -> None:
