@@ -22,6 +22,7 @@ machine.
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import subprocess
@@ -170,12 +171,45 @@ def _variant_path(variant: str) -> tuple[ReferenceServingPath, TracerProvider | 
     return path, provider
 
 
+class GcClock:
+    """The garbage collector's share of this process once installed (a ``gc.callbacks``
+    entry): collections by generation and their CPU time, on the thread that runs each
+    (CPython collects on the thread whose allocation sets a collection off, holding the
+    interpreter lock meanwhile)."""
+
+    __slots__ = ("_cpu_at_install", "_started", "collections", "seconds")
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.seconds = 0.0
+        self._started = 0.0
+        self._cpu_at_install = time.process_time()
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+            return
+        self.collections[info["generation"]] += 1
+        self.seconds += time.thread_time() - self._started
+
+    def summary(self) -> dict[str, Any]:
+        cpu = time.process_time() - self._cpu_at_install
+        return {"collections_by_generation": list(self.collections),
+                "gc_cpu_seconds": self.seconds, "process_cpu_seconds": cpu,
+                "gc_share_of_cpu": self.seconds / cpu if cpu > 0 else 0.0}
+
+
 def serve_variant(variant: str) -> None:
-    """A gateway bench variant's own process: serve until stdin closes, printing the URL."""
+    """A gateway bench variant's own process: serve until stdin closes, printing the URL
+    first and, last, its garbage collector's share since it started serving (JSON)."""
     path, provider = _variant_path(variant)
     path.start()
+    clock = GcClock()
+    gc.callbacks.append(clock)
     print(path.base_url, flush=True)
     sys.stdin.read()
+    gc.callbacks.remove(clock)
+    print(json.dumps(clock.summary()), flush=True)
     path.shutdown()
     if provider is not None:
         provider.shutdown()
@@ -205,6 +239,7 @@ def bench_gateway_throughput(seconds_per_round: float = 3.0, rounds: int = 12,
     and send) instead of the shim on the same app; both are reported, not targeted.
     """
     servers: dict[str, subprocess.Popen[str]] = {}
+    gc_summaries: dict[str, dict[str, Any]] = {}  # each variant's GcClock summary
     requests: dict[str, list[int]] = {v: [] for v in GATEWAY_VARIANTS}
     cpu: dict[str, list[float]] = {v: [] for v in GATEWAY_VARIANTS}
     failed: dict[str, int] = dict.fromkeys(GATEWAY_VARIANTS, 0)  # transport errors
@@ -254,11 +289,16 @@ def bench_gateway_throughput(seconds_per_round: float = 3.0, rounds: int = 12,
         for server in servers.values():
             if server.stdin is not None:
                 server.stdin.close()
-        for server in servers.values():
+        for variant, server in servers.items():
             try:
-                server.wait(timeout=30)
+                server.wait(timeout=30)  # its one last line fits the pipe's buffer
             except subprocess.TimeoutExpired:
                 server.kill()
+                continue
+            assert server.stdout is not None
+            lines = server.stdout.read().strip().splitlines()
+            if lines:
+                gc_summaries[variant] = json.loads(lines[-1])
 
     def rate(variant: str, index: int | None = None) -> float:
         """Requests per CPU-second, in one round or over all of them."""
@@ -278,6 +318,11 @@ def bench_gateway_throughput(seconds_per_round: float = 3.0, rounds: int = 12,
         "whole_path_ratio": rate(INSTRUMENTED) / rate(UNINSTRUMENTED_PATH),
         "otel_fastapi_requests_per_cpu_second": rate(OTEL_FASTAPI),
         "otel_fastapi_ratio": rate(OTEL_FASTAPI) / rate(PLAIN),
+        # Each variant's garbage collections while it served, and their share of its CPU
+        # (warm-up included): where part of the shim's cost in a server goes.
+        "garbage_collector": gc_summaries,
+        "instrumented_gc_percent_of_cpu": _gc_percent(gc_summaries, INSTRUMENTED),
+        "plain_gc_percent_of_cpu": _gc_percent(gc_summaries, PLAIN),
         "requests_per_round": statistics.mean(n for v in requests.values() for n in v),
         "seconds_per_round": seconds_per_round,
         # requests that failed on the wire (not counted as served; their CPU is in the
@@ -286,6 +331,11 @@ def bench_gateway_throughput(seconds_per_round: float = 3.0, rounds: int = 12,
         "target": GATEWAY_THROUGHPUT_TARGET,
         "ok": ratio >= GATEWAY_THROUGHPUT_TARGET,
     }
+
+
+def _gc_percent(summaries: dict[str, dict[str, Any]], variant: str) -> float | None:
+    summary = summaries.get(variant)
+    return None if summary is None else 100.0 * float(summary["gc_share_of_cpu"])
 
 
 def _fields(config: ReferencePathConfig) -> dict[str, Any]:

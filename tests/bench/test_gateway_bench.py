@@ -16,6 +16,26 @@ def test_every_variant_serves_side_by_side_in_its_own_process() -> None:
         assert result[f"{variant}_requests_per_cpu_second"] > 0
     assert len(result["round_ratios"]) == 2
     assert result["requests_per_round"] > 0
+    for variant in stage_recording.GATEWAY_VARIANTS:  # each server's garbage collector
+        summary = result["garbage_collector"][variant]
+        assert summary["process_cpu_seconds"] > 0
+        assert 0 <= summary["gc_cpu_seconds"] <= summary["process_cpu_seconds"]
+    assert result["instrumented_gc_percent_of_cpu"] is not None
+
+
+def test_the_gc_clock_counts_a_collection_and_its_time() -> None:
+    import gc
+
+    clock = stage_recording.GcClock()
+    gc.callbacks.append(clock)
+    try:
+        gc.collect(1)
+    finally:
+        gc.callbacks.remove(clock)
+    assert clock.collections == [0, 1, 0]
+    summary = clock.summary()
+    assert summary["gc_cpu_seconds"] >= 0
+    assert summary["collections_by_generation"] == [0, 1, 0]
 
 
 def test_make_bench_runs_a_bench_as_a_child_process_and_reads_its_result() -> None:
