@@ -11,7 +11,8 @@ DEMO_DEFAULT_ARGS ?= --duration 45
 # environment's mypyc, and again whenever a source it may compile changes: a stale
 # extension would shadow the edited .py.
 CORE_STAMP := $(VENV)/.compiled-core-stamp
-CORE_SOURCES := $(wildcard tokenpath/*.py collector/*.py collector/cost/*.py)
+CORE_SOURCES := $(wildcard tokenpath/*.py collector/*.py collector/cost/*.py) \
+	instrumentation/otlp_encoder.py
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -52,4 +53,4 @@ dashboards: venv
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
-	find collector tokenpath -name "*.so" -delete
+	find collector tokenpath instrumentation -name "*.so" -delete

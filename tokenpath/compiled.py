@@ -50,6 +50,7 @@ COMPILED_MODULES: Final[tuple[str, ...]] = (
     "tokenpath.collector.cost.cache",
     "tokenpath.collector.cost.energy",
     "tokenpath.collector.cost.stage_cost",
+    "tokenpath.instrumentation.otlp_encoder",
 )
 
 # The shared library mypyc builds the modules into (each module's own extension is a

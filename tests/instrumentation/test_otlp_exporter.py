@@ -1,0 +1,147 @@
+"""TokenpathOTLPSpanExporter over real HTTP on loopback: the same request bodies as the
+stock OTLP/HTTP exporter, its failures answered as the stock exporter answers them, and a
+fallback to the stock encoder (counted) where tokenpath's encoder fails."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.instrumentation.reference.support import send, serving, workload_requests
+from tokenpath.instrumentation import otlp_exporter
+from tokenpath.instrumentation.otlp_exporter import TokenpathOTLPSpanExporter
+from tokenpath.instrumentation.safety import telemetry_errors
+
+
+class _Receiver:
+    """An OTLP/HTTP endpoint on loopback keeping each request body (decompressed)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.status = 200
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                assert self.headers["Content-Type"] == "application/x-protobuf"
+                receiver.bodies.append(body)
+                payload = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(receiver.status)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1/traces"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[_Receiver]:
+    made = _Receiver()
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="module")
+def spans() -> list[ReadableSpan]:
+    """Real spans of the reference serving path (gateway shim and engines)."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "exporter-test"}),
+                              shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    with serving(provider) as path:
+        send(path, provider, workload_requests(6, stream_share=0.5))
+    return list(memory.get_finished_spans())
+
+
+@pytest.mark.parametrize("compression", [None, Compression.Gzip])
+def test_request_bodies_equal_the_stock_exporters(
+    receiver: _Receiver, spans: list[ReadableSpan], compression: Compression | None,
+) -> None:
+    stock = OTLPSpanExporter(endpoint=receiver.url, compression=compression)
+    ours = TokenpathOTLPSpanExporter(endpoint=receiver.url, compression=compression)
+    assert ours.fast_encoding
+    assert stock.export(spans) is SpanExportResult.SUCCESS
+    assert ours.export(spans) is SpanExportResult.SUCCESS
+    assert len(receiver.bodies) == 2
+    assert receiver.bodies[0] == receiver.bodies[1]
+    decoded = ExportTraceServiceRequest.FromString(receiver.bodies[1])
+    assert sum(len(s.spans) for r in decoded.resource_spans for s in r.scope_spans) == len(spans)
+    stock.shutdown()
+    ours.shutdown()
+
+
+def test_a_refused_batch_is_a_failure_not_an_exception(
+    receiver: _Receiver, spans: list[ReadableSpan],
+) -> None:
+    receiver.status = 400  # not retryable
+    exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url)
+    assert exporter.export(spans) is SpanExportResult.FAILURE
+    assert len(receiver.bodies) == 1
+
+
+def test_a_batch_over_the_size_limit_is_dropped_unsent(
+    receiver: _Receiver, spans: list[ReadableSpan],
+) -> None:
+    exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url, max_request_size=64)
+    assert exporter.export(spans) is SpanExportResult.FAILURE
+    assert receiver.bodies == []
+    assert exporter.export(spans[:0]) is SpanExportResult.SUCCESS  # an empty request fits
+
+
+def test_after_shutdown_batches_are_refused(receiver: _Receiver,
+                                            spans: list[ReadableSpan]) -> None:
+    exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url)
+    exporter.shutdown()
+    assert exporter.export(spans) is SpanExportResult.FAILURE
+    assert receiver.bodies == []
+
+
+def test_an_encoder_failure_falls_back_to_the_stock_encoding_and_is_counted(
+    receiver: _Receiver, spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(batch: object) -> bytes:
+        raise RuntimeError("encoder bug")
+
+    monkeypatch.setattr(otlp_exporter, "encode_export_request", broken)
+    before = telemetry_errors.by_place().get("otlp_exporter.encode", 0)
+    exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url)
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    assert telemetry_errors.by_place()["otlp_exporter.encode"] == before + 1
+    assert OTLPSpanExporter(endpoint=receiver.url).export(spans) is SpanExportResult.SUCCESS
+    assert receiver.bodies[0] == receiver.bodies[1]
+
+
+def test_an_exporter_without_the_internals_uses_the_stock_export(
+    receiver: _Receiver, spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(otlp_exporter, "_REQUIRED_INTERNALS", ("_not_there",))
+    exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url)
+    assert not exporter.fast_encoding
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    assert len(receiver.bodies) == 1
