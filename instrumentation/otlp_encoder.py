@@ -381,17 +381,41 @@ def _scope(scope: Any) -> bytes:
     return _length_delimited(_SCOPE_SPANS_SCOPE, payload)
 
 
+class EncodedSpan:
+    """One span already written as its ``Span`` message, with the resource and scope it
+    is grouped under: what :class:`TokenpathBatchSpanProcessor` queues in the span's
+    place, so that the span's own objects (attributes, events, their dictionaries) are
+    freed when it ends instead of surviving in the export queue into the garbage
+    collector's older generations."""
+
+    __slots__ = ("payload", "resource", "scope")
+
+    def __init__(self, resource: Any, scope: Any, payload: bytes) -> None:
+        self.resource = resource
+        self.scope = scope
+        self.payload = payload
+
+
+def encode_span(span: Any) -> EncodedSpan:
+    """``span`` (an SDK ``ReadableSpan``) as an :class:`EncodedSpan`."""
+    return EncodedSpan(span.resource, span.instrumentation_scope or None, _span(span))
+
+
 def encode_export_request(spans: Sequence[Any]) -> bytes:
-    """The serialized ``ExportTraceServiceRequest`` of ``spans`` (SDK ``ReadableSpan``),
-    byte-identical to the OpenTelemetry exporters' own encoding."""
+    """The serialized ``ExportTraceServiceRequest`` of ``spans`` (SDK ``ReadableSpan``
+    or :class:`EncodedSpan`, mixed as they come), byte-identical to the OpenTelemetry
+    exporters' own encoding of the same spans."""
     groups: dict[Any, dict[Any, list[bytes]]] = {}
     last_resource: Any = None
     last_scope: Any = None
     scopes: dict[Any, list[bytes]] = {}
     encoded: list[bytes] = []
     for span in spans:
-        resource = span.resource
-        scope = span.instrumentation_scope or None
+        if isinstance(span, EncodedSpan):
+            resource, scope, payload = span.resource, span.scope, span.payload
+        else:
+            resource, scope = span.resource, span.instrumentation_scope or None
+            payload = _span(span)
         # A batch's spans mostly share one resource and scope object: the dictionaries
         # (which hash a resource's attributes as JSON) are asked only when they change.
         if resource is not last_resource or scope is not last_scope or not encoded:
@@ -404,7 +428,6 @@ def encode_export_request(spans: Sequence[Any]) -> bytes:
                 listed = scopes[scope] = []
             encoded = listed
             last_resource, last_scope = resource, scope
-        payload = _span(span)
         encoded.append(_SCOPE_SPANS_SPANS)
         encoded.append(_varint(len(payload)))
         encoded.append(payload)

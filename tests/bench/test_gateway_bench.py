@@ -22,6 +22,11 @@ def test_every_variant_serves_side_by_side_in_its_own_process() -> None:
         assert summary["process_cpu_seconds"] > 0
         assert 0 <= summary["gc_cpu_seconds"] <= summary["process_cpu_seconds"]
     assert result["instrumented_gc_percent_of_cpu"] is not None
+    # the variants that export did post their spans over OTLP/HTTP to the bench's sink
+    exporting = (stage_recording.INSTRUMENTED, stage_recording.PLAIN,
+                 stage_recording.INSTRUMENTED_STOCK_EXPORT, stage_recording.PLAIN_STOCK_EXPORT)
+    assert set(result["export_requests"]) == set(exporting)
+    assert all(result["export_bytes"][variant] > 0 for variant in exporting)
 
 
 def test_the_gc_clock_counts_a_collection_and_its_time() -> None:

@@ -1,6 +1,7 @@
 """TokenpathOTLPSpanExporter over real HTTP on loopback: the same request bodies as the
 stock OTLP/HTTP exporter, its failures answered as the stock exporter answers them, and a
-fallback to the stock encoder (counted) where tokenpath's encoder fails."""
+fallback to the stock encoder (counted) where tokenpath's encoder fails; and
+TokenpathBatchSpanProcessor, which queues spans encoded as they end."""
 
 from __future__ import annotations
 
@@ -17,13 +18,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.instrumentation.reference.support import send, serving, workload_requests
+from tokenpath import attributes as attr
 from tokenpath.instrumentation import otlp_exporter
-from tokenpath.instrumentation.otlp_exporter import TokenpathOTLPSpanExporter
+from tokenpath.instrumentation.otlp_encoder import EncodedSpan, encode_span
+from tokenpath.instrumentation.otlp_exporter import (
+    TokenpathBatchSpanProcessor,
+    TokenpathOTLPSpanExporter,
+)
 from tokenpath.instrumentation.safety import telemetry_errors
 
 
@@ -145,3 +151,88 @@ def test_an_exporter_without_the_internals_uses_the_stock_export(
     assert not exporter.fast_encoding
     assert exporter.export(spans) is SpanExportResult.SUCCESS
     assert len(receiver.bodies) == 1
+
+
+def _traced_with(processor: SpanProcessor, count: int) -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": "bsp-test"}),
+                              shutdown_on_exit=False)
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("test")
+    for index in range(count):
+        with tracer.start_as_current_span(f"request {index % 3}") as span:
+            span.set_attribute("index", index)
+            span.add_event(attr.STAGE_EVENT, {attr.STAGE: "router", attr.STAGE_SECONDS: 0.5})
+    return provider
+
+
+def _spans_received(receiver: _Receiver) -> list[int]:
+    out = []
+    for body in receiver.bodies:
+        for resource_spans in ExportTraceServiceRequest.FromString(body).resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                out += [span.attributes[0].value.int_value for span in scope_spans.spans]
+    return sorted(out)
+
+
+def test_the_batch_processor_queues_encoded_spans_and_exports_them_all(
+    receiver: _Receiver,
+) -> None:
+    exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url)
+    processor = TokenpathBatchSpanProcessor(exporter, max_export_batch_size=16)
+    assert processor.encodes_at_end
+    queued: list[object] = []
+    emit = processor._batch_processor.emit
+    processor._batch_processor.emit = lambda item: (queued.append(type(item)), emit(item))
+    provider = _traced_with(processor, 40)
+    provider.shutdown()  # flushes
+    assert set(queued) == {EncodedSpan}
+    assert _spans_received(receiver) == list(range(40))
+    assert len(receiver.bodies) >= 3  # batches of at most 16
+
+
+def test_the_batch_processor_in_front_of_another_exporter_is_the_stock_one() -> None:
+    memory = InMemorySpanExporter()
+    processor = TokenpathBatchSpanProcessor(memory)
+    assert not processor.encodes_at_end
+    _traced_with(processor, 5).shutdown()
+    assert sorted(s.attributes["index"] for s in memory.get_finished_spans()) == list(range(5))
+
+
+def test_a_span_the_processor_cannot_encode_is_queued_as_it_is_and_still_exported(
+    receiver: _Receiver, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = otlp_exporter.encode_span
+    calls = []
+
+    def sometimes_broken(span: ReadableSpan) -> EncodedSpan:
+        calls.append(span)
+        if len(calls) % 2:
+            raise RuntimeError("encoder bug")
+        return real(span)
+
+    monkeypatch.setattr(otlp_exporter, "encode_span", sometimes_broken)
+    before = telemetry_errors.by_place().get("otlp_exporter.encode_span", 0)
+    processor = TokenpathBatchSpanProcessor(TokenpathOTLPSpanExporter(endpoint=receiver.url))
+    _traced_with(processor, 10).shutdown()
+    assert telemetry_errors.by_place()["otlp_exporter.encode_span"] == before + 5
+    assert _spans_received(receiver) == list(range(10))
+
+
+def test_a_mixed_batch_falls_back_to_the_stock_encoder_for_its_raw_spans(
+    receiver: _Receiver, spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = otlp_exporter.encode_export_request
+
+    def fails_on_raw_spans(batch: list[object]) -> bytes:
+        if not all(isinstance(item, EncodedSpan) for item in batch):
+            raise RuntimeError("encoder bug")
+        return real(batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(otlp_exporter, "encode_export_request", fails_on_raw_spans)
+    mixed = [encode_span(s) if i % 2 else s for i, s in enumerate(spans)]
+    exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url)
+    assert exporter.export(mixed) is SpanExportResult.SUCCESS  # type: ignore[arg-type]
+    decoded = ExportTraceServiceRequest.FromString(receiver.bodies[0])
+    got = sorted(s.span_id for r in decoded.resource_spans for ss in r.scope_spans
+                 for s in ss.spans)
+    assert got == sorted(s.context.span_id.to_bytes(8, "big") for s in spans)

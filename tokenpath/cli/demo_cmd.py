@@ -131,18 +131,21 @@ class DemoConfig:
 
 
 def _tracer_provider(collector_url: str, token: str | None) -> TracerProvider:
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from tokenpath.instrumentation.otlp_exporter import (
+        TokenpathBatchSpanProcessor,
+        TokenpathOTLPSpanExporter,
+    )
 
     headers = {"Authorization": f"Bearer {token}"} if token else None
     provider = TracerProvider(resource=Resource.create({"service.name": "tokenpath-demo"}),
                               shutdown_on_exit=False)
-    exporter = OTLPSpanExporter(endpoint=f"{collector_url}/v1/traces", headers=headers,
-                                timeout=10)
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500,
-                                                   max_queue_size=1 << 15))
+    exporter = TokenpathOTLPSpanExporter(endpoint=f"{collector_url}/v1/traces",
+                                         headers=headers, timeout=10)
+    provider.add_span_processor(TokenpathBatchSpanProcessor(
+        exporter, schedule_delay_millis=500, max_queue_size=1 << 15))
     return provider
 
 
