@@ -66,12 +66,10 @@ _STOP = object()
 def build_span_exporter(config: PluginConfig) -> SpanExporter:
     """The OTLP span exporter for ``config.endpoint`` (gRPC ``HOST:PORT`` or HTTP URL)."""
     headers = {"authorization": f"Bearer {config.auth_token}"} if config.auth_token else None
-    if config.uses_http:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter as HttpSpanExporter,
-        )
+    if config.uses_http:  # the stock OTLP/HTTP exporter with tokenpath's span encoder
+        from tokenpath.instrumentation.otlp_exporter import TokenpathOTLPSpanExporter
 
-        return HttpSpanExporter(
+        return TokenpathOTLPSpanExporter(
             endpoint=config.endpoint.rstrip("/") + "/v1/traces", headers=headers
         )
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
