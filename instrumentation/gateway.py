@@ -193,6 +193,44 @@ def engine_request_id() -> str | None:
         return None
 
 
+class _TracedSend:
+    """The ASGI ``send`` the app gets: times and counts each response body write.
+
+    Runs for every chunk of a stream, so it does as little as it can (measured per chunk
+    in docs/performance.md); the wall clock of the last write is taken at the end. One
+    object a request, where a closure over the same state was nine the garbage collector
+    tracks while the request runs."""
+
+    __slots__ = ("_link", "_request", "_send", "status_code")
+
+    def __init__(self, request: GatewayRequest, send: Send, link: LinkModel) -> None:
+        self._request = request
+        self._send = send
+        self._link = link
+        self.status_code = 0
+
+    async def __call__(self, message: Message) -> None:
+        body = message.get("body")
+        if not body or message.get("type") != _RESPONSE_BODY:
+            # headers, or an empty closing body: nothing to time or count
+            if message.get("type") == _RESPONSE_START:
+                self.status_code = int(message.get("status", 0))
+            await self._send(message)
+            return
+        t0 = time.perf_counter()
+        await self._send(message)
+        t1 = time.perf_counter()
+        try:
+            request = self._request
+            if request.first_write is None:
+                request.first_write = t0
+            request.last_write = t0
+            request.write_seconds += t1 - t0
+            request.tally.add_chunk(len(body), self._link)
+        except Exception as exc:
+            telemetry_errors.count("gateway.send", exc)
+
+
 class TokenpathGatewayMiddleware:
     """ASGI middleware recording the gateway stages of every HTTP request."""
 
@@ -216,46 +254,18 @@ class TokenpathGatewayMiddleware:
             await self.app(scope, receive, send)
             return
         request, token, context_token = started
-        link = self.config.link
-        status_code = 0
-
-        add_chunk = request.tally.add_chunk
-        perf_counter = time.perf_counter
-
-        # Runs for every chunk of a stream: as little as it can (measured per chunk in
-        # docs/performance.md); the wall clock of the last write is taken at the end.
-        async def traced_send(message: Message) -> None:
-            nonlocal status_code
-            body = message.get("body")
-            if not body or message.get("type") != _RESPONSE_BODY:
-                # headers, or an empty closing body: nothing to time or count
-                if message.get("type") == _RESPONSE_START:
-                    status_code = int(message.get("status", 0))
-                await send(message)
-                return
-            t0 = perf_counter()
-            await send(message)
-            t1 = perf_counter()
-            try:
-                if request.first_write is None:
-                    request.first_write = t0
-                request.last_write = t0
-                request.write_seconds += t1 - t0
-                add_chunk(len(body), link)
-            except Exception as exc:
-                telemetry_errors.count("gateway.send", exc)
-
+        traced_send = _TracedSend(request, send, self.config.link)
         failed = False
         try:
             await self.app(scope, receive, traced_send)
         except BaseException:
             # Before the response started: a 500. After (a stream that broke mid-way): the
             # status on the wire stays, and the request is still recorded as failed.
-            status_code = status_code or 500
+            traced_send.status_code = traced_send.status_code or 500
             failed = True
             raise
         finally:
-            self._finish(request, status_code, failed)
+            self._finish(request, traced_send.status_code, failed)
             _current.reset(token)
             try:
                 otel_context.detach(context_token)
