@@ -47,10 +47,15 @@ _UINT64: Final = 1 << 64
 _FLAG_HAS_IS_REMOTE: Final = 0x100
 _FLAG_IS_REMOTE: Final = 0x200
 
-# Each encoded key prefix of an attribute is kept (keys repeat across a batch); the
-# cache is emptied when it grows past this many keys, so that a stream of unique keys
-# cannot grow it without bound.
-KEY_CACHE_LIMIT: Final = 4096
+# Each attribute key's encoded forms are kept (keys repeat across a batch); the cache is
+# emptied when it grows past this many keys (and the span and event name caches past
+# this many names), so that a stream of unique keys cannot grow it without bound; keys
+# longer than CACHED_KEY_CHARS are encoded each time. So the caches hold at most 1,024
+# keys of up to 128 characters with up to 32 values each of up to 64. They are shared
+# by every thread that encodes; each read and write is one dictionary operation under
+# the interpreter lock, and a key encoded twice by a race is encoded the same.
+KEY_CACHE_LIMIT: Final = 1024
+CACHED_KEY_CHARS: Final = 128
 
 _ONE_BYTE: Final[tuple[bytes, ...]] = tuple(bytes((n,)) for n in range(128))
 _pack_double = struct.Struct("<d").pack
@@ -139,7 +144,7 @@ class UnencodableValue(ValueError):
 # Strings up to this many characters are kept encoded, per attribute key, up to this
 # many values a key: stage names, phases, statuses and methods repeat in every batch.
 CACHED_STRING_CHARS: Final = 64
-CACHED_STRINGS_PER_KEY: Final = 64
+CACHED_STRINGS_PER_KEY: Final = 32
 _DOUBLE_VALUE: Final = _varint(9) + _tag(4, _FIXED64)  # AnyValue{double_value}, 9 bytes
 
 
@@ -165,6 +170,8 @@ _key_codes: dict[str, _KeyCodes] = {}
 def _codes(key: str) -> _KeyCodes:
     codes = _key_codes.get(key)
     if codes is None:
+        if len(key) > CACHED_KEY_CHARS:
+            return _KeyCodes(key)
         if len(_key_codes) >= KEY_CACHE_LIMIT:
             _key_codes.clear()
         codes = _key_codes[key] = _KeyCodes(key)

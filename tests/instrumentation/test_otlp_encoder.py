@@ -165,6 +165,11 @@ def test_caches_stay_bounded_under_unique_keys_and_values() -> None:
                            attributes={"k": value})
         assert encode_export_request([one]) == _stock([one])
     assert len(otlp_encoder._key_codes["k"].strings) == otlp_encoder.CACHED_STRINGS_PER_KEY
+    long_key = "k" * (otlp_encoder.CACHED_KEY_CHARS + 1)
+    one = ReadableSpan("s", SpanContext(1, 2, is_remote=False), resource=Resource({}),
+                       attributes={long_key: "v"})
+    assert encode_export_request([one]) == _stock([one])
+    assert long_key not in otlp_encoder._key_codes
 
 
 def test_real_sdk_spans_with_stage_events_encode_identically() -> None:
