@@ -5,8 +5,9 @@ batch of OpenTelemetry SDK ``ReadableSpan`` objects: the same bytes, byte for by
 the OpenTelemetry exporters' ``encode_spans(spans).SerializePartialToString()`` (fuzzed
 against it in ``tests/instrumentation/test_otlp_encoder.py``), at a fraction of the CPU.
 The stock encoder builds a protobuf message object per span, event, attribute and value
-and then serializes the tree; this one writes each field's bytes once, and keeps the
-encoded resource, scope and attribute-key prefixes of a batch's repeated values.
+and then serializes the tree; this one writes each field's bytes once, encodes a
+batch's resource and scope once per group, and keeps the encoded forms of what repeats
+from batch to batch (attribute keys, their short string values, span and event names).
 
 It runs compiled (mypyc, ``tokenpath/compiled.py``) where the package was built with
 its compiled core, and as plain Python otherwise; docs/performance.md has the figures.
@@ -408,13 +409,16 @@ def encode_span(span: Any) -> EncodedSpan:
     return EncodedSpan(span.resource, span.instrumentation_scope or None, _span(span))
 
 
+_NO_GROUP: Final = object()  # no span grouped yet
+
+
 def encode_export_request(spans: Sequence[Any]) -> bytes:
     """The serialized ``ExportTraceServiceRequest`` of ``spans`` (SDK ``ReadableSpan``
     or :class:`EncodedSpan`, mixed as they come), byte-identical to the OpenTelemetry
     exporters' own encoding of the same spans."""
     groups: dict[Any, dict[Any, list[bytes]]] = {}
-    last_resource: Any = None
-    last_scope: Any = None
+    last_resource: Any = _NO_GROUP
+    last_scope: Any = _NO_GROUP
     scopes: dict[Any, list[bytes]] = {}
     encoded: list[bytes] = []
     for span in spans:
@@ -425,7 +429,7 @@ def encode_export_request(spans: Sequence[Any]) -> bytes:
             payload = _span(span)
         # A batch's spans mostly share one resource and scope object: the dictionaries
         # (which hash a resource's attributes as JSON) are asked only when they change.
-        if resource is not last_resource or scope is not last_scope or not encoded:
+        if resource is not last_resource or scope is not last_scope:
             found = groups.get(resource)
             if found is None:
                 found = groups[resource] = {}
