@@ -301,14 +301,18 @@ def _name(cache: dict[str, bytes], tag: bytes, name: str) -> bytes:
 
 def _append_event(out: list[bytes], event: Any) -> None:
     """Append one span's ``events`` entry (tag, length, message) to ``out``."""
+    _append_event_fields(out, event.name, event.timestamp, event.attributes,
+                         event.dropped_attributes)
+
+
+def _append_event_fields(out: list[bytes], name: str, timestamp: int | None,
+                         attributes: Mapping[str, Any] | None, dropped: int) -> None:
     parts: list[bytes] = []
-    timestamp = event.timestamp
     if timestamp:
         parts.append(_EVENT_TIME)
         parts.append(timestamp.to_bytes(8, "little"))
-    parts.append(_name(_event_names, _EVENT_NAME, event.name))
-    _append_attributes(parts, _EVENT_ATTRIBUTES, event.attributes)
-    dropped = event.dropped_attributes
+    parts.append(_name(_event_names, _EVENT_NAME, name))
+    _append_attributes(parts, _EVENT_ATTRIBUTES, attributes)
     if dropped:
         parts.append(_EVENT_DROPPED_ATTRIBUTES)
         parts.append(_varint(dropped))
@@ -337,10 +341,9 @@ def _status(status: Any) -> bytes:
     return _length_delimited(_SPAN_STATUS, payload)
 
 
-def _span(span: Any) -> bytes:
-    """One ``Span`` message (unprefixed) of an SDK ``ReadableSpan``."""
-    context = span.get_span_context()
-    parent = span.parent
+def _span_head(context: Any, parent: Any, name: str, kind: Any, start_time: int | None,
+               end_time: int | None, attributes: Mapping[str, Any] | None) -> list[bytes]:
+    """A ``Span`` message's fields up to and including its attributes."""
     parts = [
         _SPAN_TRACE_ID, context.trace_id.to_bytes(16, "big"),
         _SPAN_SPAN_ID, context.span_id.to_bytes(8, "big"),
@@ -349,12 +352,20 @@ def _span(span: Any) -> bytes:
     if parent:
         parts.append(_SPAN_PARENT_SPAN_ID)
         parts.append(parent.span_id.to_bytes(8, "big"))
-    parts.append(_name(_span_names, _SPAN_NAME, span.name))
+    parts.append(_name(_span_names, _SPAN_NAME, name))
     parts.append(_SPAN_KIND)
-    parts.append(_varint(span.kind.value + 1))  # the SDK's SpanKind is OTLP's minus one
-    parts.append(_fixed64(_SPAN_START, span.start_time))
-    parts.append(_fixed64(_SPAN_END, span.end_time))
-    _append_attributes(parts, _SPAN_ATTRIBUTES, span.attributes)
+    parts.append(_varint(kind.value + 1))  # the SDK's SpanKind is OTLP's minus one
+    parts.append(_fixed64(_SPAN_START, start_time))
+    parts.append(_fixed64(_SPAN_END, end_time))
+    _append_attributes(parts, _SPAN_ATTRIBUTES, attributes)
+    return parts
+
+
+def _span(span: Any) -> bytes:
+    """One ``Span`` message (unprefixed) of an SDK ``ReadableSpan``."""
+    parent = span.parent
+    parts = _span_head(span.get_span_context(), parent, span.name, span.kind,
+                       span.start_time, span.end_time, span.attributes)
     parts.append(_uint(_SPAN_DROPPED_ATTRIBUTES, span.dropped_attributes))
     events = span.events
     if events:
@@ -369,6 +380,42 @@ def _span(span: Any) -> bytes:
     parts.append(_status(span.status))
     parts.append(_flags(_SPAN_FLAGS, parent))
     return _EMPTY.join(parts)
+
+
+def encode_span_fields(context: Any, parent: Any, name: str, kind: Any, start_time: int,
+                       end_time: int, attributes: Mapping[str, Any], events: Sequence[bytes],
+                       status: Any) -> bytes:
+    """One ``Span`` message (unprefixed) from its fields, for a span kept by its own
+    writer (``gateway_span``): the bytes ``_span`` writes for an SDK span with these
+    fields, no links and nothing dropped. ``events`` are whole ``events`` entries
+    (:func:`event_entry`)."""
+    parts = _span_head(context, parent, name, kind, start_time, end_time, attributes)
+    parts.extend(events)
+    parts.append(_status(status))
+    parts.append(_flags(_SPAN_FLAGS, parent))
+    return _EMPTY.join(parts)
+
+
+def event_fields(name: str | None, attributes: Mapping[str, Any]) -> bytes:
+    """An event's name field (none for None) and its attributes' fields, as
+    :func:`event_entry` takes them (encoded once by a writer for what repeats)."""
+    out: list[bytes] = [] if name is None else [_name(_event_names, _EVENT_NAME, name)]
+    _append_attributes(out, _EVENT_ATTRIBUTES, attributes)
+    return _EMPTY.join(out)
+
+
+def event_entry(timestamp: int, head: bytes, double_key: str, value: float,
+                tail: bytes) -> bytes:
+    """A span's ``events`` entry (tag, length, message): its time, ``head`` (the name and
+    the first attributes, :func:`event_fields`), the attribute ``double_key`` with the
+    float ``value``, then ``tail`` (further attributes): the bytes of an SDK event with
+    these attributes in this order and nothing dropped."""
+    payload = _EMPTY.join((
+        _EVENT_TIME if timestamp else _EMPTY,
+        timestamp.to_bytes(8, "little") if timestamp else _EMPTY,
+        head, _EVENT_ATTRIBUTES, _codes(double_key).double_start, _pack_double(value), tail,
+    ))
+    return _SPAN_EVENTS + _varint(len(payload)) + payload
 
 
 def _resource(resource: Any) -> bytes:

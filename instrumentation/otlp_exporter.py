@@ -129,6 +129,12 @@ class TokenpathBatchSpanProcessor(BatchSpanProcessor):
             item = span
         self._batch_processor.emit(item)  # type: ignore[arg-type]
 
+    def on_end_encoded(self, span: EncodedSpan) -> None:
+        """Queue a sampled span its writer encoded itself (the gateway's, see
+        ``gateway_span``), as ``on_end`` queues the spans it encodes. Only where
+        ``encodes_at_end``: the exporter behind it must take encoded spans."""
+        self._batch_processor.emit(span)  # type: ignore[arg-type]
+
 
 def _encode(spans: Sequence[ReadableSpan | EncodedSpan]) -> bytes:
     """The request body: tokenpath's encoder, or, where it fails, the stock one for the

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 # (stage, seconds, phase, provenance, end time in ns since the epoch)
 StageEntry = tuple[StageId, float, Phase | None, Provenance | None, int]
+StageKey = tuple[StageId, Phase | None, Provenance | None]  # what a stage event names
 
 
 def stage_event_attributes(
@@ -95,6 +96,12 @@ class StageRecorder:
     def seconds(self, stage: StageId) -> float:
         """Total recorded seconds of ``stage`` so far (all phases)."""
         return sum(entry[1] for entry in self._entries if entry[0] is stage)
+
+    def take_entries(self) -> list[StageEntry]:
+        """The recorded entries, for a span that writes them itself; a later
+        :meth:`flush` writes nothing."""
+        self._flushed = True
+        return self._entries
 
     def flush(self) -> None:
         """Write the recorded stages as span events. Idempotent; never raises."""

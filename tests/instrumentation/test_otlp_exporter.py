@@ -5,23 +5,20 @@ TokenpathBatchSpanProcessor, which queues spans encoded as they end."""
 
 from __future__ import annotations
 
-import gzip
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.fakes.otlp_http import OtlpHttpReceiver
 from tests.instrumentation.reference.support import send, serving, workload_requests
 from tokenpath import attributes as attr
 from tokenpath.instrumentation import otlp_exporter
@@ -33,42 +30,9 @@ from tokenpath.instrumentation.otlp_exporter import (
 from tokenpath.instrumentation.safety import telemetry_errors
 
 
-class _Receiver:
-    """An OTLP/HTTP endpoint on loopback keeping each request body (decompressed)."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        self.status = 200
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                assert self.headers["Content-Type"] == "application/x-protobuf"
-                receiver.bodies.append(body)
-                payload = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(receiver.status)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1/traces"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 @pytest.fixture
-def receiver() -> Iterator[_Receiver]:
-    made = _Receiver()
+def receiver() -> Iterator[OtlpHttpReceiver]:
+    made = OtlpHttpReceiver()
     yield made
     made.close()
 
@@ -87,7 +51,7 @@ def spans() -> list[ReadableSpan]:
 
 @pytest.mark.parametrize("compression", [None, Compression.Gzip])
 def test_request_bodies_equal_the_stock_exporters(
-    receiver: _Receiver, spans: list[ReadableSpan], compression: Compression | None,
+    receiver: OtlpHttpReceiver, spans: list[ReadableSpan], compression: Compression | None,
 ) -> None:
     stock = OTLPSpanExporter(endpoint=receiver.url, compression=compression)
     ours = TokenpathOTLPSpanExporter(endpoint=receiver.url, compression=compression)
@@ -103,7 +67,7 @@ def test_request_bodies_equal_the_stock_exporters(
 
 
 def test_a_refused_batch_is_a_failure_not_an_exception(
-    receiver: _Receiver, spans: list[ReadableSpan],
+    receiver: OtlpHttpReceiver, spans: list[ReadableSpan],
 ) -> None:
     receiver.status = 400  # not retryable
     exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url)
@@ -112,7 +76,7 @@ def test_a_refused_batch_is_a_failure_not_an_exception(
 
 
 def test_a_batch_over_the_size_limit_is_dropped_unsent(
-    receiver: _Receiver, spans: list[ReadableSpan],
+    receiver: OtlpHttpReceiver, spans: list[ReadableSpan],
 ) -> None:
     exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url, max_request_size=64)
     assert exporter.export(spans) is SpanExportResult.FAILURE
@@ -120,7 +84,7 @@ def test_a_batch_over_the_size_limit_is_dropped_unsent(
     assert exporter.export(spans[:0]) is SpanExportResult.SUCCESS  # an empty request fits
 
 
-def test_after_shutdown_batches_are_refused(receiver: _Receiver,
+def test_after_shutdown_batches_are_refused(receiver: OtlpHttpReceiver,
                                             spans: list[ReadableSpan]) -> None:
     exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url)
     exporter.shutdown()
@@ -129,7 +93,7 @@ def test_after_shutdown_batches_are_refused(receiver: _Receiver,
 
 
 def test_an_encoder_failure_falls_back_to_the_stock_encoding_and_is_counted(
-    receiver: _Receiver, spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch,
+    receiver: OtlpHttpReceiver, spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def broken(batch: object) -> bytes:
         raise RuntimeError("encoder bug")
@@ -144,7 +108,7 @@ def test_an_encoder_failure_falls_back_to_the_stock_encoding_and_is_counted(
 
 
 def test_an_exporter_without_the_internals_uses_the_stock_export(
-    receiver: _Receiver, spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch,
+    receiver: OtlpHttpReceiver, spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(otlp_exporter, "_REQUIRED_INTERNALS", ("_not_there",))
     exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url)
@@ -165,7 +129,7 @@ def _traced_with(processor: SpanProcessor, count: int) -> TracerProvider:
     return provider
 
 
-def _spans_received(receiver: _Receiver) -> list[int]:
+def _spans_received(receiver: OtlpHttpReceiver) -> list[int]:
     out = []
     for body in receiver.bodies:
         for resource_spans in ExportTraceServiceRequest.FromString(body).resource_spans:
@@ -175,7 +139,7 @@ def _spans_received(receiver: _Receiver) -> list[int]:
 
 
 def test_the_batch_processor_queues_encoded_spans_and_exports_them_all(
-    receiver: _Receiver,
+    receiver: OtlpHttpReceiver,
 ) -> None:
     exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url)
     processor = TokenpathBatchSpanProcessor(exporter, max_export_batch_size=16)
@@ -199,7 +163,7 @@ def test_the_batch_processor_in_front_of_another_exporter_is_the_stock_one() -> 
 
 
 def test_a_span_the_processor_cannot_encode_is_queued_as_it_is_and_still_exported(
-    receiver: _Receiver, monkeypatch: pytest.MonkeyPatch,
+    receiver: OtlpHttpReceiver, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     real = otlp_exporter.encode_span
     calls = []
@@ -219,7 +183,7 @@ def test_a_span_the_processor_cannot_encode_is_queued_as_it_is_and_still_exporte
 
 
 def test_a_mixed_batch_falls_back_to_the_stock_encoder_for_its_raw_spans(
-    receiver: _Receiver, spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch,
+    receiver: OtlpHttpReceiver, spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     real = otlp_exporter.encode_export_request
 
