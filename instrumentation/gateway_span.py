@@ -53,15 +53,14 @@ from tokenpath import attributes as attr
 from tokenpath.instrumentation.otlp_encoder import (
     EncodedSpan,
     encode_span_fields,
-    event_entry,
-    event_fields,
+    event_template,
+    timed_double_events,
 )
 from tokenpath.instrumentation.otlp_exporter import TokenpathBatchSpanProcessor
 from tokenpath.instrumentation.safety import telemetry_errors
 from tokenpath.instrumentation.span_attributes import plain_attributes, set_span_attributes
 from tokenpath.instrumentation.stage_recorder import (
     StageEntry,
-    StageKey,
     stage_event_attributes,
     write_stage_events,
 )
@@ -300,7 +299,7 @@ class GatewaySpan(trace.Span):
                     or (max_events is not None and len(stages) > max_events)
                     or not plain_attributes(attributes, limits.max_span_attribute_length)):
                 return None
-            events = [_stage_event(entry) for entry in stages]
+            events = _stage_events(stages)
             assert self._end_time is not None
             return encode_span_fields(
                 self._context, self._parent, self._name, self._kind, self._start_time,
@@ -311,25 +310,28 @@ class GatewaySpan(trace.Span):
 
 
 # A stage event's fields but its time and seconds, encoded once per stage, phase and
-# provenance (15 x 3 x 3 at most): (the name and the stage, the phase and provenance).
-_stage_event_fields: dict[StageKey, tuple[bytes, bytes]] = {}
+# provenance (15 x 3 x 3 at most; otlp_encoder.event_template). Keyed by the members'
+# identities, as timed_double_events looks them up (an Enum member hashes through
+# Python code); the members live as long as their classes.
+_stage_templates: dict[tuple[int, int, int], tuple[bytes, bytes]] = {}
 
 
-def _stage_event(entry: StageEntry) -> bytes:
-    """The ``events`` entry of one stage: ``stage_event_attributes`` in its order."""
-    stage, seconds, phase, provenance, end_ns = entry
-    key = (stage, phase, provenance)
-    fields = _stage_event_fields.get(key)
-    if fields is None:
-        attributes = stage_event_attributes(stage, 0.0, phase, provenance)
-        keys = list(attributes)
-        if keys[:2] != [attr.STAGE, attr.STAGE_SECONDS]:  # pragma: no cover - the contract
-            raise ValueError("stage event attributes do not start with stage, seconds")
-        fields = _stage_event_fields[key] = (
-            event_fields(attr.STAGE_EVENT, {attr.STAGE: attributes[attr.STAGE]}),
-            event_fields(None, {k: attributes[k] for k in keys[2:]}))
-    head, tail = fields
-    return event_entry(end_ns, head, attr.STAGE_SECONDS, float(seconds), tail)
+def _stage_events(stages: Sequence[StageEntry]) -> list[bytes]:
+    """The ``events`` entries of the stages: ``stage_event_attributes`` in its order."""
+    while True:
+        events = timed_double_events(stages, _stage_templates)
+        if events is not None:
+            return events
+        for stage, _, phase, provenance, _ in stages:
+            key = (id(stage), id(phase), id(provenance))
+            if key not in _stage_templates:
+                attributes = stage_event_attributes(stage, 0.0, phase, provenance)
+                keys = list(attributes)
+                if keys[:2] != [attr.STAGE, attr.STAGE_SECONDS]:  # pragma: no cover
+                    raise ValueError("stage event attributes do not start with stage, seconds")
+                _stage_templates[key] = event_template(
+                    attr.STAGE_EVENT, {attr.STAGE: attributes[attr.STAGE]}, attr.STAGE_SECONDS,
+                    {key: attributes[key] for key in keys[2:]})
 
 
 class _EndedSpan(trace.NonRecordingSpan):

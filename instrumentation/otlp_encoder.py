@@ -396,26 +396,39 @@ def encode_span_fields(context: Any, parent: Any, name: str, kind: Any, start_ti
     return _EMPTY.join(parts)
 
 
-def event_fields(name: str | None, attributes: Mapping[str, Any]) -> bytes:
-    """An event's name field (none for None) and its attributes' fields, as
-    :func:`event_entry` takes them (encoded once by a writer for what repeats)."""
-    out: list[bytes] = [] if name is None else [_name(_event_names, _EVENT_NAME, name)]
-    _append_attributes(out, _EVENT_ATTRIBUTES, attributes)
-    return _EMPTY.join(out)
+def event_template(name: str, head: Mapping[str, Any], double_key: str,
+                   tail: Mapping[str, Any]) -> tuple[bytes, bytes]:
+    """The fixed fields of events that differ only in their time and one float attribute:
+    the name, the ``head`` attributes and the field start of ``double_key``; then the
+    ``tail`` attributes. For :func:`timed_double_events`."""
+    out: list[bytes] = [_name(_event_names, _EVENT_NAME, name)]
+    _append_attributes(out, _EVENT_ATTRIBUTES, head)
+    out.append(_EVENT_ATTRIBUTES)
+    out.append(_codes(double_key).double_start)
+    return _EMPTY.join(out), _attributes(_EVENT_ATTRIBUTES, tail)
 
 
-def event_entry(timestamp: int, head: bytes, double_key: str, value: float,
-                tail: bytes) -> bytes:
-    """A span's ``events`` entry (tag, length, message): its time, ``head`` (the name and
-    the first attributes, :func:`event_fields`), the attribute ``double_key`` with the
-    float ``value``, then ``tail`` (further attributes): the bytes of an SDK event with
-    these attributes in this order and nothing dropped."""
-    payload = _EMPTY.join((
-        _EVENT_TIME if timestamp else _EMPTY,
-        timestamp.to_bytes(8, "little") if timestamp else _EMPTY,
-        head, _EVENT_ATTRIBUTES, _codes(double_key).double_start, _pack_double(value), tail,
-    ))
-    return _SPAN_EVENTS + _varint(len(payload)) + payload
+def timed_double_events(entries: Sequence[tuple[Any, Any, Any, Any, int]],
+                        templates: Mapping[tuple[int, int, int], tuple[bytes, bytes]],
+                        ) -> list[bytes] | None:
+    """A span's ``events`` entries (tag, length, message) of ``entries`` laid out as
+    tokenpath's stage entries, ``(key0, value, key1, key2, time in ns)``: each the event
+    of ``templates[(id(key0), id(key1), id(key2))]`` (:func:`event_template`) with that
+    time and float value: the bytes of an SDK event with those attributes, nothing
+    dropped. None if a template is missing (the caller adds it and asks again)."""
+    out: list[bytes] = []
+    for key0, value, key1, key2, timestamp in entries:
+        template = templates.get((id(key0), id(key1), id(key2)))
+        if template is None:
+            return None
+        head, tail = template
+        payload = _EMPTY.join((
+            _EVENT_TIME if timestamp else _EMPTY,
+            timestamp.to_bytes(8, "little") if timestamp else _EMPTY,
+            head, _pack_double(float(value)), tail,
+        ))
+        out.append(_SPAN_EVENTS + _varint(len(payload)) + payload)
+    return out
 
 
 def _resource(resource: Any) -> bytes:

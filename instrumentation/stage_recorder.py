@@ -42,7 +42,6 @@ logger = logging.getLogger(__name__)
 
 # (stage, seconds, phase, provenance, end time in ns since the epoch)
 StageEntry = tuple[StageId, float, Phase | None, Provenance | None, int]
-StageKey = tuple[StageId, Phase | None, Provenance | None]  # what a stage event names
 
 
 def stage_event_attributes(
