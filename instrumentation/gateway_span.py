@@ -52,18 +52,20 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.otlp_encoder import (
     EncodedSpan,
-    encode_span_fields,
+    EventTemplate,
+    TemplateKey,
+    encode_plain_span,
     event_template,
-    timed_double_events,
 )
 from tokenpath.instrumentation.otlp_exporter import TokenpathBatchSpanProcessor
 from tokenpath.instrumentation.safety import telemetry_errors
-from tokenpath.instrumentation.span_attributes import plain_attributes, set_span_attributes
+from tokenpath.instrumentation.span_attributes import set_span_attributes
 from tokenpath.instrumentation.stage_recorder import (
     StageEntry,
     stage_event_attributes,
     write_stage_events,
 )
+from tokenpath.stages import Phase, Provenance, StageId
 
 logger = logging.getLogger(__name__)
 
@@ -290,20 +292,24 @@ class GatewaySpan(trace.Span):
         """The span's ``Span`` message, or None where the SDK's limits would apply."""
         try:
             limits = self._writer._tracer._span_limits
-            attributes = dict(self._start_attributes)
-            for key in end_attributes:  # the SDK moves a key set again to the end
-                attributes.pop(key, None)
-            attributes.update(end_attributes)
+            start = self._start_attributes
+            attributes: tuple[Mapping[str, Any], ...] = (start, end_attributes)
+            count = len(start) + len(end_attributes)
+            if start and not start.keys().isdisjoint(end_attributes):
+                merged = dict(start)  # the SDK moves a key set again to the end
+                for key in end_attributes:
+                    merged.pop(key, None)
+                merged.update(end_attributes)
+                attributes, count = (merged,), len(merged)
             max_attributes, max_events = limits.max_span_attributes, limits.max_events
-            if ((max_attributes is not None and len(attributes) > max_attributes)
-                    or (max_events is not None and len(stages) > max_events)
-                    or not plain_attributes(attributes, limits.max_span_attribute_length)):
+            if ((max_attributes is not None and count > max_attributes)
+                    or (max_events is not None and len(stages) > max_events)):
                 return None
-            events = _stage_events(stages)
             assert self._end_time is not None
-            return encode_span_fields(
+            return encode_plain_span(
                 self._context, self._parent, self._name, self._kind, self._start_time,
-                self._end_time, attributes, events, _ERROR_STATUS if error else _UNSET_STATUS)
+                self._end_time, attributes, limits.max_span_attribute_length, stages,
+                _stage_templates, _stage_template, _ERROR_STATUS if error else _UNSET_STATUS)
         except Exception as exc:
             telemetry_errors.count("gateway_span.encode", exc)
             return None
@@ -311,27 +317,22 @@ class GatewaySpan(trace.Span):
 
 # A stage event's fields but its time and seconds, encoded once per stage, phase and
 # provenance (15 x 3 x 3 at most; otlp_encoder.event_template). Keyed by the members'
-# identities, as timed_double_events looks them up (an Enum member hashes through
-# Python code); the members live as long as their classes.
-_stage_templates: dict[tuple[int, int, int], tuple[bytes, bytes]] = {}
+# identities, as encode_plain_span looks them up (an Enum member hashes through Python
+# code); the members live as long as their classes.
+_stage_templates: dict[TemplateKey, EventTemplate] = {}
 
 
-def _stage_events(stages: Sequence[StageEntry]) -> list[bytes]:
-    """The ``events`` entries of the stages: ``stage_event_attributes`` in its order."""
-    while True:
-        events = timed_double_events(stages, _stage_templates)
-        if events is not None:
-            return events
-        for stage, _, phase, provenance, _ in stages:
-            key = (id(stage), id(phase), id(provenance))
-            if key not in _stage_templates:
-                attributes = stage_event_attributes(stage, 0.0, phase, provenance)
-                keys = list(attributes)
-                if keys[:2] != [attr.STAGE, attr.STAGE_SECONDS]:  # pragma: no cover
-                    raise ValueError("stage event attributes do not start with stage, seconds")
-                _stage_templates[key] = event_template(
-                    attr.STAGE_EVENT, {attr.STAGE: attributes[attr.STAGE]}, attr.STAGE_SECONDS,
-                    {key: attributes[key] for key in keys[2:]})
+def _stage_template(stage: StageId, phase: Phase | None,
+                    provenance: Provenance | None) -> EventTemplate:
+    """The template of a stage's events: ``stage_event_attributes`` in its order."""
+    attributes = stage_event_attributes(stage, 0.0, phase, provenance)
+    keys = list(attributes)
+    if keys[:2] != [attr.STAGE, attr.STAGE_SECONDS]:  # pragma: no cover - the contract
+        raise ValueError("stage event attributes do not start with stage, seconds")
+    template = _stage_templates[(id(stage), id(phase), id(provenance))] = event_template(
+        attr.STAGE_EVENT, {attr.STAGE: attributes[attr.STAGE]}, attr.STAGE_SECONDS,
+        {key: attributes[key] for key in keys[2:]})
+    return template
 
 
 class _EndedSpan(trace.NonRecordingSpan):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,8 @@ _FLAG_IS_REMOTE: Final = 0x200
 # emptied when it grows past this many keys (and the span and event name caches past
 # this many names), so that a stream of unique keys cannot grow it without bound; keys
 # longer than CACHED_KEY_CHARS are encoded each time. So the caches hold at most 1,024
-# keys of up to 128 characters with up to 32 values each of up to 64. They are shared
+# keys of up to 128 characters with up to 32 string values each of up to 64 characters
+# and 32 int values. They are shared
 # by every thread that encodes; each read and write is one dictionary operation under
 # the interpreter lock, and a key encoded twice by a race is encoded the same.
 KEY_CACHE_LIMIT: Final = 1024
@@ -60,6 +61,7 @@ CACHED_KEY_CHARS: Final = 128
 
 _ONE_BYTE: Final[tuple[bytes, ...]] = tuple(bytes((n,)) for n in range(128))
 _pack_double = struct.Struct("<d").pack
+_pack_fixed64 = struct.Struct("<Q").pack
 
 
 def _tag(field: int, wire_type: int) -> bytes:
@@ -152,9 +154,9 @@ _DOUBLE_VALUE: Final = _varint(9) + _tag(4, _FIXED64)  # AnyValue{double_value},
 class _KeyCodes:
     """The encoded forms of one attribute key: its ``KeyValue.key`` field, the start of
     its ``KeyValue`` for a double value (a fixed length), and its short string values'
-    whole ``KeyValue`` messages (length-prefixed)."""
+    whole ``KeyValue`` messages (length-prefixed), and its int values' likewise."""
 
-    __slots__ = ("double_start", "prefix", "strings")
+    __slots__ = ("double_start", "ints", "prefix", "strings")
 
     def __init__(self, key: str) -> None:
         raw = key.encode("utf-8")
@@ -163,6 +165,7 @@ class _KeyCodes:
         start = self.prefix + _KEY_VALUE_VALUE + _DOUBLE_VALUE
         self.double_start: bytes = _varint(len(start) + 8) + start
         self.strings: dict[str, bytes] = {}
+        self.ints: dict[int, bytes] = {}  # the same for int values (counts, codes repeat)
 
 
 _key_codes: dict[str, _KeyCodes] = {}
@@ -241,12 +244,29 @@ def _append_attributes(out: list[bytes], tag: bytes,
                 out.append(tag)
                 out.append(field)
                 continue
+            if type(value) is int:
+                field = _int_field(codes, value)  # raises before anything is appended
+                out.append(tag)
+                out.append(field)
+                continue
             kv = _key_value(codes, value)
             out.append(tag)
             out.append(_varint(len(kv)))
             out.append(kv)
         except (UnencodableValue, UnicodeError, TypeError, ValueError, AttributeError) as exc:
             logger.error("tokenpath: OTLP encoding drops attribute %r: %s", key, exc)
+
+
+def _int_field(codes: _KeyCodes, value: int) -> bytes:
+    """The length-prefixed ``KeyValue`` of an int value (kept for up to
+    CACHED_STRINGS_PER_KEY values a key); raises UnencodableValue outside int64."""
+    field = codes.ints.get(value)
+    if field is None:
+        kv = _key_value(codes, value)
+        field = _varint(len(kv)) + kv
+        if len(codes.ints) < CACHED_STRINGS_PER_KEY:
+            codes.ints[value] = field
+    return field
 
 
 def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
@@ -337,7 +357,7 @@ def _status(status: Any) -> bytes:
     if status is None:
         return _EMPTY
     payload = _string(_STATUS_MESSAGE, status.description or "") + _uint(
-        _STATUS_CODE, status.status_code.value)
+        _STATUS_CODE, status.status_code._value_)  # an Enum's value without its descriptor
     return _length_delimited(_SPAN_STATUS, payload)
 
 
@@ -354,7 +374,7 @@ def _span_head(context: Any, parent: Any, name: str, kind: Any, start_time: int 
         parts.append(parent.span_id.to_bytes(8, "big"))
     parts.append(_name(_span_names, _SPAN_NAME, name))
     parts.append(_SPAN_KIND)
-    parts.append(_varint(kind.value + 1))  # the SDK's SpanKind is OTLP's minus one
+    parts.append(_varint(kind._value_ + 1))  # the SDK's SpanKind is OTLP's minus one
     parts.append(_fixed64(_SPAN_START, start_time))
     parts.append(_fixed64(_SPAN_END, end_time))
     _append_attributes(parts, _SPAN_ATTRIBUTES, attributes)
@@ -382,53 +402,106 @@ def _span(span: Any) -> bytes:
     return _EMPTY.join(parts)
 
 
-def encode_span_fields(context: Any, parent: Any, name: str, kind: Any, start_time: int,
-                       end_time: int, attributes: Mapping[str, Any], events: Sequence[bytes],
-                       status: Any) -> bytes:
+def _append_plain_attributes(out: list[bytes], attributes: Mapping[str, Any],
+                             max_value_length: int | None) -> bool:
+    """Append a span's attribute fields of ``attributes`` if each is one the SDK keeps as
+    it is (a non-empty ``str`` key; a ``str`` within ``max_value_length``, ``bool``,
+    ``int`` in int64 or ``float`` value); False, part written, at the first that is not."""
+    for key, value in attributes.items():
+        if type(key) is not str or not key:
+            return False
+        codes = _codes(key)
+        kind = type(value)
+        if kind is float:
+            out.append(_SPAN_ATTRIBUTES)
+            out.append(codes.double_start)
+            out.append(_pack_double(value))
+            continue
+        if kind is str:
+            if max_value_length is not None and len(value) > max_value_length:
+                return False
+            if len(value) <= CACHED_STRING_CHARS:
+                field = codes.strings.get(value)
+                if field is None:
+                    kv = _key_value(codes, value)
+                    field = _varint(len(kv)) + kv
+                    if len(codes.strings) < CACHED_STRINGS_PER_KEY:
+                        codes.strings[value] = field
+                out.append(_SPAN_ATTRIBUTES)
+                out.append(field)
+                continue
+        elif kind is int:
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                return False
+            out.append(_SPAN_ATTRIBUTES)
+            out.append(_int_field(codes, value))
+            continue
+        elif kind is not bool:
+            return False
+        kv = _key_value(codes, value)
+        out.append(_SPAN_ATTRIBUTES)
+        out.append(_varint(len(kv)))
+        out.append(kv)
+    return True
+
+
+TemplateKey = tuple[int, int, int]
+EventTemplate = tuple[bytes, bytes, bytes]
+
+
+def encode_plain_span(context: Any, parent: Any, name: str, kind: Any, start_time: int,
+                      end_time: int, attributes: Sequence[Mapping[str, Any]],
+                      max_value_length: int | None,
+                      events: Sequence[tuple[Any, Any, Any, Any, int]],
+                      templates: dict[TemplateKey, EventTemplate],
+                      template_for: Callable[[Any, Any, Any], EventTemplate],
+                      status: Any) -> bytes | None:
     """One ``Span`` message (unprefixed) from its fields, for a span kept by its own
     writer (``gateway_span``): the bytes ``_span`` writes for an SDK span with these
-    fields, no links and nothing dropped. ``events`` are whole ``events`` entries
-    (:func:`event_entry`)."""
-    parts = _span_head(context, parent, name, kind, start_time, end_time, attributes)
-    parts.extend(events)
+    fields, no links and nothing dropped; None where the SDK would have changed an
+    attribute (see :func:`_append_plain_attributes`).
+
+    ``attributes``: mappings whose keys appear in no other, in the span's order.
+    ``events``: laid out as tokenpath's stage entries, ``(key0, value, key1, key2, time
+    in ns)``, each the event of the template (:func:`event_template`) ``templates[(id(
+    key0), id(key1), id(key2))]`` with that time and the float ``value``;
+    ``template_for(key0, key1, key2)`` adds a missing template and returns it."""
+    parts = _span_head(context, parent, name, kind, start_time, end_time, None)
+    for mapping in attributes:
+        if not _append_plain_attributes(parts, mapping, max_value_length):
+            return None
+    for key0, value, key1, key2, timestamp in events:
+        template = templates.get((id(key0), id(key1), id(key2)))
+        if template is None:
+            template = template_for(key0, key1, key2)
+        start, head, tail = template
+        if timestamp:
+            parts.append(start)  # tag, length and time tag: the entry's length is known
+            parts.append(_pack_fixed64(timestamp))
+        else:
+            parts.append(_SPAN_EVENTS)
+            parts.append(_varint(len(head) + 8 + len(tail)))
+        parts.append(head)
+        parts.append(_pack_double(float(value)))
+        parts.append(tail)
     parts.append(_status(status))
     parts.append(_flags(_SPAN_FLAGS, parent))
     return _EMPTY.join(parts)
 
 
 def event_template(name: str, head: Mapping[str, Any], double_key: str,
-                   tail: Mapping[str, Any]) -> tuple[bytes, bytes]:
-    """The fixed fields of events that differ only in their time and one float attribute:
-    the name, the ``head`` attributes and the field start of ``double_key``; then the
-    ``tail`` attributes. For :func:`timed_double_events`."""
+                   tail: Mapping[str, Any]) -> EventTemplate:
+    """The fixed parts of events that differ only in their time and one float attribute,
+    for :func:`encode_plain_span`: the start of an entry with a time (its tag, length and
+    time tag); the name, the ``head`` attributes and the field start of ``double_key``;
+    the ``tail`` attributes."""
     out: list[bytes] = [_name(_event_names, _EVENT_NAME, name)]
     _append_attributes(out, _EVENT_ATTRIBUTES, head)
     out.append(_EVENT_ATTRIBUTES)
     out.append(_codes(double_key).double_start)
-    return _EMPTY.join(out), _attributes(_EVENT_ATTRIBUTES, tail)
-
-
-def timed_double_events(entries: Sequence[tuple[Any, Any, Any, Any, int]],
-                        templates: Mapping[tuple[int, int, int], tuple[bytes, bytes]],
-                        ) -> list[bytes] | None:
-    """A span's ``events`` entries (tag, length, message) of ``entries`` laid out as
-    tokenpath's stage entries, ``(key0, value, key1, key2, time in ns)``: each the event
-    of ``templates[(id(key0), id(key1), id(key2))]`` (:func:`event_template`) with that
-    time and float value: the bytes of an SDK event with those attributes, nothing
-    dropped. None if a template is missing (the caller adds it and asks again)."""
-    out: list[bytes] = []
-    for key0, value, key1, key2, timestamp in entries:
-        template = templates.get((id(key0), id(key1), id(key2)))
-        if template is None:
-            return None
-        head, tail = template
-        payload = _EMPTY.join((
-            _EVENT_TIME if timestamp else _EMPTY,
-            timestamp.to_bytes(8, "little") if timestamp else _EMPTY,
-            head, _pack_double(float(value)), tail,
-        ))
-        out.append(_SPAN_EVENTS + _varint(len(payload)) + payload)
-    return out
+    fields, rest = _EMPTY.join(out), _attributes(_EVENT_ATTRIBUTES, tail)
+    size = len(_EVENT_TIME) + 8 + len(fields) + 8 + len(rest)
+    return _SPAN_EVENTS + _varint(size) + _EVENT_TIME, fields, rest
 
 
 def _resource(resource: Any) -> bytes:

@@ -29,7 +29,7 @@ from opentelemetry.trace import Span
 _PLAIN_TYPES = frozenset((str, bool, int, float))
 
 
-def plain_attributes(attributes: Mapping[str, Any], max_value_length: int | None) -> bool:
+def _plain(attributes: Mapping[str, Any], max_value_length: int | None) -> bool:
     """Whether the SDK's cleaning would return every key and value of ``attributes`` as is."""
     for key, value in attributes.items():
         if key.__class__ is not str or not key or value.__class__ not in _PLAIN_TYPES:
@@ -50,7 +50,7 @@ def set_span_attributes(span: Span, attributes: Mapping[str, Any]) -> None:
         span.set_attributes(attributes)
         return
     try:  # the container's internals as this SDK has them; another version: the public path
-        fast = not store._immutable and plain_attributes(attributes, store.max_value_len)
+        fast = not store._immutable and _plain(attributes, store.max_value_len)
         store_lock, values, maxlen = store._lock, store._dict, store.maxlen
     except AttributeError:
         fast = False

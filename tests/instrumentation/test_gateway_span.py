@@ -323,7 +323,7 @@ def test_an_encoding_failure_is_counted_and_the_sdk_span_exports_it(
     def broken(*args: object) -> bytes:
         raise RuntimeError("encoder bug")
 
-    monkeypatch.setattr(gateway_span, "encode_span_fields", broken)
+    monkeypatch.setattr(gateway_span, "encode_plain_span", broken)
     before = telemetry_errors.by_place().get("gateway_span.encode", 0)
     writer = GatewaySpanWriter.for_tracer(exporting.tracer)
     assert writer is not None
