@@ -118,9 +118,7 @@ class GatewayRequest:
     def own_seconds(self, now: float) -> float:
         """api_gateway: to the engine hand-off (or the end) minus the app-timed stages."""
         end = self._handoff if self._handoff is not None else now
-        timed = self.recorder.seconds(StageId.AUTH_RATELIMIT) + self.recorder.seconds(
-            StageId.ROUTER
-        )
+        timed = self.recorder.seconds(StageId.AUTH_RATELIMIT, StageId.ROUTER)
         if self._handoff is None:
             timed += self.write_seconds
         return max(0.0, end - self.started - timed)
@@ -215,10 +213,11 @@ class _TracedSend:
         self.status_code = 0
 
     async def __call__(self, message: Message) -> None:
-        body = message.get("body")
-        if not body or message.get("type") != _RESPONSE_BODY:
+        kind = message.get("type")
+        body = message.get("body") if kind == _RESPONSE_BODY else None
+        if not body:
             # headers, or an empty closing body: nothing to time or count
-            if message.get("type") == _RESPONSE_START:
+            if kind == _RESPONSE_START:
                 self.status_code = int(message.get("status", 0))
             await self._send(message)
             return

@@ -75,6 +75,9 @@ _TRACER_INTERNALS = ("_is_enabled", "_tracer_metrics", "_span_limits", "_instrum
 _UNSET_STATUS = Status(StatusCode.UNSET)
 _ERROR_STATUS = Status(StatusCode.ERROR)
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
+# the flags a span can start with, made once (TraceFlags is an int: one is as good as another)
+_TRACE_FLAGS = {flags: TraceFlags(flags) for flags in
+                {0, TraceFlags.SAMPLED, _RANDOM_TRACE_ID, TraceFlags.SAMPLED | _RANDOM_TRACE_ID}}
 
 
 def _sdk_span_takes_end_metrics() -> bool:
@@ -144,7 +147,7 @@ class GatewaySpanWriter:
         if random_id:
             flags |= _RANDOM_TRACE_ID
         span_context = SpanContext(trace_id, id_generator.generate_span_id(), is_remote=False,
-                                   trace_flags=TraceFlags(flags),
+                                   trace_flags=_TRACE_FLAGS.get(flags) or TraceFlags(flags),
                                    trace_state=sampled.trace_state)
         end_metrics = tracer._tracer_metrics.start_span(parent, sampled.decision)
         if not decision.is_recording():

@@ -92,9 +92,13 @@ class StageRecorder:
     def entries(self) -> list[StageEntry]:
         return list(self._entries)
 
-    def seconds(self, stage: StageId) -> float:
-        """Total recorded seconds of ``stage`` so far (all phases)."""
-        return sum(entry[1] for entry in self._entries if entry[0] is stage)
+    def seconds(self, *stages: StageId) -> float:
+        """Total recorded seconds of ``stages`` so far (all phases)."""
+        total = 0.0
+        for entry in self._entries:
+            if entry[0] in stages:
+                total += entry[1]
+        return total
 
     def take_entries(self) -> list[StageEntry]:
         """The recorded entries, for a span that writes them itself; a later
