@@ -212,15 +212,18 @@ class _TracedSend:
         self._link = link
         self.status_code = 0
 
-    async def __call__(self, message: Message) -> None:
+    def __call__(self, message: Message) -> Awaitable[None]:
         kind = message.get("type")
         body = message.get("body") if kind == _RESPONSE_BODY else None
         if not body:
-            # headers, or an empty closing body: nothing to time or count
+            # headers, or an empty closing body: nothing to time or count, so the server's
+            # own send is what the app awaits (no coroutine of ours around it)
             if kind == _RESPONSE_START:
                 self.status_code = int(message.get("status", 0))
-            await self._send(message)
-            return
+            return self._send(message)
+        return self._timed(message, body)
+
+    async def _timed(self, message: Message, body: bytes) -> None:
         t0 = time.perf_counter()
         await self._send(message)
         t1 = time.perf_counter()
@@ -321,19 +324,18 @@ class TokenpathGatewayMiddleware:
             recorder = request.recorder
             link = self.config.link
             now_ns = time.time_ns()
-            recorder.record(StageId.API_GATEWAY, request.own_seconds(now),
-                            end_ns=now_ns if request.handoff_ns is None else request.handoff_ns)
-            last_write = request.last_write
-            recorder.record(StageId.RESPONSE_PATH, request.write_seconds,
-                            end_ns=now_ns if last_write is None
-                            else now_ns - round((now - last_write) * 1e9))
-            network = derive_network_stages(request.tally, link)
-            recorder.record(StageId.SWITCH_HOP, network.switch_hop_seconds,
-                            provenance=Provenance.DERIVED, end_ns=now_ns)
-            recorder.record(StageId.NIC_TX, network.nic_tx_seconds, provenance=Provenance.DERIVED,
-                            end_ns=now_ns)
-            recorder.record(StageId.ETHERNET_SERIALIZE, network.ethernet_serialize_seconds,
-                            provenance=Provenance.DERIVED, end_ns=now_ns)
+            handoff_ns, last_write = request.handoff_ns, request.last_write
+            switch_hop, nic_tx, ethernet = derive_network_stages(request.tally, link)
+            derived = Provenance.DERIVED
+            recorder.record_all((
+                (StageId.API_GATEWAY, request.own_seconds(now), None, None,
+                 now_ns if handoff_ns is None else handoff_ns),
+                (StageId.RESPONSE_PATH, request.write_seconds, None, None,
+                 now_ns if last_write is None else now_ns - round((now - last_write) * 1e9)),
+                (StageId.SWITCH_HOP, switch_hop, None, derived, now_ns),
+                (StageId.NIC_TX, nic_tx, None, derived, now_ns),
+                (StageId.ETHERNET_SERIALIZE, ethernet, None, derived, now_ns),
+            ))
             span = request.span
             tally = request.tally
             extra = request.extra

@@ -22,6 +22,7 @@ module only needs what a gateway sees.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tokenpath.config import ConfigError
 
@@ -82,8 +83,7 @@ class ResponseTally:
         self.overhead_bytes += packets * PACKET_OVERHEAD_BYTES
 
 
-@dataclass(frozen=True, slots=True)
-class NetworkStages:
+class NetworkStages(NamedTuple):  # made once a request: a tuple is the cheapest record
     switch_hop_seconds: float
     nic_tx_seconds: float
     ethernet_serialize_seconds: float

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -78,6 +78,10 @@ class StageRecorder:
         self._entries.append(
             (stage, seconds, phase, provenance, end_ns if end_ns is not None else time.time_ns())
         )
+
+    def record_all(self, entries: Iterable[StageEntry]) -> None:
+        """:meth:`record` for several entries made by the caller."""
+        self._entries.extend(entries)
 
     @contextmanager
     def stage(self, stage: StageId, phase: Phase | None = None) -> Iterator[None]:
