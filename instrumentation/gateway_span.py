@@ -93,13 +93,14 @@ _SDK_SPAN_FITS = _sdk_span_takes_end_metrics()
 class GatewaySpanWriter:
     """Starts the gateway's spans on one SDK tracer (see the module docstring)."""
 
-    __slots__ = ("_processor", "_processors", "_seen", "_tracer")
+    __slots__ = ("_processors", "_state", "_tracer")
 
     def __init__(self, tracer: Tracer, processors: SynchronousMultiSpanProcessor) -> None:
         self._tracer = tracer
         self._processors = processors
-        self._seen: object = None
-        self._processor: TokenpathBatchSpanProcessor | None = None
+        # (the processors tuple last seen, the processor to queue on with it): one
+        # attribute, so that a thread never pairs one tuple with another's processor
+        self._state: tuple[object, TokenpathBatchSpanProcessor | None] = (None, None)
 
     @classmethod
     def for_tracer(cls, tracer: Any) -> GatewaySpanWriter | None:
@@ -115,12 +116,13 @@ class GatewaySpanWriter:
     def processor(self) -> TokenpathBatchSpanProcessor | None:
         """The processor to queue on, while it is the provider's only one."""
         current = getattr(self._processors, "_span_processors", None)
-        if current is not self._seen:  # the tuple is replaced when a processor is added
-            self._seen = current
+        seen, processor = self._state
+        if current is not seen:  # the tuple is replaced when a processor is added
             only = current[0] if isinstance(current, tuple) and len(current) == 1 else None
-            self._processor = (only if type(only) is TokenpathBatchSpanProcessor
-                               and only.encodes_at_end else None)
-        return self._processor
+            processor = (only if type(only) is TokenpathBatchSpanProcessor
+                         and only.encodes_at_end else None)
+            self._state = (current, processor)
+        return processor
 
     def start_span(self, name: str, context: otel_context.Context | None,
                    kind: SpanKind, attributes: Mapping[str, Any],

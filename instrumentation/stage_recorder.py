@@ -105,8 +105,10 @@ class StageRecorder:
         return total
 
     def take_entries(self) -> list[StageEntry]:
-        """The recorded entries, for a span that writes them itself; a later
-        :meth:`flush` writes nothing."""
+        """The recorded entries, for a span that writes them itself, as :meth:`flush`
+        would write them: none once flushed; a later :meth:`flush` writes nothing."""
+        if self._flushed:
+            return []
         self._flushed = True
         return self._entries
 

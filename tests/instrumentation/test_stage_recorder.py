@@ -19,6 +19,24 @@ def sink() -> SpanSink:
     return SpanSink()
 
 
+def test_taken_entries_are_the_ones_a_flush_would_write_once(sink: SpanSink) -> None:
+    span = sink.provider.get_tracer("t").start_span("request")
+    recorder = StageRecorder(span)
+    recorder.record(StageId.ROUTER, 0.5, end_ns=7)
+    recorder.record_all([(StageId.AUTH_RATELIMIT, 0.25, None, None, 8),
+                         (StageId.ROUTER, 0.125, None, Provenance.DERIVED, 9)])
+    assert recorder.seconds(StageId.ROUTER) == 0.625
+    assert recorder.seconds(StageId.ROUTER, StageId.AUTH_RATELIMIT) == 0.875
+    assert recorder.seconds(StageId.NIC_TX) == 0.0
+    taken = recorder.take_entries()
+    assert [entry[0] for entry in taken] == [StageId.ROUTER, StageId.AUTH_RATELIMIT,
+                                             StageId.ROUTER]
+    assert recorder.take_entries() == []  # once, as a flush writes once
+    recorder.flush()  # nothing more: the taker writes them
+    span.end()
+    assert list(stage_entries(sink.spans())) == []
+
+
 def test_recorder_writes_one_stage_event_per_record_on_one_span(sink: SpanSink) -> None:
     span = sink.provider.get_tracer("t").start_span("request")
     recorder = StageRecorder(span)
