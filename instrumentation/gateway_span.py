@@ -2,20 +2,21 @@
 
 On the OpenTelemetry SDK a span costs the gateway an SDK ``Span`` (a lock, bounded
 attribute, event and link containers), an ``Event`` object and attribute mapping per
-stage event, a ``ReadableSpan`` at the end, and then the encoding of all of it: about a
-third of what the shim costs a request (docs/performance.md, eighth A5 run). Yet the
+stage event, a ``ReadableSpan`` at the end, and then the encoding of all of it: about
+half of what the shim cost a request (docs/performance.md, eighth A5 run). Yet the
 shim writes a fixed kind of span: the sampler's attributes, its own plain attributes at
 the end, its stage events, an error status or none. :class:`GatewaySpanWriter` starts
 that span as the SDK ``Tracer.start_span`` does (the tracer's enabled state, its
 sampler, id generator and self-metrics, the same ``SpanContext``), and keeps only
 those fields; at the end it writes the span's OTLP ``Span`` message itself
-(``otlp_encoder.encode_span_fields``: the bytes the SDK span would have been encoded
+(``otlp_encoder.encode_plain_span``: the bytes the SDK span would have been encoded
 to) and queues it on the exporting processor.
 
 It does so only where nothing else can see the difference:
 
 - the tracer is the SDK's, with the internals of the SDK version this was written
-  against (1.4x: ``_is_enabled``, ``_tracer_metrics``, ``_span_limits``), and its
+  against (1.4x: ``_is_enabled``, ``_tracer_metrics``, ``_span_limits``,
+  ``_instrumentation_scope``, and ``record_end_metrics`` on its ``_Span``), and its
   provider's only span processor is a :class:`TokenpathBatchSpanProcessor` in front of
   tokenpath's OTLP exporter (what the demo, the docs and ``tokenpath`` set up). Another
   processor, exporter or SDK: the SDK span, as before. A processor added later is seen
@@ -26,9 +27,11 @@ It does so only where nothing else can see the difference:
   and attributes), which from then on is the span, ended and exported by the SDK;
 - at the end, attributes beyond the span's attribute limits or value length, or more
   stage events than its event limit, take the SDK span too, so limits and drop counts
-  are the SDK's own; so does a failure to encode (counted in ``telemetry_errors``).
+  are the SDK's own; so does a failure to encode (counted in ``telemetry_errors``);
+- a sampler's "record only" decision: the span records and is never exported, as the
+  SDK's batch processor drops unsampled spans.
 
-The tests drive the shim both ways and compare the export bytes
+``GatewayConfig(direct_span_writing=False)`` turns the writer off. The tests drive the shim both ways and compare the export bytes
 (tests/instrumentation/test_gateway_span.py).
 """
 

@@ -235,12 +235,7 @@ def _append_attributes(out: list[bytes], tag: bytes,
                 out.append(_pack_double(value))
                 continue
             if type(value) is str and len(value) <= CACHED_STRING_CHARS:
-                field = codes.strings.get(value)
-                if field is None:
-                    kv = _key_value(codes, value)
-                    field = _varint(len(kv)) + kv
-                    if len(codes.strings) < CACHED_STRINGS_PER_KEY:
-                        codes.strings[value] = field
+                field = _short_string_field(codes, value)
                 out.append(tag)
                 out.append(field)
                 continue
@@ -255,6 +250,19 @@ def _append_attributes(out: list[bytes], tag: bytes,
             out.append(kv)
         except (UnencodableValue, UnicodeError, TypeError, ValueError, AttributeError) as exc:
             logger.error("tokenpath: OTLP encoding drops attribute %r: %s", key, exc)
+
+
+def _short_string_field(codes: _KeyCodes, value: str) -> bytes:
+    """The length-prefixed ``KeyValue`` of a string value of at most CACHED_STRING_CHARS
+    (kept for up to CACHED_STRINGS_PER_KEY values a key); raises UnicodeError for one
+    that is not valid Unicode."""
+    field = codes.strings.get(value)
+    if field is None:
+        kv = _key_value(codes, value)
+        field = _varint(len(kv)) + kv
+        if len(codes.strings) < CACHED_STRINGS_PER_KEY:
+            codes.strings[value] = field
+    return field
 
 
 def _int_field(codes: _KeyCodes, value: int) -> bytes:
@@ -421,14 +429,8 @@ def _append_plain_attributes(out: list[bytes], attributes: Mapping[str, Any],
             if max_value_length is not None and len(value) > max_value_length:
                 return False
             if len(value) <= CACHED_STRING_CHARS:
-                field = codes.strings.get(value)
-                if field is None:
-                    kv = _key_value(codes, value)
-                    field = _varint(len(kv)) + kv
-                    if len(codes.strings) < CACHED_STRINGS_PER_KEY:
-                        codes.strings[value] = field
                 out.append(_SPAN_ATTRIBUTES)
-                out.append(field)
+                out.append(_short_string_field(codes, value))
                 continue
         elif kind is int:
             if not _INT64_MIN <= value <= _INT64_MAX:
