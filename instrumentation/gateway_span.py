@@ -31,8 +31,8 @@ It does so only where nothing else can see the difference:
 - a sampler's "record only" decision: the span records and is never exported, as the
   SDK's batch processor drops unsampled spans.
 
-``GatewayConfig(direct_span_writing=False)`` turns the writer off. The tests drive the shim both ways and compare the export bytes
-(tests/instrumentation/test_gateway_span.py).
+``GatewayConfig(direct_span_writing=False)`` turns the writer off. The tests drive the
+shim both ways and compare the export bytes (tests/instrumentation/test_gateway_span.py).
 """
 
 from __future__ import annotations
