@@ -235,12 +235,12 @@ def _append_attributes(out: list[bytes], tag: bytes,
                 out.append(_pack_double(value))
                 continue
             if type(value) is str and len(value) <= CACHED_STRING_CHARS:
-                field = _short_string_field(codes, value)
+                field = _kept_field(codes, codes.strings, value)
                 out.append(tag)
                 out.append(field)
                 continue
             if type(value) is int:
-                field = _int_field(codes, value)  # raises before anything is appended
+                field = _kept_field(codes, codes.ints, value)  # raises before anything is appended
                 out.append(tag)
                 out.append(field)
                 continue
@@ -252,28 +252,17 @@ def _append_attributes(out: list[bytes], tag: bytes,
             logger.error("tokenpath: OTLP encoding drops attribute %r: %s", key, exc)
 
 
-def _short_string_field(codes: _KeyCodes, value: str) -> bytes:
-    """The length-prefixed ``KeyValue`` of a string value of at most CACHED_STRING_CHARS
-    (kept for up to CACHED_STRINGS_PER_KEY values a key); raises UnicodeError for one
-    that is not valid Unicode."""
-    field = codes.strings.get(value)
+def _kept_field(codes: _KeyCodes, cache: dict[Any, bytes], value: Any) -> bytes:
+    """The length-prefixed ``KeyValue`` of ``value`` under ``codes``' key, kept in
+    ``cache`` (its ``strings`` for short strings, ``ints`` for ints) for up to
+    CACHED_STRINGS_PER_KEY values; raises as ``_any_value`` does (UnicodeError for a
+    string that is not valid Unicode, UnencodableValue for an int outside int64)."""
+    field = cache.get(value)
     if field is None:
         kv = _key_value(codes, value)
         field = _varint(len(kv)) + kv
-        if len(codes.strings) < CACHED_STRINGS_PER_KEY:
-            codes.strings[value] = field
-    return field
-
-
-def _int_field(codes: _KeyCodes, value: int) -> bytes:
-    """The length-prefixed ``KeyValue`` of an int value (kept for up to
-    CACHED_STRINGS_PER_KEY values a key); raises UnencodableValue outside int64."""
-    field = codes.ints.get(value)
-    if field is None:
-        kv = _key_value(codes, value)
-        field = _varint(len(kv)) + kv
-        if len(codes.ints) < CACHED_STRINGS_PER_KEY:
-            codes.ints[value] = field
+        if len(cache) < CACHED_STRINGS_PER_KEY:
+            cache[value] = field
     return field
 
 
@@ -430,13 +419,13 @@ def _append_plain_attributes(out: list[bytes], attributes: Mapping[str, Any],
                 return False
             if len(value) <= CACHED_STRING_CHARS:
                 out.append(_SPAN_ATTRIBUTES)
-                out.append(_short_string_field(codes, value))
+                out.append(_kept_field(codes, codes.strings, value))
                 continue
         elif kind is int:
             if not _INT64_MIN <= value <= _INT64_MAX:
                 return False
             out.append(_SPAN_ATTRIBUTES)
-            out.append(_int_field(codes, value))
+            out.append(_kept_field(codes, codes.ints, value))
             continue
         elif kind is not bool:
             return False
