@@ -202,30 +202,46 @@ class _TracedSend:
     Runs for every chunk of a stream, so it does as little as it can (measured per chunk
     in docs/performance.md); the wall clock of the last write is taken at the end. One
     object a request, where a closure over the same state was nine the garbage collector
-    tracks while the request runs."""
+    tracks while the request runs.
 
-    __slots__ = ("_link", "_request", "_send", "status_code")
+    The response's last message goes to the server outside the request's context: the
+    server completes its response cycle in that call (uvicorn schedules the connection's
+    keep-alive timeout there), and a callback scheduled then keeps a copy of the context
+    it was scheduled in. Inside the request's context that copy would hold the request,
+    its span and its stage entries as long as the timer lives (a cancelled one stays in
+    the event loop's heap until purged, for up to the keep-alive timeout), for every
+    request served on a kept-alive connection (docs/performance.md, ninth A5 run)."""
 
-    def __init__(self, request: GatewayRequest, send: Send, link: LinkModel) -> None:
+    __slots__ = ("_link", "_outer", "_request", "_send", "status_code")
+
+    def __init__(self, request: GatewayRequest, send: Send, link: LinkModel,
+                 outer: tuple[otel_context.Context, GatewayRequest | None]) -> None:
         self._request = request
         self._send = send
         self._link = link
+        self._outer = outer  # the OpenTelemetry context and gateway request around this one
         self.status_code = 0
 
     def __call__(self, message: Message) -> Awaitable[None]:
         kind = message.get("type")
         body = message.get("body") if kind == _RESPONSE_BODY else None
         if not body:
-            # headers, or an empty closing body: nothing to time or count, so the server's
-            # own send is what the app awaits (no coroutine of ours around it)
             if kind == _RESPONSE_START:
                 self.status_code = int(message.get("status", 0))
+            elif kind == _RESPONSE_BODY and not message.get("more_body", False):
+                return self._last(message)
+            # headers, or an empty body that is not the last: nothing to time or count,
+            # so the server's own send is what the app awaits (no coroutine of ours)
             return self._send(message)
         return self._timed(message, body)
 
     async def _timed(self, message: Message, body: bytes) -> None:
+        last = not message.get("more_body", False)
         t0 = time.perf_counter()
-        await self._send(message)
+        if last:
+            await self._last(message)
+        else:
+            await self._send(message)
         t1 = time.perf_counter()
         try:
             request = self._request
@@ -236,6 +252,25 @@ class _TracedSend:
             request.tally.add_chunk(len(body), self._link)
         except Exception as exc:
             telemetry_errors.count("gateway.send", exc)
+
+    async def _last(self, message: Message) -> None:
+        """The server's send of the last message, in the context around the request."""
+        outside: tuple[contextvars.Token[Any], contextvars.Token[otel_context.Context]] | None
+        try:
+            context, request = self._outer
+            outside = (_current.set(request), otel_context.attach(context))
+        except Exception as exc:
+            telemetry_errors.count("gateway.send_outside", exc)
+            outside = None
+        try:
+            await self._send(message)
+        finally:
+            if outside is not None:
+                try:
+                    otel_context.detach(outside[1])
+                    _current.reset(outside[0])
+                except Exception as exc:
+                    telemetry_errors.count("gateway.send_outside", exc)
 
 
 class TokenpathGatewayMiddleware:
@@ -259,12 +294,13 @@ class TokenpathGatewayMiddleware:
         if scope.get("type") != "http" or scope.get("path") in self.config.excluded_paths:
             await self.app(scope, receive, send)
             return
+        outer = (otel_context.get_current(), _current.get())
         started = self._start(scope)
         if started is None:
             await self.app(scope, receive, send)
             return
         request, token, context_token = started
-        traced_send = _TracedSend(request, send, self.config.link)
+        traced_send = _TracedSend(request, send, self.config.link, outer)
         failed = False
         try:
             await self.app(scope, receive, traced_send)

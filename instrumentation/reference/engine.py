@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import time
 import uuid
@@ -190,7 +191,10 @@ class SimulatedEngine:
     def _ensure_loop(self) -> None:
         if self._loop_task is None or self._loop_task.done():
             self._wake = asyncio.Event()
-            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+            # in a context of its own: started by a request, it serves every request, and
+            # would otherwise keep that request's context (its span) as long as it runs
+            self._loop_task = contextvars.Context().run(
+                asyncio.get_running_loop().create_task, self._run())
 
     async def _run(self) -> None:
         assert self._wake is not None
