@@ -40,6 +40,7 @@ from tokenpath.instrumentation.gateway import (
     mark_engine_handoff,
     trace_headers,
 )
+from tokenpath.instrumentation.gateway_span import GatewaySpanWriter
 from tokenpath.instrumentation.otlp_exporter import (
     TokenpathBatchSpanProcessor,
     TokenpathOTLPSpanExporter,
@@ -120,8 +121,12 @@ def provider(request: pytest.FixtureRequest) -> Iterator[TracerProvider]:
     receiver = OtlpHttpReceiver()
     written = TracerProvider(shutdown_on_exit=False)
     written.add_span_processor(TokenpathBatchSpanProcessor(
-        TokenpathOTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces")))
+        TokenpathOTLPSpanExporter(endpoint=receiver.url)))
+    writer = GatewaySpanWriter.for_tracer(written.get_tracer("test"))
+    assert writer is not None and writer.processor() is not None  # the shim writes its span
     yield written
+    assert written.force_flush()
+    assert receiver.bodies  # the written spans went out
     written.shutdown()
     receiver.close()
 
