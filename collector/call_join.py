@@ -40,7 +40,7 @@ from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.pipeline import IdleCost, RecordSink
 from tokenpath.records import RequestRecord, StageTiming
-from tokenpath.stages import Provenance, StageId
+from tokenpath.stages import CLIENT_DECODE, CLIENT_TOKENIZE, DERIVED, StageId
 
 DEFAULT_WAIT_SECONDS = 10.0  # two OTLP batch delays (5 s each by default) apart
 DEFAULT_ACTIVE_SECONDS = 600.0
@@ -99,10 +99,10 @@ def add_client_gaps(stages: dict[StageId, StageTiming], client_start: float,
     client_decode from the serving side's end to the client's. Both hold the wire time
     too; across hosts they hold the clocks' skew, and a negative gap is 0. A stage the
     record already has (a client shim measured it) is kept."""
-    for stage, seconds in ((StageId.CLIENT_TOKENIZE, serving_start - client_start),
-                           (StageId.CLIENT_DECODE, client_end - serving_end)):
+    for stage, seconds in ((CLIENT_TOKENIZE, serving_start - client_start),
+                           (CLIENT_DECODE, client_end - serving_end)):
         if stage not in stages:
-            stages[stage] = StageTiming(stage, max(0.0, seconds), Provenance.DERIVED)
+            stages[stage] = StageTiming(stage, max(0.0, seconds), DERIVED)
 
 
 def merge_outer(inner: RequestRecord, outer: RequestRecord) -> RequestRecord:

@@ -61,9 +61,22 @@ from tokenpath.collector.stats import CollectorStats
 from tokenpath.identity import ENGINE_KEYS, NODE_KEYS, identity_from
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.stages import (
+    API_GATEWAY,
+    AUTH_RATELIMIT,
+    DECODE,
+    DERIVED,
+    GPU_DISPATCH,
+    HBM_LOAD,
+    KERNEL_EXEC,
+    KV_TRANSFER,
+    MEASURED,
+    MODELED,
     PHASE_BY_VALUE,
+    PREFILL,
     PROVENANCE_BY_VALUE,
     PROVENANCE_RANK,
+    ROUTER,
+    SCHEDULER_QUEUE,
     STAGE_BY_VALUE,
     Phase,
     Provenance,
@@ -216,7 +229,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     stage_of = STAGE_BY_VALUE.get
     phase_of = PHASE_BY_VALUE.get
     provenance_of = PROVENANCE_BY_VALUE.get
-    measured = Provenance.MEASURED
+    measured = MEASURED
     stage_event = A.STAGE_EVENT
     upstream = _outermost_upstream(spans)
     for span in spans:
@@ -227,7 +240,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
         if named:
             stage = NAMED_STAGE_SPANS[span.name]
         elif stage is None and span.name in KV_TRANSFER_SPANS:  # P/D: the KV on the wire
-            stage, phase = KV_TRANSFER_SPANS[span.name], Phase.KV_TRANSFER
+            stage, phase = KV_TRANSFER_SPANS[span.name], KV_TRANSFER
         if stage is not None:  # decoding keeps end >= start; add() clamps at 0 anyway
             seconds = (span.end_unix_nano - span.start_unix_nano) / 1e9
             if named and upstream and span.name in LITELLM_SERVICE_SPANS:
@@ -393,8 +406,8 @@ def _map_engine(record: RequestRecord, acc: _StageAccumulator,
             have_decode = True
     if have_queue:  # an engine that did not say is not a measured 0 s
         record.queue_seconds = queue
-        if StageId.SCHEDULER_QUEUE not in acc.stages:
-            acc.add(StageId.SCHEDULER_QUEUE, queue, Provenance.MEASURED)
+        if SCHEDULER_QUEUE not in acc.stages:
+            acc.add(SCHEDULER_QUEUE, queue, MEASURED)
     if have_prefill:
         record.prefill_seconds = prefill
     if have_decode:
@@ -419,13 +432,13 @@ def _map_gateway(acc: _StageAccumulator, upstream: list[SpanData],
     """api_gateway derived from the outermost gateway span: its time less what happened
     downstream of it (a proxy's upstream call, else the engines) and less the gateway
     stages timed on their own (auth, router)."""
-    if StageId.API_GATEWAY in acc.stages or not server_spans:
+    if API_GATEWAY in acc.stages or not server_spans:
         return
     outer = server_spans[0]
     inner = sum(s.duration_seconds for s in (upstream or engine_spans))
-    timed = sum(acc.stages[s].seconds for s in (StageId.AUTH_RATELIMIT, StageId.ROUTER)
+    timed = sum(acc.stages[s].seconds for s in (AUTH_RATELIMIT, ROUTER)
                 if s in acc.stages)
-    acc.add(StageId.API_GATEWAY, outer.duration_seconds - inner - timed, Provenance.DERIVED)
+    acc.add(API_GATEWAY, outer.duration_seconds - inner - timed, DERIVED)
 
 
 def _outermost_upstream(spans: list[SpanData]) -> list[SpanData]:
@@ -497,17 +510,17 @@ def _engine_kind(span: SpanData) -> str:
 
 def _split_gpu_time(record: RequestRecord, acc: _StageAccumulator) -> None:
     """Default split of in-model time into GPU stages (refined by the cost attributor)."""
-    explicit = {StageId.HBM_LOAD, StageId.KERNEL_EXEC} & acc.stages.keys()
+    explicit = {HBM_LOAD, KERNEL_EXEC} & acc.stages.keys()
     if explicit:
         return
     for phase, in_model, stage in (
-        (Phase.PREFILL, record.prefill_seconds, StageId.KERNEL_EXEC),
-        (Phase.DECODE, record.decode_seconds, StageId.HBM_LOAD),
+        (PREFILL, record.prefill_seconds, KERNEL_EXEC),
+        (DECODE, record.decode_seconds, HBM_LOAD),
     ):
         if in_model is None:
             continue
-        dispatch = acc.phase_seconds(StageId.GPU_DISPATCH, phase)
-        acc.add(stage, in_model - dispatch, Provenance.MODELED, phase)
+        dispatch = acc.phase_seconds(GPU_DISPATCH, phase)
+        acc.add(stage, in_model - dispatch, MODELED, phase)
 
 
 def map_calls(trace: AssembledTrace) -> list[RequestRecord]:

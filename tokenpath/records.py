@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenpath.metric_names import UNKNOWN
-from tokenpath.stages import PLAIN_VALUES, STAGE_IDS, Phase, Provenance, StageId
+from tokenpath.stages import MEASURED, PLAIN_VALUES, STAGE_IDS, Phase, Provenance, StageId
 
 
 # The classes built per record or per slice write their own ``__init__``
@@ -74,7 +74,7 @@ class StageTiming:
         return cls(
             stage=stage,
             seconds=float(data.get("seconds") or 0.0),
-            provenance=Provenance(data.get("provenance", Provenance.MEASURED.value)),
+            provenance=Provenance(data.get("provenance", MEASURED.value)),
             cost_dollars=float(data.get("cost_dollars") or 0.0),
             phases=phases,
         )

@@ -56,7 +56,7 @@ from itertools import pairwise
 
 from tokenpath.collector.cost.energy import IDLE_POWER_FRACTION
 from tokenpath.roofline import Roofline
-from tokenpath.stages import Phase
+from tokenpath.stages import DECODE, PREFILL, Phase
 
 GroupKey = tuple[str, str, str, int]  # (engine, model, gpu type, tensor parallel)
 IDLE_ROUNDING_FLOOR = 1e-12  # relative; below this a slice's leftover is float rounding
@@ -146,9 +146,9 @@ class EngineInterval:
 
     def phase_at(self, t: float) -> Phase | None:
         if self.prefill_start <= t < self.decode_start:
-            return Phase.PREFILL
+            return PREFILL
         if self.decode_start <= t < self.end:
-            return Phase.DECODE
+            return DECODE
         return None
 
     def context_at(self, t: float) -> float:
@@ -243,7 +243,7 @@ def _coefficients(iv: EngineInterval, phase: Phase, origin: float) -> list[float
     if roofline is None:
         c[_K] = 1.0  # equal split
         return c
-    if phase is Phase.DECODE:
+    if phase is DECODE:
         # decode compute and KV read per step are affine in the context, which is affine
         # in time: read them at both ends of the decode
         t0, t1 = iv.decode_start - origin, iv.end - origin
@@ -396,7 +396,7 @@ def _bank(iv: EngineInterval, prefix: list[float]) -> None:
     iv.energy_joules += max(0.0, _share(iv, prefix, _E1))
     iv.modeled_energy_slices += prefix[_EMODELED] - iv.entry[_EMODELED]
     iv.measured_energy_slices += prefix[_EMEASURED] - iv.entry[_EMEASURED]
-    if iv.phase is Phase.DECODE:
+    if iv.phase is DECODE:
         iv.decode_batch_seconds += prefix[_PB] - iv.entry[_PB]
         iv.decode_seconds_seen += prefix[_PD] - iv.entry[_PD]
 
@@ -465,12 +465,12 @@ class NodeTimeline:
         engine[1] = max(engine[1], iv.end)
         closed = self.closed_until
         if closed is None or iv.prefill_start >= closed:
-            self._push(iv.prefill_start, iv, Phase.PREFILL)
+            self._push(iv.prefill_start, iv, PREFILL)
             return True
         # late: its part before ``closed`` is priced elsewhere; join at ``closed``
         if iv.end <= closed:
             return False
-        self._push(closed, iv, Phase.DECODE if iv.decode_start <= closed else Phase.PREFILL)
+        self._push(closed, iv, DECODE if iv.decode_start <= closed else PREFILL)
         return True
 
     def _push(self, t: float, iv: EngineInterval, phase: Phase | None) -> None:
@@ -495,8 +495,8 @@ class NodeTimeline:
         iv.entry = list(group.prefix)
         group.enter(iv)
         self._active[iv.group] = group
-        if phase is Phase.PREFILL:
-            self._push(max(t, iv.decode_start), iv, Phase.DECODE)
+        if phase is PREFILL:
+            self._push(max(t, iv.decode_start), iv, DECODE)
         else:
             self._push(max(t, iv.end), iv, None)
 
@@ -612,7 +612,7 @@ def _late_work(iv: EngineInterval, phase: Phase, summary: GroupSummary, seconds:
         return part
     weight_share = roofline.memory_seconds(roofline.model.weight_bytes / (summary.batch + 1))
     steps = summary.steps * part
-    if phase is Phase.DECODE:
+    if phase is DECODE:
         ctx = iv.context_at(mid)
         return steps * (roofline.compute_seconds(roofline.decode_flops(ctx))
                         + roofline.memory_seconds(roofline.decode_bytes(ctx))
@@ -639,8 +639,8 @@ def price_late_interval(
     stop = min(until, iv.end)
     # before the oldest slice still kept: its GPUs' full rate, phase by phase
     oldest = closed[0].start if closed else stop
-    for early_phase, a, b in ((Phase.PREFILL, iv.prefill_start, iv.decode_start),
-                              (Phase.DECODE, iv.decode_start, iv.end)):
+    for early_phase, a, b in ((PREFILL, iv.prefill_start, iv.decode_start),
+                              (DECODE, iv.decode_start, iv.end)):
         seconds = max(0.0, min(b, oldest, stop) - a)
         if seconds > 0:
             dollars = iv.gpus * dollars_per_gpu_second * seconds

@@ -62,7 +62,7 @@ from tokenpath.identity import pricing_unit
 from tokenpath.pipeline import IdleCost, RecordSink
 from tokenpath.records import RequestRecord
 from tokenpath.roofline import Roofline
-from tokenpath.stages import Phase, Provenance, StageId
+from tokenpath.stages import DECODE, GPU_DISPATCH, MODELED, PREFILL
 from tokenpath.telemetry import Count, Level, Telemetry
 
 log = logging.getLogger(__name__)
@@ -543,12 +543,12 @@ class CostAttributor:
         land_gpu_cost(
             record,
             item.roofline,
-            {Phase.PREFILL: prefill_seconds, Phase.DECODE: decode_seconds},
+            {PREFILL: prefill_seconds, DECODE: decode_seconds},
             iv.cost_by_phase,
             iv.average_decode_batch,
         )
         record.cache_miss_waste_dollars = self.cache.observe(
-            record, iv.cost_by_phase.get(Phase.PREFILL, 0.0), item.roofline)
+            record, iv.cost_by_phase.get(PREFILL, 0.0), item.roofline)
         per_dollar = node.timeline.modeled_joules_per_dollar
         # the part priced from closed slices others already paid for is modeled
         joules = iv.energy_joules + iv.late_dollars * per_dollar
@@ -567,13 +567,13 @@ def _prefill_steps(record: RequestRecord) -> float | None:
     counts its chunks), else the engine's step count (``tokenpath.engine.steps``) less its
     decode steps. None when neither was measured. Only the record's own figures are used,
     so the count does not depend on which other records arrived first."""
-    timing = record.stages.get(StageId.GPU_DISPATCH)
-    if timing is None or timing.provenance is Provenance.MODELED or not timing.phases:
+    timing = record.stages.get(GPU_DISPATCH)
+    if timing is None or timing.provenance is MODELED or not timing.phases:
         return None
-    prefill = timing.phases.get(Phase.PREFILL)
+    prefill = timing.phases.get(PREFILL)
     if prefill is None or prefill.seconds <= 0:
         return None
-    decode = timing.phases.get(Phase.DECODE)
+    decode = timing.phases.get(DECODE)
     if decode is not None and decode.seconds > 0 and record.output_tokens >= 2:
         unit = decode.seconds / (record.output_tokens - 1)
         return float(max(1, round(prefill.seconds / unit)))

@@ -283,10 +283,10 @@ class PrefixCacheTracker:
 
 def prefill_dollars(record: RequestRecord) -> float:
     """The record's apportioned prefill dollars (sum of its GPU stages' prefill phase)."""
-    from tokenpath.stages import Phase
+    from tokenpath.stages import PREFILL
 
-    return sum(t.phases[Phase.PREFILL].cost_dollars for t in record.stages.values()
-               if Phase.PREFILL in t.phases)
+    return sum(t.phases[PREFILL].cost_dollars for t in record.stages.values()
+               if PREFILL in t.phases)
 
 
 def replay_prefixes(records: Iterable[RequestRecord],

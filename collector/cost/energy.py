@@ -34,12 +34,12 @@ from tokenpath import metric_names as M
 from tokenpath.collector.receivers.otlp_decode import MetricPoint
 from tokenpath.identity import node_of_resource
 from tokenpath.roofline import GPUS
-from tokenpath.stages import Provenance
+from tokenpath.stages import MEASURED, MODELED
 from tokenpath.telemetry import LabelledCount, Telemetry
 
 # a record's energy_provenance: the stage provenance spellings
-ENERGY_MODELED = Provenance.MODELED.value
-ENERGY_MEASURED = Provenance.MEASURED.value
+ENERGY_MODELED = MODELED.value
+ENERGY_MEASURED = MEASURED.value
 IDLE_POWER_FRACTION = 0.15
 DEFAULT_READINGS_HORIZON_SECONDS = 900.0  # samples kept per GPU (beyond the late horizon)
 MAX_GPUS_PER_NODE = 64

@@ -17,12 +17,24 @@ from __future__ import annotations
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.roofline import Roofline
 from tokenpath.stages import (
+    CLIENT_DECODE,
+    CLIENT_TOKENIZE,
+    DECODE,
+    DERIVED,
+    GPU_DISPATCH,
     GPU_STAGES,
+    GROUP_CLIENT,
+    GROUP_GATEWAY,
+    HBM_LOAD,
+    KERNEL_EXEC,
+    KV_CACHE_LOOKUP,
+    KV_TRANSFER,
+    MODELED,
     NETWORK_STAGES,
+    NVLINK,
+    PREFILL,
     STAGE_BY_ID,
     Phase,
-    Provenance,
-    StageGroup,
     StageId,
 )
 
@@ -30,20 +42,20 @@ from tokenpath.stages import (
 # GPU it waits for is paid by the requests being served), so it carries no dollars.
 CPU_STAGES: tuple[StageId, ...] = (
     *(stage.id for stage in STAGE_BY_ID.values()
-      if stage.group in (StageGroup.CLIENT, StageGroup.GATEWAY)),
-    StageId.KV_CACHE_LOOKUP,
+      if stage.group in (GROUP_CLIENT, GROUP_GATEWAY)),
+    KV_CACHE_LOOKUP,
 )
 
 # Client stages derived from a GenAI client span's gaps around the gateway (collector/
 # call_join.add_client_gaps) hold the wire time and the client's wait: not priced as CPU.
-CLIENT_GAP_STAGES: frozenset[StageId] = frozenset({StageId.CLIENT_TOKENIZE,
-                                                   StageId.CLIENT_DECODE})
+CLIENT_GAP_STAGES: frozenset[StageId] = frozenset({CLIENT_TOKENIZE,
+                                                   CLIENT_DECODE})
 
 
 def _measured_dispatch(record: RequestRecord, phase: Phase, phase_seconds: float,
                        total_in_model: float) -> float | None:
-    timing = record.stages.get(StageId.GPU_DISPATCH)
-    if timing is None or timing.provenance is Provenance.MODELED:
+    timing = record.stages.get(GPU_DISPATCH)
+    if timing is None or timing.provenance is MODELED:
         return None
     if timing.phases:
         share = timing.phases.get(phase)
@@ -72,10 +84,10 @@ def split_phase_seconds(
     decode_steps = max(0, output_tokens - 1)
     if roofline is None:
         dispatch = measured_dispatch or 0.0
-        bulk = StageId.KERNEL_EXEC if phase is Phase.PREFILL else StageId.HBM_LOAD
-        return {StageId.GPU_DISPATCH: dispatch, bulk: phase_seconds - dispatch}
+        bulk = KERNEL_EXEC if phase is PREFILL else HBM_LOAD
+        return {GPU_DISPATCH: dispatch, bulk: phase_seconds - dispatch}
     batch = max(1.0, decode_batch)
-    if phase is Phase.PREFILL:
+    if phase is PREFILL:
         steps = 1
         flops = roofline.prefill_flops(new_tokens, cached_tokens)
         nbytes = roofline.prefill_bytes(new_tokens, cached_tokens) + (
@@ -96,18 +108,18 @@ def split_phase_seconds(
     compute_share = roofline.compute_fraction(flops, nbytes)
     kernel = rest * compute_share
     return {
-        StageId.GPU_DISPATCH: dispatch,
-        StageId.HBM_LOAD: rest - kernel,
-        StageId.KERNEL_EXEC: kernel,
-        StageId.NVLINK: nvlink,
+        GPU_DISPATCH: dispatch,
+        HBM_LOAD: rest - kernel,
+        KERNEL_EXEC: kernel,
+        NVLINK: nvlink,
     }
 
 
 def _measured_split(record: RequestRecord) -> bool:
     """True when the engine measured hbm_load or kernel_exec itself: keep its seconds."""
     return any(
-        stage in record.stages and record.stages[stage].provenance is not Provenance.MODELED
-        for stage in (StageId.HBM_LOAD, StageId.KERNEL_EXEC)
+        stage in record.stages and record.stages[stage].provenance is not MODELED
+        for stage in (HBM_LOAD, KERNEL_EXEC)
     )
 
 
@@ -137,13 +149,13 @@ def land_gpu_cost(
     total_in_model = sum(phase_seconds.values())
     measured = {
         phase: _measured_dispatch(record, phase, phase_seconds.get(phase, 0.0), total_in_model)
-        for phase in (Phase.PREFILL, Phase.DECODE)
+        for phase in (PREFILL, DECODE)
     }
-    dispatch_timing = record.stages.get(StageId.GPU_DISPATCH)
+    dispatch_timing = record.stages.get(GPU_DISPATCH)
     for stage in GPU_STAGES:
         record.stages.pop(stage, None)
     per_stage: dict[StageId, dict[Phase, PhaseShare]] = {s: {} for s in GPU_STAGES}
-    for phase in (Phase.PREFILL, Phase.DECODE):
+    for phase in (PREFILL, DECODE):
         seconds = phase_seconds.get(phase, 0.0)
         dollars = phase_dollars.get(phase, 0.0)
         split = split_phase_seconds(
@@ -155,9 +167,9 @@ def land_gpu_cost(
     for stage, phases in per_stage.items():
         if not phases:
             continue
-        provenance = Provenance.MODELED
-        if (stage is StageId.GPU_DISPATCH and dispatch_timing is not None
-                and dispatch_timing.provenance is not Provenance.MODELED):
+        provenance = MODELED
+        if (stage is GPU_DISPATCH and dispatch_timing is not None
+                and dispatch_timing.provenance is not MODELED):
             provenance = dispatch_timing.provenance
         record.stages[stage] = StageTiming(
             stage=stage,
@@ -170,7 +182,7 @@ def land_gpu_cost(
 
 def has_kv_transfer(record: RequestRecord) -> bool:
     """Whether a network stage of the record holds a disaggregated KV transfer."""
-    return any(Phase.KV_TRANSFER in record.stages[s].phases for s in NETWORK_STAGES
+    return any(KV_TRANSFER in record.stages[s].phases for s in NETWORK_STAGES
                if s in record.stages)
 
 
@@ -185,15 +197,15 @@ def land_cpu_and_network_cost(record: RequestRecord, cpu_dollars_per_core_second
         timing = record.stages.get(stage)
         if timing is None:
             continue
-        if stage in CLIENT_GAP_STAGES and timing.provenance is Provenance.DERIVED:
+        if stage in CLIENT_GAP_STAGES and timing.provenance is DERIVED:
             timing.cost_dollars = 0.0  # a GenAI client span's gap: wall time, the wire too
             continue
         timing.cost_dollars = max(0.0, timing.seconds) * cpu_dollars_per_core_second
     present = [record.stages[s] for s in NETWORK_STAGES if s in record.stages]
     if not present:
         return
-    kv_shares = [(t, t.phases[Phase.KV_TRANSFER]) for t in present
-                 if Phase.KV_TRANSFER in t.phases]
+    kv_shares = [(t, t.phases[KV_TRANSFER]) for t in present
+                 if KV_TRANSFER in t.phases]
     kv_seconds = {t.stage: max(0.0, share.seconds) for t, share in kv_shares}
     # the response's part of each stage: what is not the KV transfer
     response_seconds = {t.stage: max(0.0, max(0.0, t.seconds) - kv_seconds.get(t.stage, 0.0))
