@@ -19,7 +19,11 @@ def attribute_number(value: AttrValue | None) -> float | None:
     anything else (booleans, non-finite values, text)."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, int | float):
+    # one type a test: compiled, ``isinstance(value, int | float)`` builds the union
+    # object on every call (this runs for each count a trace carries)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int):
         f = float(value)
         return f if math.isfinite(f) else None
     if isinstance(value, str):

@@ -38,7 +38,7 @@ class EngineIdentity:
     @property
     def pricing_unit(self) -> str:
         """The name the attributor prices under: the node, else the engine."""
-        return self.node or self.engine or UNKNOWN_UNIT
+        return pricing_unit(self.node, self.engine)
 
 
 def _first(layers: Iterable[Mapping[str, object]], keys: tuple[str, ...]) -> str | None:
@@ -58,7 +58,9 @@ def identity_from(layers: Iterable[Mapping[str, object]]) -> EngineIdentity:
 
 
 def pricing_unit(node: str | None, engine: str | None) -> str:
-    return EngineIdentity(node, engine).pricing_unit
+    """The name a record with this node and engine is priced under (per record: no
+    identity object is built)."""
+    return node or engine or UNKNOWN_UNIT
 
 
 def pricing_resource(node: str | None, engine: str | None) -> dict[str, str]:

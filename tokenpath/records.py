@@ -80,7 +80,7 @@ class StageTiming:
         )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # a written __init__ (above)
 class RequestRecord:
     """Everything tokenpath knows about one request, joined from all its spans."""
 
@@ -164,9 +164,89 @@ class RequestRecord:
     # actual one (cache_read_tokens / input_tokens): llm-d's prefix-cache scorer.
     router_predicted_cache_hit: float | None = None
 
-    def __post_init__(self) -> None:
-        if not self.record_id:
-            self.record_id = self.trace_id
+    def __init__(self, trace_id: str, record_id: str = "", model: str = UNKNOWN,
+                 request_id: str | None = None, status: str = "ok",
+                 node: str | None = None, pool: str | None = None,
+                 tenant: str | None = None, engine: str | None = None,
+                 engine_id: str | None = None, gpu_inventory: bool | None = None,
+                 gpu_type: str | None = None, tensor_parallel: int = 1,
+                 simulated: bool = False, start_unix: float = 0.0, end_unix: float = 0.0,
+                 input_tokens: int = 0, cache_read_tokens: int = 0, output_tokens: int = 0,
+                 ttft_seconds: float | None = None, tpot_seconds: float | None = None,
+                 queue_seconds: float | None = None, prefill_seconds: float | None = None,
+                 decode_seconds: float | None = None,
+                 prefill_start_unix: float | None = None,
+                 decode_start_unix: float | None = None,
+                 engine_end_unix: float | None = None, response_bytes: int = 0,
+                 response_chunks: int = 0, small_chunks: int = 0,
+                 response_packets: int = 0, prefix_fingerprints: tuple[str, ...] = (),
+                 prefix_block_tokens: int = 0,
+                 stages: dict[StageId, StageTiming] | None = None,
+                 cost_dollars: float = 0.0, naive_cost_dollars: float = 0.0,
+                 cache_miss_waste_dollars: float = 0.0, complete: bool = True,
+                 span_count: int = 0, engine_start_unix: float | None = None,
+                 engine_step_seconds: float | None = None, engine_steps: int | None = None,
+                 response_id: str | None = None, outer_hop: str | None = None,
+                 joined_trace_ids: tuple[str, ...] = (),
+                 client_start_unix: float | None = None,
+                 client_end_unix: float | None = None,
+                 miss_tokens: dict[str, int] | None = None,
+                 miss_dollars: dict[str, float] | None = None, energy_joules: float = 0.0,
+                 energy_provenance: str | None = None,
+                 router_predicted_cache_hit: float | None = None) -> None:
+        """The fields in their order, as the generated ``__init__`` took them."""
+        self.trace_id = trace_id
+        self.record_id = record_id or trace_id
+        self.model = model
+        self.request_id = request_id
+        self.status = status
+        self.node = node
+        self.pool = pool
+        self.tenant = tenant
+        self.engine = engine
+        self.engine_id = engine_id
+        self.gpu_inventory = gpu_inventory
+        self.gpu_type = gpu_type
+        self.tensor_parallel = tensor_parallel
+        self.simulated = simulated
+        self.start_unix = start_unix
+        self.end_unix = end_unix
+        self.input_tokens = input_tokens
+        self.cache_read_tokens = cache_read_tokens
+        self.output_tokens = output_tokens
+        self.ttft_seconds = ttft_seconds
+        self.tpot_seconds = tpot_seconds
+        self.queue_seconds = queue_seconds
+        self.prefill_seconds = prefill_seconds
+        self.decode_seconds = decode_seconds
+        self.prefill_start_unix = prefill_start_unix
+        self.decode_start_unix = decode_start_unix
+        self.engine_end_unix = engine_end_unix
+        self.response_bytes = response_bytes
+        self.response_chunks = response_chunks
+        self.small_chunks = small_chunks
+        self.response_packets = response_packets
+        self.prefix_fingerprints = prefix_fingerprints
+        self.prefix_block_tokens = prefix_block_tokens
+        self.stages = {} if stages is None else stages
+        self.cost_dollars = cost_dollars
+        self.naive_cost_dollars = naive_cost_dollars
+        self.cache_miss_waste_dollars = cache_miss_waste_dollars
+        self.complete = complete
+        self.span_count = span_count
+        self.engine_start_unix = engine_start_unix
+        self.engine_step_seconds = engine_step_seconds
+        self.engine_steps = engine_steps
+        self.response_id = response_id
+        self.outer_hop = outer_hop
+        self.joined_trace_ids = joined_trace_ids
+        self.client_start_unix = client_start_unix
+        self.client_end_unix = client_end_unix
+        self.miss_tokens = {} if miss_tokens is None else miss_tokens
+        self.miss_dollars = {} if miss_dollars is None else miss_dollars
+        self.energy_joules = energy_joules
+        self.energy_provenance = energy_provenance
+        self.router_predicted_cache_hit = router_predicted_cache_hit
 
     @property
     def duration_seconds(self) -> float:

@@ -8,6 +8,12 @@ from tokenpath.records import RequestRecord
 from tokenpath.roofline import GPUS, MODELS, Roofline
 
 _SUFFIXES = re.compile(r"-(instruct|chat|hf|base)$")
+# Rooflines already built, by (served model name, GPU type, tensor parallel). A Roofline is
+# frozen, so records share one: the pricing of every record asked for its roofline anew (a
+# name normalization by regular expression and three objects, twice a record). Model
+# names come from spans, so the table is bounded: past this many keys it starts over.
+MAX_CACHED_ROOFLINES = 1024
+_ROOFLINES: dict[tuple[str, str, int], Roofline | None] = {}
 
 
 def catalog_model_name(model: str) -> str | None:
@@ -23,7 +29,13 @@ def catalog_model_name(model: str) -> str | None:
 
 def roofline_for_record(record: RequestRecord, gpu_type: str) -> Roofline | None:
     """The roofline of the record's model on ``gpu_type``; None when either is unknown."""
+    key = (record.model, gpu_type, max(1, record.tensor_parallel))
+    if key in _ROOFLINES:
+        return _ROOFLINES[key]
     model = catalog_model_name(record.model)
-    if model is None or gpu_type not in GPUS:
-        return None
-    return Roofline(GPUS[gpu_type], MODELS[model], tensor_parallel=max(1, record.tensor_parallel))
+    found = (None if model is None or gpu_type not in GPUS
+             else Roofline(GPUS[gpu_type], MODELS[model], tensor_parallel=key[2]))
+    if len(_ROOFLINES) >= MAX_CACHED_ROOFLINES:
+        _ROOFLINES.clear()
+    _ROOFLINES[key] = found
+    return found

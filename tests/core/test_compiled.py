@@ -40,6 +40,7 @@ def test_every_listed_module_runs_compiled() -> None:
 # interpreted Python (tokenpath/records.py).
 PER_RECORD_CLASSES = (
     ("tokenpath.records", "PhaseShare"), ("tokenpath.records", "StageTiming"),
+    ("tokenpath.records", "RequestRecord"),
     ("tokenpath.collector.assembler", "AssembledTrace"),
     ("tokenpath.collector.assembler", "_Pending"),
     ("tokenpath.collector.cost.apportion", "EngineInterval"),
