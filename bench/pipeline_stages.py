@@ -9,12 +9,21 @@ store (its batch write, synchronously). CPU seconds per stage, per span and per 
 against the parse-and-read floor of the same payloads. The transport (HTTP or gRPC) and
 the threads' hand-offs are what the whole-collector figure of ``bench.ingest`` adds.
 
+Garbage collection is counted apart (``gc_us_per_trace``, by stage): every stage starts
+after a full collection, and the time of each collection that runs during a stage is
+taken out of that stage's figure. The objects a collection walks are the ones every
+earlier stage left alive (this bench keeps all of them, both shapes' payloads and
+traces included), so without it one middle-generation collection falling in a stage
+made that stage look several times its cost (pricing: 207 ms, 157 ms of it one
+collection, for 1,500 reference-path records).
+
     python -m bench.pipeline_stages
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import tempfile
 import time
@@ -73,70 +82,115 @@ class _Collect:
         pass
 
 
-def _timed(stage: dict[str, float], name: str, started: float) -> None:
-    stage[name] = time.process_time() - started
+class _CollectionClock:
+    """CPU seconds spent in garbage collections since the last :meth:`take`."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._spent = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self._spent += time.process_time() - self._started
+
+    def take(self) -> float:
+        spent, self._spent = self._spent, 0.0
+        return spent
+
+
+_COLLECTIONS = _CollectionClock()
+
+
+def _start() -> float:
+    """A stage starts: a full collection first (not counted), then the clock."""
+    gc.collect()
+    _COLLECTIONS.take()
+    return time.process_time()
+
+
+def _timed(stage: dict[str, float], name: str, started: float,
+           collected: dict[str, float] | None = None) -> None:
+    """The stage's CPU since ``started``, less the collections that ran in it (kept in
+    ``collected``)."""
+    spent = time.process_time() - started
+    in_gc = _COLLECTIONS.take()
+    stage[name] = spent - in_gc
+    if collected is not None:
+        collected[name] = in_gc
 
 
 def measure(payloads: list[bytes], store_dir: Path) -> dict[str, Any]:
     stats = CollectorStats()
     cpu: dict[str, float] = {}
-    t = time.process_time()
+    collected: dict[str, float] = {}
+    gc.callbacks.append(_COLLECTIONS)
+    try:
+        return _measure(payloads, store_dir, stats, cpu, collected)
+    finally:
+        gc.callbacks.remove(_COLLECTIONS)
+
+
+def _measure(payloads: list[bytes], store_dir: Path, stats: CollectorStats,
+             cpu: dict[str, float], collected: dict[str, float]) -> dict[str, Any]:
+    t = _start()
     spans = parse_floor(payloads)
-    _timed(cpu, "floor (parse and read every field)", t)
+    _timed(cpu, "floor (parse and read every field)", t, collected)
 
     # For comparison, not in the sum: protobuf's parser and the pure-Python decoder.
     reference_stats = CollectorStats()
     reference = OtlpIngest(Assembler(_Collect(), _ASSEMBLE_AT_SHUTDOWN, reference_stats),
                            NodeMetricsState(), IngestLimits(), reference_stats)
-    t = time.process_time()
+    t = _start()
     for body in payloads:
         reference.export_traces(parse_trace_request(body, "protobuf"), "bench")
-    _timed(cpu, REFERENCE_DECODER, t)
+    _timed(cpu, REFERENCE_DECODER, t, collected)
 
     traces = _Collect()
     assembler = Assembler(traces, _ASSEMBLE_AT_SHUTDOWN, stats)
     ingest = OtlpIngest(assembler, NodeMetricsState(), IngestLimits(), stats)
-    t = time.process_time()
+    t = _start()
     for body in payloads:  # what the receivers run: the compiled decoder where built
         ingest.export_trace_payload(body, "protobuf", "bench")
-    _timed(cpu, "decode and buffer", t)
-    t = time.process_time()
+    _timed(cpu, "decode and buffer", t, collected)
+    t = _start()
     assembler.shutdown()
-    _timed(cpu, "assemble", t)
+    _timed(cpu, "assemble", t, collected)
 
     records = _Collect()
     mapper = StageMapper(CallJoiner(records, JoinConfig(), stats), stats)
-    t = time.process_time()
+    t = _start()
     for trace in traces.traces:
         mapper.consume_trace(trace)
     mapper.shutdown()
-    _timed(cpu, "map and join", t)
+    _timed(cpu, "map and join", t, collected)
 
     priced = _Collect()
     attributor = CostAttributor(priced, load_price_sheet(),
                                 config=AttributorConfig(tick_seconds=0))
-    t = time.process_time()
+    t = _start()
     for record in records.records:
         attributor.consume_record(record)
     attributor.shutdown()
-    _timed(cpu, "price", t)
+    _timed(cpu, "price", t, collected)
 
     sink = PrometheusSink(stats=stats)
-    t = time.process_time()
+    t = _start()
     for record in priced.records:
         sink.consume_record(record)
     for idle in priced.idle:
         sink.consume_idle_cost(idle)
-    _timed(cpu, "Prometheus sink", t)
+    _timed(cpu, "Prometheus sink", t, collected)
 
     store = RecordStore(StoreConfig(path=str(store_dir / "stages.db"),
                                     batch_size=len(priced.records) + len(priced.idle) + 1,
                                     queue_size=len(priced.records) + len(priced.idle) + 1),
                         stats)
     batch: list[RequestRecord | IdleCost] = [*priced.records, *priced.idle]
-    t = time.process_time()
+    t = _start()
     store._write(batch)  # the writer thread's batch write, on this thread
-    _timed(cpu, "store", t)
+    _timed(cpu, "store", t, collected)
     store.shutdown()
 
     n_traces = len(traces.traces)
@@ -148,6 +202,8 @@ def measure(payloads: list[bytes], store_dir: Path) -> dict[str, Any]:
         "spans_per_trace": spans / max(1, n_traces),
         "stages_us_per_span": {k: v / spans * 1e6 for k, v in cpu.items()},
         "stages_us_per_trace": {k: v / max(1, n_traces) * 1e6 for k, v in cpu.items()},
+        "gc_us_per_trace": {k: v / max(1, n_traces) * 1e6 for k, v in collected.items()
+                            if v},
         "pipeline_us_per_span": pipeline / spans * 1e6,
         "pipeline_ratio_to_floor": pipeline / floor if floor else None,
         "compiled_decoder": native_decoder_available(),
