@@ -74,6 +74,12 @@ DEFAULT_LAG_MARGIN_SECONDS = 2.0
 DEFAULT_LATE_HORIZON_SECONDS = 120.0  # closed slices kept this long to price late records
 MAX_CLOSED_SLICES_PER_NODE = 50_000  # bounds memory: a few hundred bytes each
 DEFAULT_TICK_SECONDS = 1.0
+# A record closes its unit's slices up to the watermark only once the watermark has moved
+# this far since that unit's last such close (the tick closes regardless): a close costs
+# the same for one finished record as for a hundred, and at thousands of records a second
+# closing on each one spent most of the pricing on closes and idle rows of a few
+# milliseconds. Records wait for the watermark (cost.min_delay_seconds) anyway.
+DEFAULT_CLOSE_STEP_SECONDS = 0.1
 # a node whose agent reports GPU energy is closed no further than its readings reach, for
 # at most this long behind the watermark (then its slices are priced with modeled joules)
 DEFAULT_ENERGY_MAX_WAIT_SECONDS = 30.0
@@ -93,6 +99,7 @@ class AttributorConfig:
     recent_prefix_capacity: int = DEFAULT_RECENT_CAPACITY
     late_horizon_seconds: float = DEFAULT_LATE_HORIZON_SECONDS
     tick_seconds: float = DEFAULT_TICK_SECONDS  # 0: the worker never ticks (call tick())
+    close_step_seconds: float = DEFAULT_CLOSE_STEP_SECONDS  # 0: close on every record
     # without an inventory entry, an engine's GPUs count (for idle) until it has served
     # nothing this long: a restarted pod or a gone process stops costing idle
     engine_retire_seconds: float = DEFAULT_ENGINE_RETIRE_SECONDS
@@ -109,6 +116,8 @@ class AttributorConfig:
             raise ConfigError("cost.late_horizon_seconds", "must be >= 0")
         if not self.tick_seconds >= 0:
             raise ConfigError("cost.tick_seconds", "must be >= 0")
+        if not self.close_step_seconds >= 0:
+            raise ConfigError("cost.close_step_seconds", "must be >= 0")
         if not self.engine_retire_seconds > 0:
             raise ConfigError("cost.engine_retire_seconds", "must be > 0")
         if not self.energy_max_wait_seconds >= 0:
@@ -225,6 +234,8 @@ class _Node:
     timeline: NodeTimeline
     lags: _LagWindow
     pending: dict[int, _Pending] = field(default_factory=dict)
+    # a record's close waits until the watermark reaches this (cost.close_step_seconds)
+    next_close: float = -math.inf
 
 
 class CostAttributor:
@@ -302,7 +313,10 @@ class CostAttributor:
                 record.cost_dollars = sum(t.cost_dollars for t in record.stages.values())
                 out_records.append(record)
         else:
-            self._close_node(node, self._watermark(node), out_records, out_idle)
+            stop = self._watermark(node)
+            if stop >= node.next_close:
+                node.next_close = stop + self._config.close_step_seconds
+                self._close_node(node, stop, out_records, out_idle)
         self._force_if_over_capacity(out_records, out_idle)
         self._emit(out_records, out_idle)
 
