@@ -217,3 +217,14 @@ def burst_traffic(now: float, count: int, seed: int = 5) -> ExportTraceServiceRe
             prefill_start_unix=start, decode_start_unix=decode_start, engine_end_unix=end)
         _vllm_span(engine, record, None)
     return encode_spans(engine.spans())
+
+
+def peak_in_flight(records: list[RequestRecord]) -> int:
+    """The most requests on their engines at once (prefill start to engine end)."""
+    events = sorted([(r.prefill_start_unix or 0.0, 1) for r in records]
+                    + [(r.engine_end_unix or 0.0, -1) for r in records])
+    peak = running = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak

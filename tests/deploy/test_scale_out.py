@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.dashboards.otlp_workload import CollectorProcess
-from tests.deploy.engine_traffic import engine_traffic
+from tests.deploy.engine_traffic import engine_traffic, peak_in_flight
 from tests.deploy.hash_ring import HashRing
 from tests.deploy.router import LoadBalancingRouter
 from tokenpath import metric_names as mn
@@ -76,16 +76,6 @@ def _stored(store: Path) -> tuple[dict[str, RequestRecord], list[tuple[float, fl
     finally:
         db.close()
     return records, idle  # type: ignore[return-value]
-
-
-def _peak_in_flight(records: list[RequestRecord]) -> int:
-    events = sorted([(r.prefill_start_unix or 0.0, 1) for r in records]
-                    + [(r.engine_end_unix or 0.0, -1) for r in records])
-    peak = running = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    return peak
 
 
 def _idle_within(idle: list[tuple[float, float, float]], start: float, end: float) -> float:
@@ -173,7 +163,7 @@ def test_three_forwarding_collectors_price_like_one(
     units = {r.node or r.engine_id for r in alone.values()}
     assert len(units) == 3 and "gpu-node-1" in units
     for unit in units:
-        assert _peak_in_flight([r for r in alone.values()
+        assert peak_in_flight([r for r in alone.values()
                                 if (r.node or r.engine_id) == unit]) >= MIN_PEAK_IN_FLIGHT
     for trace_id, record in alone.items():
         assert math.isclose(sharded[trace_id].gpu_cost_dollars, record.gpu_cost_dollars,

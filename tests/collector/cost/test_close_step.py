@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from tests.deploy.engine_traffic import peak_in_flight
 from tokenpath.collector.cost.attributor import (
     DEFAULT_CLOSE_STEP_SECONDS,
     AttributorConfig,
@@ -41,16 +42,6 @@ def _overlapping(seed: int) -> list[RequestRecord]:
     return sorted(records, key=lambda r: r.engine_end_unix or 0.0)
 
 
-def _most_in_flight(records: list[RequestRecord]) -> int:
-    events = sorted([(r.prefill_start_unix or 0.0, 1) for r in records]
-                    + [(r.engine_end_unix or 0.0, -1) for r in records])
-    most = level = 0
-    for _, change in events:
-        level += change
-        most = max(most, level)
-    return most
-
-
 def _price(records: list[RequestRecord], step: float
            ) -> tuple[CostAttributor, RecordingSink, int]:
     sink = RecordingSink()
@@ -72,7 +63,7 @@ def _price(records: list[RequestRecord], step: float
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_close_step_changes_no_dollar_of_overlapping_traffic(seed: int) -> None:
-    assert _most_in_flight(_overlapping(seed)) >= 150  # real batch sizes
+    assert peak_in_flight(_overlapping(seed)) >= 150  # real batch sizes
     every, every_sink, every_early = _price(_overlapping(seed), 0.0)
     stepped, stepped_sink, stepped_early = _price(_overlapping(seed),
                                                   DEFAULT_CLOSE_STEP_SECONDS)
