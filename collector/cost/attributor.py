@@ -75,10 +75,11 @@ DEFAULT_LATE_HORIZON_SECONDS = 120.0  # closed slices kept this long to price la
 MAX_CLOSED_SLICES_PER_NODE = 50_000  # bounds memory: a few hundred bytes each
 DEFAULT_TICK_SECONDS = 1.0
 # A record closes its unit's slices up to the watermark only once the watermark has moved
-# this far since that unit's last such close (the tick closes regardless): a close costs
-# the same for one finished record as for a hundred, and at thousands of records a second
-# closing on each one spent most of the pricing on closes and idle rows of a few
-# milliseconds. Records wait for the watermark (cost.min_delay_seconds) anyway.
+# this far since that unit's last such close (the tick closes regardless): a close has a
+# fixed cost (the timeline's advance, the ledger, the idle rows) whether it finishes one
+# record or a hundred, and closing on every record paid it per record (about a tenth of
+# pricing, docs/performance.md). Records wait for the watermark (cost.min_delay_seconds)
+# anyway; slices are cut at engine events, so no dollar depends on when closes happen.
 DEFAULT_CLOSE_STEP_SECONDS = 0.1
 # a node whose agent reports GPU energy is closed no further than its readings reach, for
 # at most this long behind the watermark (then its slices are priced with modeled joules)
