@@ -149,7 +149,7 @@ class CpuClock:
     reference-path run's 0.26 s; the threads' scheduler counts are in nanoseconds. They
     are used when every thread alive at the start is still alive at the end (an ended
     thread takes its count with it) and the process has no children; otherwise the
-    tick count is (``precise`` says which)."""
+    tick count is (:meth:`seconds` says which)."""
 
     def __init__(self, proc: psutil.Process) -> None:
         self._proc = proc

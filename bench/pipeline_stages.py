@@ -110,33 +110,31 @@ def _start() -> float:
     return time.process_time()
 
 
-def _timed(stage: dict[str, float], name: str, started: float,
-           collected: dict[str, float] | None = None) -> None:
+def _timed(stage: dict[str, float], collected: dict[str, float], name: str,
+           started: float) -> None:
     """The stage's CPU since ``started``, less the collections that ran in it (kept in
     ``collected``)."""
     spent = time.process_time() - started
     in_gc = _COLLECTIONS.take()
     stage[name] = spent - in_gc
-    if collected is not None:
-        collected[name] = in_gc
+    collected[name] = in_gc
 
 
 def measure(payloads: list[bytes], store_dir: Path) -> dict[str, Any]:
-    stats = CollectorStats()
-    cpu: dict[str, float] = {}
-    collected: dict[str, float] = {}
     gc.callbacks.append(_COLLECTIONS)
     try:
-        return _measure(payloads, store_dir, stats, cpu, collected)
+        return _measure(payloads, store_dir)
     finally:
         gc.callbacks.remove(_COLLECTIONS)
 
 
-def _measure(payloads: list[bytes], store_dir: Path, stats: CollectorStats,
-             cpu: dict[str, float], collected: dict[str, float]) -> dict[str, Any]:
+def _measure(payloads: list[bytes], store_dir: Path) -> dict[str, Any]:
+    stats = CollectorStats()
+    cpu: dict[str, float] = {}
+    collected: dict[str, float] = {}
     t = _start()
     spans = parse_floor(payloads)
-    _timed(cpu, "floor (parse and read every field)", t, collected)
+    _timed(cpu, collected, "floor (parse and read every field)", t)
 
     # For comparison, not in the sum: protobuf's parser and the pure-Python decoder.
     reference_stats = CollectorStats()
@@ -145,7 +143,7 @@ def _measure(payloads: list[bytes], store_dir: Path, stats: CollectorStats,
     t = _start()
     for body in payloads:
         reference.export_traces(parse_trace_request(body, "protobuf"), "bench")
-    _timed(cpu, REFERENCE_DECODER, t, collected)
+    _timed(cpu, collected, REFERENCE_DECODER, t)
 
     traces = _Collect()
     assembler = Assembler(traces, _ASSEMBLE_AT_SHUTDOWN, stats)
@@ -153,10 +151,10 @@ def _measure(payloads: list[bytes], store_dir: Path, stats: CollectorStats,
     t = _start()
     for body in payloads:  # what the receivers run: the compiled decoder where built
         ingest.export_trace_payload(body, "protobuf", "bench")
-    _timed(cpu, "decode and buffer", t, collected)
+    _timed(cpu, collected, "decode and buffer", t)
     t = _start()
     assembler.shutdown()
-    _timed(cpu, "assemble", t, collected)
+    _timed(cpu, collected, "assemble", t)
 
     records = _Collect()
     mapper = StageMapper(CallJoiner(records, JoinConfig(), stats), stats)
@@ -164,7 +162,7 @@ def _measure(payloads: list[bytes], store_dir: Path, stats: CollectorStats,
     for trace in traces.traces:
         mapper.consume_trace(trace)
     mapper.shutdown()
-    _timed(cpu, "map and join", t, collected)
+    _timed(cpu, collected, "map and join", t)
 
     priced = _Collect()
     attributor = CostAttributor(priced, load_price_sheet(),
@@ -173,7 +171,7 @@ def _measure(payloads: list[bytes], store_dir: Path, stats: CollectorStats,
     for record in records.records:
         attributor.consume_record(record)
     attributor.shutdown()
-    _timed(cpu, "price", t, collected)
+    _timed(cpu, collected, "price", t)
 
     sink = PrometheusSink(stats=stats)
     t = _start()
@@ -181,7 +179,7 @@ def _measure(payloads: list[bytes], store_dir: Path, stats: CollectorStats,
         sink.consume_record(record)
     for idle in priced.idle:
         sink.consume_idle_cost(idle)
-    _timed(cpu, "Prometheus sink", t, collected)
+    _timed(cpu, collected, "Prometheus sink", t)
 
     store = RecordStore(StoreConfig(path=str(store_dir / "stages.db"),
                                     batch_size=len(priced.records) + len(priced.idle) + 1,
@@ -190,7 +188,7 @@ def _measure(payloads: list[bytes], store_dir: Path, stats: CollectorStats,
     batch: list[RequestRecord | IdleCost] = [*priced.records, *priced.idle]
     t = _start()
     store._write(batch)  # the writer thread's batch write, on this thread
-    _timed(cpu, "store", t, collected)
+    _timed(cpu, collected, "store", t)
     store.shutdown()
 
     n_traces = len(traces.traces)
