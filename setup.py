@@ -7,6 +7,8 @@ package named ``collector`` or ``agent`` never lands in a user's environment.
 import os
 import runpy
 import sys
+import sysconfig
+import tempfile
 from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
@@ -35,9 +37,9 @@ for package, folder in NAMESPACE_ROOTS.items():
     packages.extend(f"{package}.{sub}" for sub in find_packages(folder))
 packages.extend(p for p in PACKAGE_DATA if p not in packages)
 
-# The compiled OTLP trace decoder (docs/performance.md). Optional: where no C compiler
-# is found the build goes on without it and the collector decodes with the pure-Python
-# reference decoder, which the compiled one is fuzzed against.
+# The native OTLP trace decoder (docs/performance.md). Optional: where no C compiler is
+# found the build goes on without it and the collector decodes with protobuf's parser,
+# the reference it is fuzzed against.
 NATIVE_EXTENSIONS = [
     Extension(
         "tokenpath.collector.receivers._otlp_native",
@@ -46,6 +48,36 @@ NATIVE_EXTENSIONS = [
         optional=True,
     ),
 ]
+# Commands that compile extensions; the others (sdist, egg_info, dist_info) need neither a
+# compiler nor mypyc's generated C.
+BUILDING_COMMANDS = {"build", "build_ext", "bdist_wheel", "bdist", "install", "develop",
+                     "editable_wheel"}
+
+
+def _builds_extensions() -> bool:
+    return any(arg in BUILDING_COMMANDS for arg in sys.argv[1:])
+
+
+def c_compiler_works() -> bool:
+    """Whether the compiler this build would use (``CC`` and Python's build settings)
+    compiles a file that includes Python.h. Without one the package installs as plain
+    Python: a build that tried anyway would spend a minute generating C it cannot use."""
+    from distutils.ccompiler import new_compiler
+    from distutils.sysconfig import customize_compiler
+
+    compiler = new_compiler()
+    customize_compiler(compiler)
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "probe.c"
+        source.write_text("#include <Python.h>\nint tokenpath_probe(void) { return 0; }\n")
+        try:
+            compiler.compile([str(source)], output_dir=folder,
+                             include_dirs=[sysconfig.get_paths()["include"]])
+        except Exception as error:  # CompileError, or no compiler program at all
+            print(f"tokenpath: no working C compiler ({error}); building plain Python: "
+                  "no compiled core, no native OTLP decoder", file=sys.stderr)
+            return False
+    return True
 
 
 def _installed_layout(root: Path) -> Path:
@@ -79,22 +111,37 @@ def compiled_core() -> list[Extension]:
     build = Path("build") / "mypyc"
     tree = _installed_layout(build / "src")
     # Options for the compile alone (make lint runs mypy --strict with every dependency
-    # installed): a build environment may lack the third-party packages' types.
+    # installed). The build environment has the compiled modules' own third-party imports
+    # (pyproject.toml's build requirements) but not every package they reach: those are
+    # Any, which mypyc compiles as plain objects, correct and slower; but a compiled class
+    # on a base it sees as Any is built wrong (it crashed at run time), so that is an error.
     config = build / "mypy.ini"
-    config.write_text("[mypy]\nignore_missing_imports = True\nfollow_imports = silent\n")
+    config.write_text("[mypy]\nignore_missing_imports = True\nfollow_imports = silent\n"
+                      "disallow_subclassing_any = True\n")
     paths = [str(tree.parent / (name.replace(".", "/") + ".py"))
              for name in names["COMPILED_MODULES"]]
-    extensions: list[Extension] = mypycify(
-        ["--config-file", str(config), *paths], opt_level="3",
-        group_name=names["LIBRARY_GROUP"], target_dir=str(build / "c"))
+    try:
+        extensions: list[Extension] = mypycify(
+            ["--config-file", str(config), *paths], opt_level="3",
+            group_name=names["LIBRARY_GROUP"], target_dir=str(build / "c"))
+    except (SystemExit, Exception) as error:  # mypy's errors end in SystemExit
+        print(f"tokenpath: mypyc could not compile the core ({error!r}); the package "
+              "installs its plain Python (tokenpath --version says core: python)",
+              file=sys.stderr)
+        return []
     for extension in extensions:  # no C compiler: the package installs as plain Python
         extension.optional = True
     return extensions
 
 
+ext_modules: list[Extension] = []
+if _builds_extensions() and c_compiler_works():
+    ext_modules = [*NATIVE_EXTENSIONS, *compiled_core()]
+
 setup(
-    ext_modules=[*NATIVE_EXTENSIONS, *compiled_core()],
+    ext_modules=ext_modules,
     packages=packages,
     package_dir=NAMESPACE_ROOTS,
     package_data=PACKAGE_DATA,
+    exclude_package_data={"": ["*.c"]},  # the decoder's source ships in the sdist only
 )

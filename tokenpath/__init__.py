@@ -1,6 +1,7 @@
 """tokenpath."""
 
-from tokenpath.compiled import install_pure_python_finder, pure_python_requested
+from tokenpath.install_check import install_import_hook
 
-if pure_python_requested():  # TOKENPATH_PURE_PYTHON=1: see tokenpath/compiled.py
-    install_pure_python_finder()
+# Decides, before the first compiled module is imported, whether this process runs the
+# compiled core or its plain Python source (tokenpath/install_check.py).
+install_import_hook()

@@ -14,6 +14,8 @@ is not ``0``; elsewhere the package installs as plain Python and behaves the sam
 ``.py`` source of every compiled module even where the extension is built (the
 benchmarks run such a collector beside the compiled one; a test checks both price the
 same traffic to the same bytes). It must be set before ``tokenpath`` is first imported.
+Which of the two a process runs is decided by :mod:`tokenpath.install_check`, which also
+checks a built core once per install in a child process before trusting it.
 
 This file is read by ``setup.py`` before anything is installed: it imports the standard
 library only.
@@ -21,14 +23,10 @@ library only.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
-import sys
-from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Final
 
 # The modules on the collector's per-span and per-request path, as import names. Each
@@ -105,27 +103,3 @@ def stale_modules() -> list[str]:
 
 def pure_python_requested() -> bool:
     return os.environ.get(PURE_PYTHON_ENV, "") == "1"
-
-
-class _SourceFirstFinder(importlib.abc.MetaPathFinder):
-    """Finds the ``.py`` source of the compiled modules, ahead of their extensions."""
-
-    def __init__(self, names: Sequence[str]) -> None:
-        self._names = frozenset(names)
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in self._names or not path:
-            return None
-        leaf = fullname.rpartition(".")[2] + ".py"
-        for folder in path:
-            source = Path(folder) / leaf
-            if source.is_file():
-                return importlib.util.spec_from_file_location(fullname, source)
-        return None
-
-
-def install_pure_python_finder() -> None:
-    """Make this process import the compiled modules from their source (idempotent)."""
-    if not any(isinstance(f, _SourceFirstFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _SourceFirstFinder(COMPILED_MODULES))

@@ -12,7 +12,6 @@ import base64
 import binascii
 import functools
 import json
-import os
 from dataclasses import dataclass, field, fields
 from types import ModuleType
 from typing import Any
@@ -26,6 +25,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from tokenpath import install_check
 from tokenpath.attributes import GEN_AI_CONTENT_EVENT_NAMES, GEN_AI_CONTENT_PREFIXES
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.spans import Attributes, AttrValue, SpanData, SpanEvent
@@ -296,7 +296,7 @@ def decode_traces(message: ExportTraceServiceRequest, limits: IngestLimits) -> D
 # --- the compiled decoder -------------------------------------------------------------------
 
 # Set to "python" to decode with the pure-Python reference only (comparisons, debugging).
-DECODER_ENV = "TOKENPATH_OTLP_DECODER"
+DECODER_ENV = install_check.DECODER_ENV
 _SPAN_FIELDS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_unix_nano",
                 "end_unix_nano", "attributes", "events", "resource", "status_code",
                 "remote_parent")
@@ -307,8 +307,9 @@ _NATIVE_REJECTION_REASONS = ("invalid trace_id", "invalid span_id", "invalid par
 
 def _load_native() -> ModuleType | None:
     """The C extension built by the package's setup.py (collector/receivers/
-    _otlp_native.c), or None where it was not built or is switched off."""
-    if os.environ.get(DECODER_ENV, "").strip().lower() == "python":
+    _otlp_native.c), or None where it was not built, is switched off or failed the
+    install's check (tokenpath/install_check.py)."""
+    if not install_check.decoder_usable():
         return None
     try:
         from tokenpath.collector.receivers import _otlp_native

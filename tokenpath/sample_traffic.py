@@ -1,0 +1,87 @@
+"""A small, fixed OTLP trace export of vLLM-shaped requests: what a plain deployment sends
+with no tokenpath code in it (an ASGI gateway's SERVER span and vLLM's own
+``llm_request`` span as its child, each from its own process).
+
+The install check (:mod:`tokenpath.install_selfcheck`) runs it through the decoder and
+the compiled core, and the installed-package tests send it to an installed collector.
+Its numbers are made up; nothing in it is content.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Final
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from tokenpath import attributes as A
+
+SAMPLE_MODEL: Final = "llama-3.1-8b"
+SAMPLE_ENGINE_INSTANCE: Final = "sample-vllm-0"
+_SERVICE_NAME: Final = "service.name"
+_HOST_NAME: Final = "host.name"
+
+
+def _attribute(key: str, value: str | int | float) -> KeyValue:
+    if isinstance(value, str):
+        return KeyValue(key=key, value=AnyValue(string_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(double_value=value))
+
+
+def _resource_spans(resource: dict[str, str], scope: str, spans: list[Span]) -> ResourceSpans:
+    out = ResourceSpans(resource=Resource(
+        attributes=[_attribute(k, v) for k, v in resource.items()]))
+    scoped = ScopeSpans(spans=spans)
+    scoped.scope.name = scope
+    out.scope_spans.append(scoped)
+    return out
+
+
+def sample_export(now_unix: float, requests: int = 8, seed: int = 7) -> ExportTraceServiceRequest:
+    """``requests`` gateway + vLLM request pairs, all ended shortly before ``now_unix``,
+    overlapping on one engine."""
+    rng = random.Random(seed)
+    gateway_spans: list[Span] = []
+    engine_spans: list[Span] = []
+    for index in range(requests):
+        trace_id = rng.getrandbits(128).to_bytes(16, "big")
+        gateway_id = rng.getrandbits(64).to_bytes(8, "big")
+        arrival = now_unix - 5.0 + index * 0.05
+        queue, prefill, decode = 0.002, 0.020 + 0.002 * index, 0.150 + 0.010 * index
+        prompt, completion = 600 + 40 * index, 48 + 4 * index
+        end = arrival + queue + prefill + decode
+        gateway_spans.append(Span(
+            trace_id=trace_id, span_id=gateway_id, name="POST /v1/chat/completions",
+            kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=int((arrival - 0.003) * 1e9),
+            end_time_unix_nano=int((end + 0.002) * 1e9),
+            attributes=[_attribute(A.HTTP_REQUEST_METHOD, "POST"),
+                        _attribute("http.route", "/v1/chat/completions"),
+                        _attribute(A.HTTP_RESPONSE_STATUS_CODE, 200)]))
+        engine_spans.append(Span(
+            trace_id=trace_id, span_id=rng.getrandbits(64).to_bytes(8, "big"),
+            parent_span_id=gateway_id, name=A.VLLM_REQUEST_SPAN_NAME,
+            kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=int(arrival * 1e9),
+            end_time_unix_nano=int(end * 1e9),
+            attributes=[
+                _attribute(A.GEN_AI_REQUEST_MODEL, SAMPLE_MODEL),
+                _attribute(A.GEN_AI_REQUEST_ID, f"cmpl-sample-{index}"),
+                _attribute(A.VLLM_USAGE_PROMPT_TOKENS, prompt),
+                _attribute(A.VLLM_USAGE_COMPLETION_TOKENS, completion),
+                _attribute(A.VLLM_LATENCY_TIME_IN_QUEUE, queue),
+                _attribute(A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN, queue + prefill),
+                _attribute(A.VLLM_LATENCY_E2E, queue + prefill + decode),
+                _attribute(A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL, prefill),
+                _attribute(A.VLLM_LATENCY_TIME_IN_MODEL_DECODE, decode),
+            ]))
+    export = ExportTraceServiceRequest()
+    export.resource_spans.append(_resource_spans(
+        {_SERVICE_NAME: "gateway", _HOST_NAME: "sample-gateway-host"}, "gateway", gateway_spans))
+    export.resource_spans.append(_resource_spans(
+        {_SERVICE_NAME: "vllm", A.SERVICE_INSTANCE_ID: SAMPLE_ENGINE_INSTANCE},
+        "vllm.tracing", engine_spans))
+    return export
