@@ -29,6 +29,8 @@ from tokenpath.agent.nvml_sampler import NvmlSampler
 from tokenpath.agent.otlp_push import OtlpMetricsPusher
 from tokenpath.agent.prom_collector import AgentCollector
 from tokenpath.agent.snapshot import Snapshot
+from tokenpath.build_metrics import BuildInfoCollector
+from tokenpath.install_check import build_state, log_fallbacks
 from tokenpath.labels import BoundedLabel
 
 logger = logging.getLogger(__name__)
@@ -89,6 +91,8 @@ class AgentService:
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         self._collector = AgentCollector(lambda: self._latest)
+        self.build = build_state()
+        self._build_info = BuildInfoCollector(self.build)
         self._latest: Snapshot | None = None
         self._rendered: tuple[Snapshot | None, bytes] | None = None
         self._pusher: OtlpMetricsPusher | None = None
@@ -117,6 +121,9 @@ class AgentService:
             return
         self._started = True
         self.registry.register(self._collector)
+        self.registry.register(self._build_info)
+        logger.info("agent: %s", self.build.describe())
+        log_fallbacks(self.build, "agent")
         self.poll_once()
         if serve:
             host, port = self.config.listen_address
@@ -164,6 +171,7 @@ class AgentService:
             self._push_client.close()
         if self._started:
             self.registry.unregister(self._collector)
+            self.registry.unregister(self._build_info)
         self.poller.shutdown()
         self.nvml_sampler.shutdown()
         if self._owns_client:

@@ -19,6 +19,7 @@ import logging
 
 from prometheus_client import CollectorRegistry
 
+from tokenpath.build_metrics import BuildInfoCollector
 from tokenpath.collector.assembler import Assembler
 from tokenpath.collector.call_join import CallJoiner
 from tokenpath.collector.config import CollectorConfig
@@ -33,10 +34,10 @@ from tokenpath.collector.pipeline_worker import PipelineWorker
 from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.collector.receivers.grpc import GrpcReceiver
 from tokenpath.collector.receivers.ingest import OtlpIngest
-from tokenpath.collector.receivers.otlp_decode import native_decoder_available
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, StoreConfig
 from tokenpath.compiled import describe as describe_compiled_core
+from tokenpath.install_check import build_state, log_fallbacks
 from tokenpath.pipeline import FanOut, IdleCost, RecordSink
 from tokenpath.records import RequestRecord
 
@@ -57,6 +58,8 @@ class CollectorService:
         self.config = config
         self.stats = CollectorStats()
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.build = build_state()
+        self.registry.register(BuildInfoCollector(self.build))
         self.store = RecordStore(
             StoreConfig(path=config.store_path, retention_seconds=config.retention_seconds),
             self.stats,
@@ -126,11 +129,10 @@ class CollectorService:
         except BaseException:  # a listener could not start: stop what did, then report
             self.shutdown()
             raise
-        log.info("collector listening: http %s grpc %s; OTLP trace decoder: %s; "
-                 "per-request core: %s", self.http_url, self.grpc_endpoint,
-                 "compiled" if native_decoder_available()
-                 else "reference only (the compiled decoder is not built)",
+        log.info("collector listening: http %s grpc %s; %s; per-request core: %s",
+                 self.http_url, self.grpc_endpoint, self.build.describe(),
                  describe_compiled_core())
+        log_fallbacks(self.build, "collector")
 
     def shutdown(self) -> None:
         """Stop receiving, flush every buffered trace into the store. Idempotent."""

@@ -19,7 +19,12 @@ import typer
 
 from tokenpath import attributes, metric_names
 from tokenpath.collector.cost.chargeback import ChargebackRow
-from tokenpath.metric_names import AGENT_METRICS, COLLECTOR_METRICS, MetricSpec
+from tokenpath.metric_names import (
+    AGENT_METRICS,
+    BUILD_METRICS,
+    COLLECTOR_METRICS,
+    MetricSpec,
+)
 from tokenpath.records import RequestRecord
 from tokenpath.report import build_report
 
@@ -92,7 +97,8 @@ def _metric_table(title: str, specs: list[MetricSpec]) -> list[str]:
 def metrics_section() -> list[str]:
     specs = _all_specs()
     self_telemetry = [s for s in specs if s.name.startswith(f"{metric_names.NAMESPACE}_collector_")]
-    listed = {s.name for s in (*COLLECTOR_METRICS, *AGENT_METRICS, *self_telemetry)}
+    listed = {s.name for s in (*COLLECTOR_METRICS, *AGENT_METRICS, *BUILD_METRICS,
+                               *self_telemetry)}
     rest = [s for s in specs if s.name not in listed]
     renamed = sorted(metric_names.RENAMED_FROM.items())
     lines = ["## Metrics", "",
@@ -101,6 +107,7 @@ def metrics_section() -> list[str]:
     lines += _metric_table("Collector: requests, cost, energy", list(COLLECTOR_METRICS))
     lines += _metric_table("Collector: self-telemetry", self_telemetry)
     lines += _metric_table("Node agent", list(AGENT_METRICS))
+    lines += _metric_table("Build (collector and agent)", list(BUILD_METRICS))
     if rest:
         lines += _metric_table("Other", rest)
     if renamed:

@@ -175,8 +175,10 @@ def _start_child(component: str) -> subprocess.Popen[str]:
         env[PURE_PYTHON_ENV] = "1"  # the decoder's check exercises the decoder alone
     else:
         env.pop(PURE_PYTHON_ENV, None)
+    # -P: the working directory is not put on the child's path (a folder named tokenpath
+    # there, a checkout, would be imported instead of the install under check)
     return subprocess.Popen(
-        [sys.executable, "-m", SELFCHECK_MODULE, component], env=env, text=True,
+        [sys.executable, "-P", "-m", SELFCHECK_MODULE, component], env=env, text=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 

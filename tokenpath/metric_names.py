@@ -150,6 +150,19 @@ COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     ENERGY_MEASURED,
 )
 
+# --- Build: what the install runs, on the collector's and the agent's /metrics
+LABEL_VERSION: Final = "version"
+LABEL_CORE: Final = "core"
+LABEL_DECODER: Final = "decoder"
+LABEL_COMPONENT: Final = "component"
+BUILD_INFO = _m("build_info", "gauge", (LABEL_VERSION, LABEL_CORE, LABEL_DECODER),
+                "1, labelled with the package version, the per-request core this process "
+                "runs (compiled: mypyc; python) and its OTLP decoder (native: C; python).")
+BUILD_FALLBACKS = _m("build_fallbacks", "counter", (LABEL_COMPONENT, LABEL_REASON),
+                     "Parts of the install this process runs as plain Python, by component "
+                     "(core, decoder) and reason (not_built, disabled, self_check_failed).")
+BUILD_METRICS: tuple[MetricSpec, ...] = (BUILD_INFO, BUILD_FALLBACKS)
+
 # --- Collector: self-telemetry
 SPANS_RECEIVED = _m("collector_spans_received", "counter", (LABEL_RECEIVER,),
                     "Spans accepted by a receiver.")

@@ -46,37 +46,41 @@ def sample_export(now_unix: float, requests: int = 8, seed: int = 7) -> ExportTr
     """``requests`` gateway + vLLM request pairs, all ended shortly before ``now_unix``,
     overlapping on one engine."""
     rng = random.Random(seed)
+    # Whole nanoseconds from a whole second: every send of the sample has the same
+    # durations to the nanosecond, whatever ``now_unix`` is.
+    base = (int(now_unix) - 5) * 1_000_000_000
     gateway_spans: list[Span] = []
     engine_spans: list[Span] = []
     for index in range(requests):
         trace_id = rng.getrandbits(128).to_bytes(16, "big")
         gateway_id = rng.getrandbits(64).to_bytes(8, "big")
-        arrival = now_unix - 5.0 + index * 0.05
-        queue, prefill, decode = 0.002, 0.020 + 0.002 * index, 0.150 + 0.010 * index
+        arrival = base + index * 50_000_000
+        queue, prefill = 2_000_000, 20_000_000 + 2_000_000 * index
+        decode = 150_000_000 + 10_000_000 * index
         prompt, completion = 600 + 40 * index, 48 + 4 * index
         end = arrival + queue + prefill + decode
         gateway_spans.append(Span(
             trace_id=trace_id, span_id=gateway_id, name="POST /v1/chat/completions",
-            kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=int((arrival - 0.003) * 1e9),
-            end_time_unix_nano=int((end + 0.002) * 1e9),
+            kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=arrival - 3_000_000,
+            end_time_unix_nano=end + 2_000_000,
             attributes=[_attribute(A.HTTP_REQUEST_METHOD, "POST"),
                         _attribute("http.route", "/v1/chat/completions"),
                         _attribute(A.HTTP_RESPONSE_STATUS_CODE, 200)]))
         engine_spans.append(Span(
             trace_id=trace_id, span_id=rng.getrandbits(64).to_bytes(8, "big"),
             parent_span_id=gateway_id, name=A.VLLM_REQUEST_SPAN_NAME,
-            kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=int(arrival * 1e9),
-            end_time_unix_nano=int(end * 1e9),
+            kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=arrival,
+            end_time_unix_nano=end,
             attributes=[
                 _attribute(A.GEN_AI_REQUEST_MODEL, SAMPLE_MODEL),
                 _attribute(A.GEN_AI_REQUEST_ID, f"cmpl-sample-{index}"),
                 _attribute(A.VLLM_USAGE_PROMPT_TOKENS, prompt),
                 _attribute(A.VLLM_USAGE_COMPLETION_TOKENS, completion),
-                _attribute(A.VLLM_LATENCY_TIME_IN_QUEUE, queue),
-                _attribute(A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN, queue + prefill),
-                _attribute(A.VLLM_LATENCY_E2E, queue + prefill + decode),
-                _attribute(A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL, prefill),
-                _attribute(A.VLLM_LATENCY_TIME_IN_MODEL_DECODE, decode),
+                _attribute(A.VLLM_LATENCY_TIME_IN_QUEUE, queue / 1e9),
+                _attribute(A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN, (queue + prefill) / 1e9),
+                _attribute(A.VLLM_LATENCY_E2E, (queue + prefill + decode) / 1e9),
+                _attribute(A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL, prefill / 1e9),
+                _attribute(A.VLLM_LATENCY_TIME_IN_MODEL_DECODE, decode / 1e9),
             ]))
     export = ExportTraceServiceRequest()
     export.resource_spans.append(_resource_spans(

@@ -128,17 +128,21 @@ cost:
 
 
 def start_collector(store: Path, *extra: str, env: dict[str, str] | None = None,
-                    http_port: int | None = None, grpc_port: int | None = None
-                    ) -> CollectorProcess:
+                    http_port: int | None = None, grpc_port: int | None = None,
+                    command: list[str] | None = None) -> CollectorProcess:
+    """``tokenpath collector`` on free loopback ports, up once /healthz answers;
+    ``command`` is the tokenpath executable to run (default: this checkout's, through
+    this interpreter)."""
     http_port = http_port or free_port()
     grpc_port = grpc_port or free_port()
     if "--config" not in extra:
         config = store.parent / "fast-collector.yaml"
         config.write_text(FAST_CONFIG)
         extra = (*extra, "--config", str(config))
+    args = ("collector", "--http", f"127.0.0.1:{http_port}", "--grpc", f"127.0.0.1:{grpc_port}",
+            "--store", str(store), *extra)
     proc = subprocess.Popen(
-        tokenpath_cmd("collector", "--http", f"127.0.0.1:{http_port}",
-                      "--grpc", f"127.0.0.1:{grpc_port}", "--store", str(store), *extra),
+        [*command, *args] if command is not None else tokenpath_cmd(*args),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, **(env or {})},
     )

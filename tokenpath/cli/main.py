@@ -22,6 +22,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from tokenpath.install_check import build_state
+
+        typer.echo(build_state().describe())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True,
+        help="Print the version and which core (compiled|python) and OTLP decoder "
+             "(native|python) this install runs, then exit."),
+) -> None:
+    """Follow every LLM request along its 15-stage path; latency and dollars per stage."""
+
+
 collector_cmd.register(app)
 agent_cmd.register(app)
 demo_cmd.register(app)
