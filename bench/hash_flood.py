@@ -20,7 +20,7 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 SPANS = 80_000
@@ -44,27 +44,55 @@ def old_fixed_hash(data: bytes) -> int:
     return h ^ (h >> 32)
 
 
-def colliding_trace_ids(n: int, seed: int = 0) -> list[bytes]:
-    """``n`` distinct, valid (non-zero) 16-byte trace ids with one and the same
-    :func:`old_fixed_hash`, all 64 bits of it: the first 8 bytes are random, the last 8
-    undo them. The word step is ``s = (s ^ w) * K`` then a shift; K is odd, so for any
-    state after the first word there is one second word that leads to a chosen product."""
+def colliding_fills(template: bytes, at: int, n: int, seed: int = 0) -> list[bytes]:
+    """``n`` distinct copies of ``template`` with one and the same :func:`old_fixed_hash`,
+    all 64 bits of it, differing in their 16 bytes from ``at`` (a multiple of 8): the
+    first 8 are random, the next 8 undo them. The hash's word step is ``s = (s ^ w) * K``
+    then a shift; K is odd, so whatever the state after the first word, one second word
+    leads to a chosen product, and from there on every copy hashes alike."""
+    if at % 8 or at + 16 > len(template):
+        raise ValueError("the 16 bytes to fill must start at a multiple of 8")
     rng = random.Random(seed)
     inverse = pow(_OLD_WORD_MULTIPLIER, -1, 1 << 64)
     target_product = 0x5851F42D4C957F2D  # any fixed value
-    start = _OLD_SEED ^ (16 * _OLD_LENGTH_MULTIPLIER & _MASK)
-    ids: list[bytes] = []
-    seen: set[bytes] = set()
-    while len(ids) < n:
-        first = rng.getrandbits(64) | 1
-        state = (start ^ first) * _OLD_WORD_MULTIPLIER & _MASK
+    state = _OLD_SEED ^ (len(template) * _OLD_LENGTH_MULTIPLIER & _MASK)
+    for i in range(0, at, 8):
+        state = (state ^ int.from_bytes(template[i:i + 8], "little")) * _OLD_WORD_MULTIPLIER
+        state &= _MASK
         state ^= state >> 29
-        second = state ^ (target_product * inverse & _MASK)
-        trace_id = first.to_bytes(8, "little") + second.to_bytes(8, "little")
-        if trace_id not in seen:
-            seen.add(trace_id)
-            ids.append(trace_id)
-    return ids
+    out: dict[bytes, None] = {}
+    while len(out) < n:
+        first = rng.getrandbits(64) | 1  # never all zero (a zero trace id is invalid)
+        after_first = (state ^ first) * _OLD_WORD_MULTIPLIER & _MASK
+        after_first ^= after_first >> 29
+        second = after_first ^ (target_product * inverse & _MASK)
+        fill = first.to_bytes(8, "little") + second.to_bytes(8, "little")
+        out[template[:at] + fill + template[at + 16:]] = None
+    return list(out)
+
+
+def colliding_trace_ids(n: int, seed: int = 0) -> list[bytes]:
+    """``n`` distinct, valid 16-byte trace ids with one :func:`old_fixed_hash`."""
+    return colliding_fills(bytes(16), 0, n, seed)
+
+
+# A span whose only attribute is ATTRIBUTE_KEY with a 16-byte bytes value carries this run
+# of wire bytes (field 9, the KeyValue, its AnyValue's bytes_value = 7); the decoder keyed
+# its attribute-set table by it. The 8-character key puts the value at offset 16.
+ATTRIBUTE_KEY = "collide!"
+_ATTRIBUTE_RUN = (b"\x4a\x1e" + b"\x0a\x08" + ATTRIBUTE_KEY.encode() + b"\x12\x12"
+                  + b"\x3a\x10" + bytes(16))
+
+
+def attribute_run(value: bytes) -> bytes:
+    """The attribute run of a span whose one attribute is ATTRIBUTE_KEY = ``value``."""
+    return _ATTRIBUTE_RUN[:16] + value
+
+
+def colliding_attribute_values(n: int, seed: int = 0) -> list[bytes]:
+    """``n`` distinct 16-byte values whose attribute runs (:func:`attribute_run`) have
+    one :func:`old_fixed_hash`: spans carrying them have colliding attribute sets."""
+    return [run[16:] for run in colliding_fills(_ATTRIBUTE_RUN, 16, n, seed)]
 
 
 def random_trace_ids(n: int, seed: int = 1) -> list[bytes]:
@@ -81,7 +109,6 @@ def old_table_longest_probe(keys: Sequence[bytes], capacity: int = 256) -> int:
     """The longest probe run the decoder's former table would have made for ``keys``: the
     same linear probing and growth at half full, with :func:`old_fixed_hash`."""
     slots: list[int | None] = [None] * capacity
-    used = 0
     longest = 0
 
     def place(table: list[int | None], h: int) -> int:
@@ -94,9 +121,9 @@ def old_table_longest_probe(keys: Sequence[bytes], capacity: int = 256) -> int:
         table[i] = h
         return probes
 
-    for key in dict.fromkeys(keys):  # distinct keys: a repeated one is found, not added
+    # distinct keys: a repeated one is found, not added
+    for used, key in enumerate(dict.fromkeys(keys), start=1):
         longest = max(longest, place(slots, old_fixed_hash(key)))
-        used += 1
         if used * 2 > len(slots):
             bigger: list[int | None] = [None] * (2 * len(slots))
             for h in slots:
@@ -119,13 +146,6 @@ def request_with_trace_ids(trace_ids: Sequence[bytes]) -> bytes:
     spans.extend(Span(trace_id=trace_id, span_id=(i + 1).to_bytes(8, "little"), name="s")
                  for i, trace_id in enumerate(trace_ids))
     return request.SerializeToString()
-
-
-def _cpu_seconds(decode: Callable[[], object]) -> float:
-    """One decode's process CPU time."""
-    started = time.process_time()
-    decode()
-    return time.process_time() - started
 
 
 def run(spans: int = SPANS, rounds: int = 5) -> dict[str, Any]:
@@ -152,8 +172,9 @@ def run(spans: int = SPANS, rounds: int = 5) -> dict[str, Any]:
     times: dict[str, list[float]] = {name: [] for name in bodies}
     for _ in range(rounds):  # interleaved: drift on a shared machine hits each body alike
         for name, body in bodies.items():
-            times[name].append(_cpu_seconds(
-                lambda body=body: otlp_decode.decode_native(body, limits, native)))
+            started = time.process_time()
+            otlp_decode.decode_native(body, limits, native)
+            times[name].append(time.process_time() - started)
     seconds = {name: statistics.median(values) for name, values in times.items()}
     for name, value in seconds.items():
         result[f"cpu_ms_{name}"] = round(1000 * value, 2)
