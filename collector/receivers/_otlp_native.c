@@ -8,16 +8,21 @@
  * input this module either returns exactly what the reference returns, or returns None
  * and the caller runs the reference. It returns None for everything it does not decode
  * exactly as protobuf does: malformed or truncated wire data (the reference then raises
- * with protobuf's message), invalid UTF-8, groups, a known field with the wrong wire
- * type, a singular message field sent twice (protobuf merges those), more than one
- * AnyValue member, values nested deeper than MAX_VALUE_DEPTH. tests/collector/
- * test_otlp_native.py fuzzes the two against each other.
+ * with protobuf's message), a tag or a length prefix written in more than MAX_TAG_BYTES
+ * bytes (protobuf refuses those too), invalid UTF-8 in any copy of a string (protobuf
+ * checks every copy of a repeated singular field, not only the last, which it keeps),
+ * groups, a known field with the wrong wire type, a singular message field sent twice
+ * (protobuf merges those), more than one AnyValue member, values nested deeper than
+ * MAX_VALUE_DEPTH, and a request whose table lookups would probe past PROBE_LIMIT slots.
+ * tests/collector/test_otlp_native.py and fuzz/otlp_native_fuzz.py fuzz the two against
+ * each other, on bytes and on structure-aware edits of valid requests.
  *
  * Like the reference it validates the whole request (every string, every nested
  * message, the spans it rejects included), applies the ingest limits in the same order,
  * drops GenAI content attributes and events unless kept, and counts all of it.
  * Strings, trace ids, integers and whole attribute sets are shared within one request
- * (keyed by their wire bytes), so buffered spans hold references, as in the reference.
+ * (keyed by their wire bytes in hash tables with a keyed hash, so a client cannot
+ * choose colliding bytes), so buffered spans hold references, as in the reference.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
