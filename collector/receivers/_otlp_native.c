@@ -193,9 +193,13 @@ static PyObject *new_hex(const uint8_t *p, Py_ssize_t n) {
 static uint64_t hash_key[2]; /* drawn at import (os.urandom) */
 static size_t last_longest_probe; /* of the last decode_traces call, for tests */
 
+/* 8 bytes as a little-endian number (one load where the machine is little-endian). */
 static inline uint64_t load_le64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
     return v;
 }
 
