@@ -69,6 +69,7 @@ BENCHES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "stage_recording": ("bench.stage_recording", "run", {}),
     "agent": ("bench.agent_bench", "run", {}),
     "attribution": ("bench.attribution", "run", {}),
+    "hash_flood": ("bench.hash_flood", "run", {}),
 }
 
 TARGETS = (
@@ -145,6 +146,12 @@ TARGETS = (
            ("in_flight", "ratio_1024_to_16"), "<=", 1.5, "x",
            beside=(("at 16", ("in_flight", "cpu_us_per_request_16"), "µs"),
                    ("at 1,024", ("in_flight", "cpu_us_per_request_1024"), "µs"))),
+    Target("hash_flood", "80,000 spans, trace ids colliding (old hash) vs random: decode CPU",
+           ("ratio",), "<=", 2.0, "x",
+           beside=(("random ids", ("cpu_ms_random",), "ms"),
+                   ("colliding", ("cpu_ms_colliding",), "ms"),
+                   ("sequential ids vs random", ("sequential_ratio",), "x"),
+                   ("longest probe, colliding", ("longest_probe_colliding",), "slots"))),
 )
 
 

@@ -8,16 +8,21 @@
  * input this module either returns exactly what the reference returns, or returns None
  * and the caller runs the reference. It returns None for everything it does not decode
  * exactly as protobuf does: malformed or truncated wire data (the reference then raises
- * with protobuf's message), invalid UTF-8, groups, a known field with the wrong wire
- * type, a singular message field sent twice (protobuf merges those), more than one
- * AnyValue member, values nested deeper than MAX_VALUE_DEPTH. tests/collector/
- * test_otlp_native.py fuzzes the two against each other.
+ * with protobuf's message), a tag or a length prefix written in more than MAX_TAG_BYTES
+ * bytes (protobuf refuses those too), invalid UTF-8 in any copy of a string (protobuf
+ * checks every copy of a repeated singular field, not only the last, which it keeps),
+ * groups, a known field with the wrong wire type, a singular message field sent twice
+ * (protobuf merges those), more than one AnyValue member, values nested deeper than
+ * MAX_VALUE_DEPTH, and a request whose table lookups would probe past PROBE_LIMIT slots.
+ * tests/collector/test_otlp_native.py and fuzz/otlp_native_fuzz.py fuzz the two against
+ * each other, on bytes and on structure-aware edits of valid requests.
  *
  * Like the reference it validates the whole request (every string, every nested
  * message, the spans it rejects included), applies the ingest limits in the same order,
  * drops GenAI content attributes and events unless kept, and counts all of it.
  * Strings, trace ids, integers and whole attribute sets are shared within one request
- * (keyed by their wire bytes), so buffered spans hold references, as in the reference.
+ * (keyed by their wire bytes in hash tables with a keyed hash, so a client cannot
+ * choose colliding bytes), so buffered spans hold references, as in the reference.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,6 +34,7 @@
 #define FAILED (-1) /* a Python exception is set (memory) */
 #define MAX_VALUE_DEPTH 16
 #define SHARE_MAX_BYTES 64
+#define MAX_TAG_BYTES 5 /* protobuf's limit for a tag's or a length's varint */
 
 #define CHECK(expr)                        \
     do {                                   \
@@ -58,9 +64,26 @@ static inline int read_varint(Reader *r, uint64_t *out) {
     return FALLBACK;
 }
 
+/* A tag or a length prefix. Protobuf refuses either when its varint takes more than 5
+ * bytes, even padded ("\x8a\x80\x80\x80\x80\x00" is tag 10 in 6 bytes): so does this
+ * (the reference then raises). Values (int64 and the like) may take 10, read_varint. */
+static inline int read_varint32(Reader *r, uint64_t *out) {
+    uint64_t value = 0;
+    for (int i = 0; i < MAX_TAG_BYTES; i++) {
+        if (r->p >= r->end) return FALLBACK;
+        uint8_t byte = *r->p++;
+        value |= (uint64_t)(byte & 0x7f) << (7 * i);
+        if (!(byte & 0x80)) {
+            *out = value;
+            return DONE;
+        }
+    }
+    return FALLBACK;
+}
+
 static inline int read_tag(Reader *r, uint32_t *field, int *wire_type) {
     uint64_t tag;
-    CHECK(read_varint(r, &tag));
+    CHECK(read_varint32(r, &tag));
     if (tag > UINT32_MAX || (tag >> 3) == 0) return FALLBACK;
     *field = (uint32_t)(tag >> 3);
     *wire_type = (int)(tag & 7);
@@ -86,8 +109,8 @@ static inline int read_fixed32(Reader *r, uint32_t *out) {
 
 static inline int read_bytes(Reader *r, Reader *sub) {
     uint64_t n;
-    CHECK(read_varint(r, &n));
-    if (n > (uint64_t)(r->end - r->p) || n > INT32_MAX) return FALLBACK;
+    CHECK(read_varint32(r, &n));
+    if (n > (uint64_t)(r->end - r->p) || n >= INT32_MAX) return FALLBACK;
     sub->p = r->p;
     sub->end = r->p + n;
     r->p += n;
@@ -155,6 +178,70 @@ static PyObject *new_hex(const uint8_t *p, Py_ssize_t n) {
 
 /* --- per-request tables, keyed by wire bytes --------------------------------------- */
 
+/* The tables are keyed by bytes the client chose (trace ids, attribute sets), so their
+ * hash is keyed: SipHash-1-3, the function CPython hashes str and bytes with, under a
+ * random key drawn once per process when the module is imported. A client that cannot
+ * learn the key cannot choose bytes that collide. Probing is bounded besides: a lookup
+ * that would look at more than PROBE_LIMIT slots gives the request up (FALLBACK), and
+ * the reference decoder, linear in the request's size, decides it. With tables at most
+ * half full and a random hash the longest probe run of a 100,000-entry table is about 50
+ * slots, so no honest request is expected to reach the limit, and none can cost more
+ * than PROBE_LIMIT slots a lookup. (The unkeyed hash this replaced let 80,000 trace ids
+ * chosen to collide cost 27 to 38 s of CPU in one 2.6 MB request, against 0.13 to 0.15 s
+ * for random ids; bench/hash_flood.py, docs/security.md.) */
+#define PROBE_LIMIT 128
+
+static uint64_t hash_key[2]; /* drawn at import (os.urandom) */
+static size_t last_longest_probe; /* of the last decode_traces call, for tests */
+
+/* 8 bytes as a little-endian number (one load where the machine is little-endian). */
+static inline uint64_t load_le64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+#define ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                  \
+    do {                                                          \
+        v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32); \
+        v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2;                    \
+        v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0;                    \
+        v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32); \
+    } while (0)
+
+/* SipHash-1-3 of n bytes under the key (k0, k1): one round a word, three to finish. */
+static uint64_t siphash13(uint64_t k0, uint64_t k1, const uint8_t *p, size_t n) {
+    uint64_t v0 = k0 ^ 0x736f6d6570736575ULL;
+    uint64_t v1 = k1 ^ 0x646f72616e646f6dULL;
+    uint64_t v2 = k0 ^ 0x6c7967656e657261ULL;
+    uint64_t v3 = k1 ^ 0x7465646279746573ULL;
+    const uint8_t *words_end = p + (n & ~(size_t)7);
+    for (; p < words_end; p += 8) {
+        uint64_t m = load_le64(p);
+        v3 ^= m;
+        SIPROUND;
+        v0 ^= m;
+    }
+    uint64_t last = (uint64_t)n << 56; /* the length's low byte, then the tail bytes */
+    for (size_t i = 0; i < (n & 7); i++) last |= (uint64_t)p[i] << (8 * i);
+    v3 ^= last;
+    SIPROUND;
+    v0 ^= last;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+static inline uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
+    return siphash13(hash_key[0], hash_key[1], p, (size_t)n);
+}
+
 typedef struct {
     uint64_t hash;
     const uint8_t *p; /* into the request body, which outlives the call */
@@ -167,23 +254,8 @@ typedef struct {
     Entry *slots;
     size_t mask;
     size_t used;
+    size_t longest_probe; /* slots looked at by the longest lookup so far */
 } Table;
-
-static inline uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)n * 0xff51afd7ed558ccdULL);
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
-        h ^= h >> 29;
-        p += 8;
-        n -= 8;
-    }
-    uint64_t tail = 0;
-    for (Py_ssize_t i = 0; i < n; i++) tail |= (uint64_t)p[i] << (8 * i);
-    h = (h ^ tail) * 0xff51afd7ed558ccdULL;
-    return h ^ (h >> 32);
-}
 
 static int table_init(Table *t, size_t capacity) {
     t->slots = PyMem_Calloc(capacity, sizeof(Entry));
@@ -193,6 +265,7 @@ static int table_init(Table *t, size_t capacity) {
     }
     t->mask = capacity - 1;
     t->used = 0;
+    t->longest_probe = 0;
     return DONE;
 }
 
@@ -203,32 +276,48 @@ static void table_free(Table *t) {
     t->slots = NULL;
 }
 
-/* The entry for these bytes, or the empty slot where they would go. */
+/* The entry for these bytes, or the empty slot where they would go; NULL where that
+ * would take more than PROBE_LIMIT slots (the caller then returns FALLBACK). */
 static Entry *table_find(Table *t, const uint8_t *p, Py_ssize_t n, uint64_t h) {
     size_t i = (size_t)h & t->mask;
-    for (;;) {
+    for (size_t probes = 1; probes <= PROBE_LIMIT; probes++) {
         Entry *e = &t->slots[i];
-        if (e->obj == NULL) return e;
-        if (e->hash == h && e->n == n && memcmp(e->p, p, (size_t)n) == 0) return e;
+        if (e->obj == NULL ||
+            (e->hash == h && e->n == n && memcmp(e->p, p, (size_t)n) == 0)) {
+            if (probes > t->longest_probe) t->longest_probe = probes;
+            return e;
+        }
         i = (i + 1) & t->mask;
     }
+    t->longest_probe = PROBE_LIMIT + 1;
+    return NULL;
 }
 
-/* Fills an empty slot found by table_find (steals ``obj``); grows at half full. */
+/* Fills an empty slot found by table_find (steals ``obj``, which the table then owns
+ * whatever this returns); grows at half full. *placed: where the entry is now. */
 static int table_put(Table *t, Entry *slot, const uint8_t *p, Py_ssize_t n, uint64_t h,
-                     PyObject *obj, const long counts[3]) {
+                     PyObject *obj, const long counts[3], Entry **placed) {
     slot->hash = h;
     slot->p = p;
     slot->n = n;
     slot->obj = obj;
     memcpy(slot->counts, counts, sizeof slot->counts);
+    *placed = slot;
     if (++t->used * 2 <= t->mask + 1) return DONE;
     Table bigger;
     CHECK(table_init(&bigger, 2 * (t->mask + 1)));
+    bigger.longest_probe = t->longest_probe;
     for (size_t i = 0; i <= t->mask; i++) {
         Entry *e = &t->slots[i];
         if (e->obj == NULL) continue;
-        *table_find(&bigger, e->p, e->n, e->hash) = *e;
+        Entry *moved = table_find(&bigger, e->p, e->n, e->hash);
+        if (moved == NULL) { /* the entries are still this table's: none moved yet */
+            t->longest_probe = bigger.longest_probe;
+            PyMem_Free(bigger.slots);
+            return FALLBACK;
+        }
+        *moved = *e;
+        if (e == slot) *placed = moved;
     }
     bigger.used = t->used;
     PyMem_Free(t->slots);
@@ -430,12 +519,12 @@ static int interned(Decoder *d, Table *t, Reader s, MakeFn make, Entry **out) {
     Py_ssize_t n = s.end - s.p;
     uint64_t h = hash_bytes(s.p, n);
     Entry *e = table_find(t, s.p, n, h);
+    if (e == NULL) return FALLBACK;
     if (e->obj == NULL) {
         PyObject *obj;
         long counts[3] = {0, 0, 0};
         CHECK(make(d, s, &obj, counts));
-        CHECK(table_put(t, e, s.p, n, h, obj, counts));
-        e = table_find(t, s.p, n, h);
+        CHECK(table_put(t, e, s.p, n, h, obj, counts, &e));
     }
     *out = e;
     return DONE;
@@ -668,8 +757,9 @@ static int decode_attributes(Decoder *d, Reader message, uint32_t number, const 
             uint32_t field;
             int wt;
             CHECK(read_tag(&kv, &field, &wt));
-            if (field == 1) {
+            if (field == 1) { /* the last copy wins; protobuf checks every copy */
                 EXPECT(wt, 2);
+                CHECK(check_utf8(raw_key));
                 CHECK(read_bytes(&kv, &raw_key));
             } else if (field == 2) {
                 EXPECT(wt, 2);
@@ -719,6 +809,7 @@ static int attributes(Decoder *d, Reader message, uint32_t number, const Run *ru
     if (run->contiguous) {
         h = hash_bytes(run->start, n);
         e = table_find(&d->attribute_sets, run->start, n, h);
+        if (e == NULL) return FALLBACK;
         if (e->obj != NULL) goto found;
     }
     PyObject *dict = PyDict_New();
@@ -741,8 +832,7 @@ static int attributes(Decoder *d, Reader message, uint32_t number, const Run *ru
         *out = dict;
         return DONE;
     }
-    CHECK(table_put(&d->attribute_sets, e, run->start, n, h, dict, counts));
-    e = table_find(&d->attribute_sets, run->start, n, h);
+    CHECK(table_put(&d->attribute_sets, e, run->start, n, h, dict, counts, &e));
 found:
     d->attributes_dropped += e->counts[0];
     d->content_attributes_dropped += e->counts[1];
@@ -803,7 +893,11 @@ static int scan_event(Reader r, EventFields *ev) {
         CHECK(read_tag(&r, &field, &wt));
         switch (field) {
         case 1: EXPECT(wt, 1); CHECK(read_fixed64(&r, &ev->time)); break;
-        case 2: EXPECT(wt, 2); CHECK(read_bytes(&r, &ev->name)); break;
+        case 2: /* the last copy wins; an earlier one is checked as it is replaced */
+            EXPECT(wt, 2);
+            CHECK(check_utf8(ev->name));
+            CHECK(read_bytes(&r, &ev->name));
+            break;
         case 3:
             EXPECT(wt, 2);
             CHECK(read_bytes(&r, &s));
@@ -892,7 +986,11 @@ static int scan_span(Reader r, SpanFields *f) {
         case 2: EXPECT(wt, 2); CHECK(read_bytes(&r, &f->span_id)); break;
         case 3: EXPECT(wt, 2); CHECK(read_bytes(&r, &s)); CHECK(check_utf8(s)); break;
         case 4: EXPECT(wt, 2); CHECK(read_bytes(&r, &f->parent)); break;
-        case 5: EXPECT(wt, 2); CHECK(read_bytes(&r, &f->name)); break;
+        case 5: /* the last copy wins; an earlier one is checked as it is replaced */
+            EXPECT(wt, 2);
+            CHECK(check_utf8(f->name));
+            CHECK(read_bytes(&r, &f->name));
+            break;
         case 6: EXPECT(wt, 0); CHECK(read_varint(&r, &f->kind)); break;
         case 7: EXPECT(wt, 1); CHECK(read_fixed64(&r, &f->start)); break;
         case 8: EXPECT(wt, 1); CHECK(read_fixed64(&r, &f->end)); break;
@@ -1167,6 +1265,13 @@ static PyObject *decode_traces(PyObject *module, PyObject *args) {
         Py_INCREF(result);
     }
 done:
+    last_longest_probe = 0;
+    const Table *tables[] = {&d.keys, &d.texts, &d.names, &d.ids, &d.ints,
+                             &d.attribute_sets};
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        if (tables[i]->longest_probe > last_longest_probe)
+            last_longest_probe = tables[i]->longest_probe;
+    }
     Py_XDECREF(spans);
     table_free(&d.keys);
     table_free(&d.texts);
@@ -1178,8 +1283,93 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(longest_probe_doc,
+"longest_probe() -> int\n\n"
+"The slots the longest table lookup of the last decode_traces call in this process\n"
+"looked at (1: found at once); PROBE_LIMIT + 1 where one gave up and the call returned\n"
+"None. Tests read it to show that colliding input costs no more than random input.");
+
+static PyObject *longest_probe(PyObject *module, PyObject *unused) {
+    (void)module;
+    (void)unused;
+    return PyLong_FromSize_t(last_longest_probe);
+}
+
+static int key_halves(Py_buffer *key, uint64_t out[2]) {
+    if (key->len != 16) {
+        PyErr_SetString(PyExc_ValueError, "the key is 16 bytes");
+        return -1;
+    }
+    out[0] = load_le64((const uint8_t *)key->buf);
+    out[1] = load_le64((const uint8_t *)key->buf + 8);
+    return 0;
+}
+
+PyDoc_STRVAR(siphash13_doc,
+"_siphash13(key, data) -> int\n\n"
+"The tables' hash of data under a 16-byte key, unsigned (for tests: it must agree\n"
+"with CPython's own SipHash-1-3).");
+
+static PyObject *siphash13_py(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer key, data;
+    if (!PyArg_ParseTuple(args, "y*y*", &key, &data)) return NULL;
+    uint64_t k[2];
+    PyObject *result = NULL;
+    if (key_halves(&key, k) == 0)
+        result = PyLong_FromUnsignedLongLong(
+            siphash13(k[0], k[1], (const uint8_t *)data.buf, (size_t)data.len));
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+/* A fresh random key from os.urandom. */
+static int draw_key(void) {
+    PyObject *os = PyImport_ImportModule("os");
+    if (os == NULL) return -1;
+    PyObject *random = PyObject_CallMethod(os, "urandom", "i", 16);
+    Py_DECREF(os);
+    if (random == NULL) return -1;
+    if (!PyBytes_Check(random) || PyBytes_GET_SIZE(random) != 16) {
+        Py_DECREF(random);
+        PyErr_SetString(PyExc_RuntimeError, "os.urandom(16) did not give 16 bytes");
+        return -1;
+    }
+    const uint8_t *bytes = (const uint8_t *)PyBytes_AS_STRING(random);
+    hash_key[0] = load_le64(bytes);
+    hash_key[1] = load_le64(bytes + 8);
+    Py_DECREF(random);
+    return 0;
+}
+
+PyDoc_STRVAR(set_hash_key_doc,
+"_set_hash_key(key) -> None\n\n"
+"For tests: hash with this 16-byte key from now on, or with a fresh random one where\n"
+"key is None (as at import).");
+
+static PyObject *set_hash_key(PyObject *module, PyObject *arg) {
+    (void)module;
+    if (arg == Py_None) {
+        if (draw_key() < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_buffer key;
+    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
+    uint64_t k[2];
+    int failed = key_halves(&key, k);
+    PyBuffer_Release(&key);
+    if (failed) return NULL;
+    hash_key[0] = k[0];
+    hash_key[1] = k[1];
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"decode_traces", decode_traces, METH_VARARGS, decode_traces_doc},
+    {"longest_probe", longest_probe, METH_NOARGS, longest_probe_doc},
+    {"_siphash13", siphash13_py, METH_VARARGS, siphash13_doc},
+    {"_set_hash_key", set_hash_key, METH_O, set_hash_key_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1189,4 +1379,14 @@ static struct PyModuleDef module_def = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__otlp_native(void) { return PyModule_Create(&module_def); }
+PyMODINIT_FUNC PyInit__otlp_native(void) {
+    if (draw_key() < 0) return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    if (PyModule_AddIntConstant(module, "PROBE_LIMIT", PROBE_LIMIT) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_TAG_BYTES", MAX_TAG_BYTES) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

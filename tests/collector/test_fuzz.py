@@ -155,6 +155,25 @@ def test_grpc(channel: grpc.Channel, request: ExportTraceServiceRequest,
     _check_grpc(channel, random, METRICS_SERVICE)
 
 
+# What an independent differential fuzz found the compiled decoder accepting where
+# protobuf refuses (tests/collector/test_otlp_native.py has the details): a 6-byte tag, a
+# 6-byte length, a span name and an event name whose earlier copy is not UTF-8.
+_REFUSED_BY_PROTOBUF = ["8a808080800000", "0a808080808000", "0a09120712052a01ff2a00",
+                        "0a0b120912075a051201ff1200"]
+
+
+@pytest.mark.parametrize("hex_body", _REFUSED_BY_PROTOBUF)
+def test_what_protobuf_refuses_is_refused_by_both_receivers(
+        client: TestClient, channel: grpc.Channel, hex_body: str) -> None:
+    body = bytes.fromhex(hex_body)
+    response = client.post("/v1/traces", content=body, headers=PROTOBUF_HEADERS)
+    assert response.status_code == 400, response.text
+    call = channel.unary_unary(f"/{TRACE_SERVICE}/Export")
+    with pytest.raises(grpc.RpcError) as refused:
+        call(body, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+
+
 def _record_logs_body(draw_records: list[int]) -> bytes:
     from tests.collector.cost.helpers import engine_record
     from tokenpath.collector.record_logs import encode_records
