@@ -29,7 +29,7 @@ STAGE_QUANTILES = (0.5, 0.95)
 VAR_BASELINE = "baseline"
 BASELINE_CHOICES = ("1d", "1h", "7d")
 
-# How each stage's figure is obtained, by where it sits on the path (SPEC section 5):
+# How each stage's figure is obtained, by where it sits on the path (docs/cost-model.md):
 # GPU stages split the measured in-model time by the roofline model, network stages are
 # bytes over link rates, the rest are timed by spans.
 PROVENANCE_BY_GROUP: dict[StageGroup, Provenance] = {

@@ -66,7 +66,7 @@ def _option_names(param: Any) -> str:
 def commands_section(app: typer.Typer) -> list[str]:
     root = typer.main.get_command(app)
     lines = ["## Commands", ""]
-    for path, command in _commands(root, "tokenpath"):
+    for path, command in [("tokenpath", root), *_commands(root, "tokenpath")]:
         summary = _cell((command.help or "").split("\n\n")[0])
         lines += [f"### `{path}`", "", summary, ""]
         params = [p for p in command.params if p.name != "help"]

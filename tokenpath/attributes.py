@@ -79,7 +79,7 @@ VLLM_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
 VLLM_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
 VLLM_REQUEST_N: Final = "gen_ai.request.n"
 
-# --- OpenTelemetry resource semantic conventions (engine identity, SPEC section 3) -------
+# --- OpenTelemetry resource semantic conventions (engine identity) -------
 K8S_NODE_NAME: Final = "k8s.node.name"
 HOST_NAME: Final = "host.name"
 K8S_POD_UID: Final = "k8s.pod.uid"
