@@ -17,14 +17,17 @@ CORE_SOURCES := $(wildcard tokenpath/*.py collector/*.py collector/cost/*.py) \
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip "setuptools>=68" wheel
-	TOKENPATH_COMPILE=0 $(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@# setuptools warns that a folder named like the package may shadow it; here those
+	@# folders are the package's sources (setup.py's package_dir), which is the point.
+	PYTHONWARNINGS="ignore:Editable installation" TOKENPATH_COMPILE=0 \
+		$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
 $(CORE_STAMP): $(STAMP) $(CORE_SOURCES) collector/receivers/_otlp_native.c
 	@echo "building the compiled core (mypyc) and the OTLP decoder (C), about a minute"
 	$(PY) setup.py -q build_ext --inplace >$(VENV)/build_ext.log 2>&1 \
 		|| { tail -40 $(VENV)/build_ext.log; exit 1; }
-	$(PY) -c "import tokenpath.compiled as c; print('tokenpath core:', c.describe())"
+	$(VENV)/bin/tokenpath --version
 	@touch $(CORE_STAMP)
 
 venv: $(STAMP) $(CORE_STAMP)

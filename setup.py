@@ -134,8 +134,11 @@ def compiled_core() -> list[Extension]:
     return extensions
 
 
+# TOKENPATH_COMPILE=0 builds plain Python: no compiled core, no native decoder (an
+# editable install for a tool's own venv must not rebuild the checkout's extensions).
 ext_modules: list[Extension] = []
-if _builds_extensions() and c_compiler_works():
+if (_builds_extensions() and os.environ.get("TOKENPATH_COMPILE", "1") != "0"
+        and c_compiler_works()):
     ext_modules = [*NATIVE_EXTENSIONS, *compiled_core()]
 
 setup(

@@ -54,7 +54,9 @@ if [[ ! -f "$PLUGIN_STAMP" || "$(cat "$PLUGIN_STAMP")" != "$plugin_wanted" ]]; t
   "${PIP[@]}" "${PLUGIN_DEPS[@]}"
   # --no-deps: tokenpath's own pins (typer, rich, ...) are not needed by the plugin and must
   # not move anything vLLM pinned.
-  "${PIP[@]}" --no-deps -e "$REPO"
+  # TOKENPATH_COMPILE=0: the editable install builds no extension, so it never overwrites
+  # the checkout's compiled modules (built by make venv for the project's own venv).
+  TOKENPATH_COMPILE=0 "${PIP[@]}" --no-deps -e "$REPO"
   "$VENV/bin/python" -c "from importlib.metadata import entry_points; \
 eps = [e.name for e in entry_points(group='vllm.stat_logger_plugins')]; \
 assert 'tokenpath' in eps, eps" >&2

@@ -55,7 +55,7 @@ COMPILED_MODULES: Final[tuple[str, ...]] = (
 # small shim that loads its code from it, and is not rebuilt when only the code changes).
 LIBRARY_GROUP: Final = "tokenpath.compiled_core"
 PURE_PYTHON_ENV: Final = "TOKENPATH_PURE_PYTHON"
-COMPILE_ENV: Final = "TOKENPATH_COMPILE"  # read by setup.py: "0" builds no compiled core
+COMPILE_ENV: Final = "TOKENPATH_COMPILE"  # read by setup.py: "0" builds no extension at all
 
 
 def is_extension(origin: str | None) -> bool:
