@@ -148,7 +148,7 @@ def _stock_on_end(processor: TokenpathBatchSpanProcessor, span: ReadableSpan) ->
 @fast_path("otlp_exporter.on_end", _stock_on_end)
 def _on_end(processor: TokenpathBatchSpanProcessor, span: ReadableSpan) -> None:
     """``processor.on_end(span)``, queueing the span encoded where it can."""
-    queue = processor.queue
+    queue = processor._tokenpath_queue
     if queue is None:
         BatchSpanProcessor.on_end(processor, span)
         return
@@ -171,8 +171,9 @@ class TokenpathBatchSpanProcessor(BatchSpanProcessor):
         super().__init__(span_exporter, *args, **kwargs)
         queue = (_queue(self) if isinstance(span_exporter, TokenpathOTLPSpanExporter)
                  and span_exporter.fast_encoding else None)
-        # the stock processor's queue, while spans are queued encoded; else None
-        self.queue = queue
+        # the stock processor's queue, while spans are queued encoded; else None (a name
+        # of tokenpath's own: the stock processor's attributes differ between versions)
+        self._tokenpath_queue = queue
         self.encodes_at_end = queue is not None
 
     def on_end(self, span: ReadableSpan) -> None:
