@@ -43,7 +43,12 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$wanted" ]]; then
   start=$(date +%s)
   log "installing the oldest supported OpenTelemetry packages into $VENV"
   rm -f "$STAMP"
+  # another interpreter: a fresh venv (a venv keeps the one it was made with)
+  if [[ -n "$VENV" && -f "$VENV/.tokenpath-python" && "$(cat "$VENV/.tokenpath-python")" != "$PYTHON" ]]; then
+    rm -rf "$VENV"
+  fi
   test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
+  echo "$PYTHON" >"$VENV/.tokenpath-python"
   pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
   "${pip[@]}" install --upgrade pip "setuptools>=68" wheel
   constraints="$VENV/oldest-constraints.txt"
