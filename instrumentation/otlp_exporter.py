@@ -70,7 +70,7 @@ def _has_fast_encoding(exporter: OTLPSpanExporter) -> bool:
     return (callable(getattr(common, "_is_request_too_large", None))
             and isinstance(getattr(common, "RequestPayloadTooLargeError", None), type)
             and all(hasattr(exporter, name) for name in _REQUIRED_INTERNALS)
-            and callable(getattr(exporter._client, "export", None)))  # type: ignore[attr-defined]
+            and callable(getattr(exporter._client, "export", None)))
 
 
 def _stock_export(exporter: TokenpathOTLPSpanExporter,
