@@ -176,20 +176,21 @@ class Checker(ast.NodeVisitor):
                 foreign = foreign or base_foreign
             elif not (isinstance(base, ast.Name) and base.id == "object"):
                 foreign = True
-        for item in ast.walk(node):
-            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                own.add(item.name)
-            elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store) and \
+        for item in ast.walk(node):  # attributes the class's methods set on self/cls
+            if isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store) and \
                     isinstance(item.value, ast.Name) and item.value.id in ("self", "cls"):
                 own.add(item.attr)
-            elif isinstance(item, ast.Name) and isinstance(item.ctx, ast.Store):
-                own.add(item.id)  # class attributes (and, harmlessly, locals)
-        for item in node.body:
-            if (isinstance(item, ast.Assign) and any(isinstance(t, ast.Name)
-                                                     and t.id == "__slots__"
-                                                     for t in item.targets)):
-                own |= {c.value for c in ast.walk(item.value)
-                        if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        for item in node.body:  # the class body's own names (not its methods' locals)
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                own.add(item.name)
+            targets = (item.targets if isinstance(item, ast.Assign)
+                       else [item.target] if isinstance(item, ast.AnnAssign) else [])
+            for target in targets:
+                own |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+                value = getattr(item, "value", None)
+                if isinstance(target, ast.Name) and target.id == "__slots__" and value:
+                    own |= {c.value for c in ast.walk(value)
+                            if isinstance(c, ast.Constant) and isinstance(c.value, str)}
         return own, foreign
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
@@ -331,6 +332,10 @@ def test_each_private_use_is_flagged_outside_and_not_inside_a_fast_path(line: st
     "class P(BatchSpanProcessor):\n    def f(self):\n        return self._batch_processor\n",
     "from opentelemetry.sdk.trace.export import BatchSpanProcessor\n"
     "class P(BatchSpanProcessor):\n    def f(self):\n        return super()._x\n",
+    # a method's local of the same name is not the class's own
+    "from opentelemetry.sdk.trace.export import BatchSpanProcessor\n"
+    "class P(BatchSpanProcessor):\n    def f(self):\n        _lock = 1\n"
+    "        return self._lock\n",
     "from opentelemetry.sdk.trace.export import BatchSpanProcessor\n"
     "class P(BatchSpanProcessor):\n    def f(self):\n        return getattr(self, '_x', 0)\n",
     # the else of a guard, a negated guard, a look-alike flag or decorator
