@@ -37,7 +37,6 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.engine_trace import get_tracer
-from tokenpath.instrumentation.gateway_span import GatewaySpan, GatewaySpanWriter
 from tokenpath.instrumentation.network import (
     LinkModel,
     ResponseTally,
@@ -57,7 +56,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_EXCLUDED_PATHS = ("/healthz", "/metrics", "/v1/models")
-DEFAULT_DIRECT_SPAN_WRITING = True
 _PROPAGATOR = TraceContextTextMapPropagator()
 # The W3C trace-context headers as ASGI servers pass header names: lowercased bytes. A
 # name of the same length is lowercased before the test, for servers and middleware that
@@ -66,6 +64,7 @@ _TRACE_HEADERS = frozenset(name.encode("latin-1") for name in _PROPAGATOR.fields
 _TRACE_HEADER_LENGTHS = frozenset(len(name) for name in _TRACE_HEADERS)
 _RESPONSE_START = "http.response.start"
 _RESPONSE_BODY = "http.response.body"
+_ERROR_STATUS = Status(StatusCode.ERROR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +72,6 @@ class GatewayConfig:
     link: LinkModel = field(default_factory=LinkModel)
     excluded_paths: tuple[str, ...] = DEFAULT_EXCLUDED_PATHS
     tenants: TenantConfig = field(default_factory=TenantConfig)  # instrumentation/tenants.py
-    # Write the shim's span straight to OTLP where the tracer provider allows it
-    # (instrumentation/gateway_span.py); False keeps the SDK's span in every case.
-    direct_span_writing: bool = DEFAULT_DIRECT_SPAN_WRITING
 
     def validate(self) -> None:
         self.link.validate()
@@ -282,9 +278,6 @@ class TokenpathGatewayMiddleware:
         self.config = config or GatewayConfig()
         self.config.validate()
         self._tracer = get_tracer(tracer_provider)
-        # the shim's span written straight to OTLP where the provider allows (gateway_span)
-        self._span_writer = (GatewaySpanWriter.for_tracer(self._tracer)
-                             if self.config.direct_span_writing else None)
         self._tenants = TenantResolver(self.config.tenants)
         wanted = {*_TRACE_HEADERS, *(n.encode("latin-1") for n in self._tenants.header_names)}
         self._wanted_headers = frozenset(wanted)
@@ -337,15 +330,8 @@ class TokenpathGatewayMiddleware:
             attributes: dict[str, str] = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path}
             if tenant is not None:
                 attributes[attr.TENANT] = tenant
-            writer = self._span_writer
-            if writer is not None:
-                span = writer.start_span(f"{method} {path}", parent, SpanKind.SERVER,
-                                         attributes)
-            else:
-                span = self._tracer.start_span(
-                    f"{method} {path}", context=parent, kind=SpanKind.SERVER,
-                    attributes=attributes,
-                )
+            span = self._tracer.start_span(f"{method} {path}", context=parent,
+                                           kind=SpanKind.SERVER, attributes=attributes)
             request = GatewayRequest(span)
             context_token = otel_context.attach(trace.set_span_in_context(span, parent))
             return request, _current.set(request), context_token
@@ -354,7 +340,6 @@ class TokenpathGatewayMiddleware:
             return None
 
     def _finish(self, request: GatewayRequest, status_code: int, failed: bool) -> None:
-        ended = False
         try:
             now = time.perf_counter()
             recorder = request.recorder
@@ -386,23 +371,17 @@ class TokenpathGatewayMiddleware:
             ttft = request.ttft
             if ttft is not None and 0 < status_code < 400:  # not for refusals
                 extra[attr.TTFT_SECONDS] = ttft
-            error = failed or status_code >= 500 or status_code == 0
-            if type(span) is GatewaySpan:
-                span.end_request(recorder.take_entries(), extra, error)
-                ended = True
-            else:
-                set_span_attributes(span, extra)
-                if error:
-                    span.set_status(Status(StatusCode.ERROR))
-                recorder.flush()
+            set_span_attributes(span, extra)
+            if failed or status_code >= 500 or status_code == 0:
+                span.set_status(_ERROR_STATUS)
+            recorder.flush()
         except Exception as exc:
             telemetry_errors.count("gateway.finish", exc)
         finally:
-            if not ended:
-                try:
-                    request.span.end()
-                except Exception as exc:
-                    telemetry_errors.count("gateway.end", exc)
+            try:
+                request.span.end()
+            except Exception as exc:
+                telemetry_errors.count("gateway.end", exc)
 
 
 class GatewayInstrumentor:
