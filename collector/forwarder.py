@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import httpx
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 
+from tokenpath.collector.backpressure import Backlog, high_water
 from tokenpath.collector.record_logs import encode_records
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
@@ -121,6 +122,14 @@ class RecordForwarder:
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
         """Nothing is priced here: idle cost is the pricing collector's."""
+
+    def backlog(self) -> Backlog:
+        """Records queued or being sent, as admission sees them: past half of
+        ``max_queue_records`` the receivers shed load."""
+        return Backlog("forwarder queue", self._held, high_water(self._config.max_queue_records))
+
+    def _held(self) -> int:
+        return len(self._queue) + self._in_flight
 
     # --- lifecycle -----------------------------------------------------------------------
 
