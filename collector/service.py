@@ -154,6 +154,8 @@ class CollectorService:
         self.http.shutdown()
         if self.grpc is not None:
             self.grpc.shutdown()
+        if self.forwarder is not None:  # its flush deadline runs from here
+            self.forwarder.begin_shutdown()
         # flushes -> worker -> mapper -> forwarder/attributor -> sinks (store closes)
         self.assembler.shutdown()
 

@@ -101,6 +101,19 @@ def test_the_service_admits_on_the_assembler_pipeline_and_store(tmp_path: Path) 
         service.store.shutdown()
 
 
+def test_a_forwarding_service_admits_on_the_forwarder_queue_too(tmp_path: Path) -> None:
+    service = CollectorService(CollectorConfig(
+        http_port=0, grpc_port=None, store_path=str(tmp_path / "s.db"),
+        forward_records="http://127.0.0.1:9/v1/logs"))
+    try:
+        assert [b.name for b in service.ingest._record_backlogs] == [
+            "pipeline queue", "store queue", "forwarder queue"]
+    finally:
+        assert service.forwarder is not None
+        service.forwarder.shutdown()
+        service.store.shutdown()
+
+
 # --- the store's back-pressure -------------------------------------------------------------
 
 
