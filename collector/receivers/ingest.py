@@ -96,6 +96,16 @@ class OtlpIngest:
         self._trace_backlogs = (*span_backlogs, *record_backlogs)
         self._record_backlogs = tuple(record_backlogs)
 
+    @property
+    def trace_backlogs(self) -> tuple[Backlog, ...]:
+        """What an export of traces is admitted against."""
+        return self._trace_backlogs
+
+    @property
+    def record_backlogs(self) -> tuple[Backlog, ...]:
+        """What an export of forwarded records is admitted against."""
+        return self._record_backlogs
+
     def admit_traces(self) -> None:
         """Raise :class:`Overloaded` while a stage behind the receivers is backed up:
         receivers call this before reading a body, so shedding costs no parsing."""

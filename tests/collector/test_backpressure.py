@@ -93,10 +93,10 @@ def test_the_service_admits_on_the_assembler_pipeline_and_store(tmp_path: Path) 
         max_buffered_spans=7, pipeline_queue_size=10, store_queue_size=4))
     try:
         ingest = service.ingest
-        names = [(b.name, b.high_water) for b in ingest._trace_backlogs]
+        names = [(b.name, b.high_water) for b in ingest.trace_backlogs]
         assert names == [("assembler buffered spans", 7), ("pipeline queue", 5),
                          ("store queue", 2)]
-        assert [b.name for b in ingest._record_backlogs] == ["pipeline queue", "store queue"]
+        assert [b.name for b in ingest.record_backlogs] == ["pipeline queue", "store queue"]
     finally:
         service.store.shutdown()
 
@@ -106,7 +106,7 @@ def test_a_forwarding_service_admits_on_the_forwarder_queue_too(tmp_path: Path) 
         http_port=0, grpc_port=None, store_path=str(tmp_path / "s.db"),
         forward_records="http://127.0.0.1:9/v1/logs"))
     try:
-        assert [b.name for b in service.ingest._record_backlogs] == [
+        assert [b.name for b in service.ingest.record_backlogs] == [
             "pipeline queue", "store queue", "forwarder queue"]
     finally:
         assert service.forwarder is not None
