@@ -145,6 +145,7 @@ class RecordStore:
         # Bounded: a put waits while it is full (back-pressure), never drops (_put).
         self._queue: queue.Queue[_Item | None] = queue.Queue(self._config.queue_size)
         self._drops = DropLog(self._stats, log, "store")
+        self._writer_gone = False
         self._db_lock = threading.Lock()
         self._db = self._connect()
         self._thread: threading.Thread | None = None
@@ -189,14 +190,18 @@ class RecordStore:
         if writer is None:  # not started: write synchronously (tests, one-shot tools)
             self._write([item])
             return
-        while True:
+        while writer.is_alive():
             try:
                 self._queue.put(item, timeout=PUT_WAIT_SECONDS)
                 return
             except queue.Full:
-                if not writer.is_alive():  # the writer died: write here what it left
-                    log.error("store: the writer thread is gone; writing on the caller's")
-                    self.flush()
+                continue  # the writer is behind: wait on, while it runs
+        # The writer died (a bug): write here what it left, and this item, rather than lose them.
+        if not self._writer_gone:
+            self._writer_gone = True
+            log.error("store: the writer thread is gone; records are written on the caller's")
+        self.flush()
+        self._write([item])
 
     @property
     def queue_depth(self) -> int:
