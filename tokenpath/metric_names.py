@@ -218,6 +218,11 @@ PIPELINE_QUEUE_DEPTH = _m("collector_pipeline_queue_depth", "gauge", (),
                           "Traces and record batches waiting for the pipeline worker.")
 RECORDS_FORWARDED = _m("collector_records_forwarded", "counter", (),
                        "Records exported to the pricing collector (--forward-records).")
+RECORDS_DROPPED = _m("collector_records_dropped", "counter", (LABEL_REASON,),
+                     "Request records lost after the export that carried them was "
+                     "accepted, by reason (store_closed: the store had shut down). "
+                     "Admission refuses exports before a backed-up stage would drop: "
+                     "any count here is a bug or a shutdown race (docs/reliability.md).")
 RECORDS_FORWARD_DROPPED = _m("collector_records_forward_dropped", "counter", (LABEL_REASON,),
                              "Records the forwarder gave up on, by reason.")
 RECORDS_RECEIVED = _m("collector_records_received", "counter", (LABEL_RECEIVER,),
