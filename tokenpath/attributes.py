@@ -27,6 +27,17 @@ GEN_AI_USAGE_CACHED_TOKENS: Final = "gen_ai.usage.cached_tokens"
 OPENINFERENCE_CACHE_READ_TOKENS: Final = "llm.token_count.prompt_details.cache_read"
 OPENINFERENCE_PROMPT_TOKENS: Final = "llm.token_count.prompt"
 OPENINFERENCE_COMPLETION_TOKENS: Final = "llm.token_count.completion"
+OPENINFERENCE_TOTAL_TOKENS: Final = "llm.token_count.total"
+# OpenInference (openinference-instrumentation-openai): a call is one INTERNAL span named
+# after the API (``ChatCompletion``) whose span kind attribute is OPENINFERENCE_KIND_LLM; it
+# names the model (the response's) and the provider, never a response id.
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+OPENINFERENCE_KIND_LLM: Final = "LLM"  # the value of OPENINFERENCE_SPAN_KIND on a call
+OPENINFERENCE_MODEL_NAME: Final = "llm.model_name"
+OPENINFERENCE_SYSTEM: Final = "llm.system"  # "openai", ...
+OPENINFERENCE_INVOCATION_PARAMETERS: Final = "llm.invocation_parameters"  # JSON, no messages
+# OpenInference's event on a streamed call's span when the first chunk arrived.
+OPENINFERENCE_FIRST_TOKEN_EVENT: Final = "First Token Stream Event"
 HTTP_STATUS_CODE_OLD: Final = "http.status_code"  # pre-1.21 HTTP semantic conventions
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
