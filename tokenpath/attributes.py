@@ -22,6 +22,8 @@ OPENLLMETRY_CHUNK_EVENT: Final = "gen_ai.content.completion.chunk"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+# Prompt tokens written to the cache (vLLM's usage.prompt_tokens_details.created_cache_tokens).
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
 # Other spellings of the cached input tokens: SGLang's spans, OpenInference's.
 GEN_AI_USAGE_CACHED_TOKENS: Final = "gen_ai.usage.cached_tokens"
 OPENINFERENCE_CACHE_READ_TOKENS: Final = "llm.token_count.prompt_details.cache_read"
@@ -41,6 +43,8 @@ OPENINFERENCE_FIRST_TOKEN_EVENT: Final = "First Token Stream Event"
 HTTP_STATUS_CODE_OLD: Final = "http.status_code"  # pre-1.21 HTTP semantic conventions
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+# A response's usage.completion_tokens_details.reasoning_tokens (no GenAI name yet).
+USAGE_REASONING_TOKENS: Final = "tokenpath.usage.reasoning_tokens"
 
 # Content-bearing GenAI attributes: dropped on ingest unless explicitly opted in.
 GEN_AI_CONTENT_PREFIXES: Final = (
@@ -85,6 +89,14 @@ VLLM_LATENCY_TIME_IN_MODEL_EXECUTE: Final = "gen_ai.latency.time_in_model_execut
 VLLM_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"
 VLLM_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"
 VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
+# vLLM's per-request ``metrics`` object of a response (``--enable-per-request-metrics``),
+# as the gateway shim and the vLLM proxy read it onto their server span. Its
+# queue_time_ms, time_to_first_token_ms (first token less scheduling: the prefill) and
+# generation_time_ms go, in seconds, under VLLM_LATENCY_TIME_IN_QUEUE,
+# VLLM_LATENCY_TIME_IN_MODEL_PREFILL and VLLM_LATENCY_TIME_IN_MODEL_DECODE; these two
+# have no vLLM span name:
+VLLM_MEAN_ITL_SECONDS: Final = "tokenpath.engine.mean_itl_seconds"  # mean_itl_ms / 1000
+VLLM_TOKENS_PER_SECOND: Final = "tokenpath.engine.tokens_per_second"  # tokens_per_second
 # Also on llm_request in vLLM 0.32 (seen live, docs/vllm.md), when the request set them.
 VLLM_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
 VLLM_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
