@@ -89,14 +89,13 @@ VLLM_LATENCY_TIME_IN_MODEL_EXECUTE: Final = "gen_ai.latency.time_in_model_execut
 VLLM_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"
 VLLM_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"
 VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
-# vLLM's per-request ``metrics`` object of a response (``--enable-per-request-metrics``),
-# as the gateway shim and the vLLM proxy read it onto their server span. Its
-# queue_time_ms, time_to_first_token_ms (first token less scheduling: the prefill) and
-# generation_time_ms go, in seconds, under VLLM_LATENCY_TIME_IN_QUEUE,
-# VLLM_LATENCY_TIME_IN_MODEL_PREFILL and VLLM_LATENCY_TIME_IN_MODEL_DECODE; these two
-# have no vLLM span name:
-VLLM_MEAN_ITL_SECONDS: Final = "tokenpath.engine.mean_itl_seconds"  # mean_itl_ms / 1000
-VLLM_TOKENS_PER_SECOND: Final = "tokenpath.engine.tokens_per_second"  # tokens_per_second
+# vLLM's per-request ``metrics`` of a response (``--enable-per-request-metrics``), read by
+# the gateway shim and the vLLM proxy onto their server span; queue_time_ms,
+# time_to_first_token_ms (first token less scheduling: the prefill) and generation_time_ms
+# go under the three gen_ai.latency names above in seconds. Its mean_itl_ms, in seconds:
+VLLM_MEAN_ITL_SECONDS: Final = "tokenpath.engine.mean_itl_seconds"
+# Its tokens_per_second (generated tokens over the time from scheduling to the last token).
+VLLM_TOKENS_PER_SECOND: Final = "tokenpath.engine.tokens_per_second"
 # Also on llm_request in vLLM 0.32 (seen live, docs/vllm.md), when the request set them.
 VLLM_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
 VLLM_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
