@@ -477,7 +477,7 @@ def _model(annotations: list[dict[str, AttrValue]], engine_spans: list[SpanData]
     """The model a record names: the first source that names one, the engine first (what
     ran is what is priced), then the gateway, then the client, then any span; UNKNOWN_MODEL
     when none does. Within a source the keys in order (the requested model first)."""
-    engine = [*annotations, *(s.attributes for s in engine_spans)]
+    engine = [*annotations, *[s.attributes for s in engine_spans]]
     for layers, keys in ((engine, _ENGINE_MODEL_KEYS),
                          ([s.attributes for s in server_spans], _MODEL_KEYS),
                          ([s.attributes for s in client_spans], _CLIENT_MODEL_KEYS)):
@@ -495,7 +495,7 @@ def _cached_tokens(annotations: list[dict[str, AttrValue]], engine_spans: list[S
     (tokenpath's vLLM plugin, an engine span) first, then the gateway's (the usage details
     of the response it relayed: vLLM's count as it returned it to the call), then any other
     span (a client's usage, nearest the engine first); (0, None) when none says."""
-    engine = [*annotations, *(s.attributes for s in engine_spans)]
+    engine = [*annotations, *[s.attributes for s in engine_spans]]
     for source, layers in (
             (CACHE_SOURCE_ENGINE, engine),
             (CACHE_SOURCE_GATEWAY, [s.attributes for s in server_spans]),
