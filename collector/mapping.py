@@ -354,12 +354,17 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     _map_engine(record, acc, engine_spans)
     _map_gateway(acc, upstream, server_spans, engine_spans)
     client = client_spans[0] if client_spans else None
-    if client is not None and server_spans and client.start_unix_nano <= server_spans[
-            0].start_unix_nano and client.end_unix_nano >= server_spans[0].end_unix_nano:
-        # a GenAI client span around the gateway (not a gateway's own upstream client)
-        add_client_gaps(acc.stages, client.start_unix_nano / 1e9, client.end_unix_nano / 1e9,
-                        server_spans[0].start_unix_nano / 1e9,
-                        server_spans[0].end_unix_nano / 1e9)
+    # the serving side a GenAI client span may be around: the outermost gateway, else the
+    # engine it called directly (OpenLIT's client propagates to vLLM)
+    serving = server_spans[:1] or engine_spans
+    if client is not None and serving:
+        serving_start = min(s.start_unix_nano for s in serving)
+        serving_end = max(s.end_unix_nano for s in serving)
+        if client.start_unix_nano <= serving_start and client.end_unix_nano >= serving_end:
+            # a GenAI client span around the gateway or engine (not a gateway's own
+            # upstream client)
+            add_client_gaps(acc.stages, client.start_unix_nano / 1e9,
+                            client.end_unix_nano / 1e9, serving_start / 1e9, serving_end / 1e9)
     _split_gpu_time(record, acc)
 
     # TTFT as the user saw it: a shim's measurement, else a GenAI client span's first
@@ -543,14 +548,18 @@ def _outer_hop(spans: list[SpanData], engine_spans: list[SpanData],
 
 
 def _client_first_chunk(spans: list[SpanData]) -> float | None:
-    """Seconds from a GenAI client span's start to its first streamed chunk event
-    (OpenLLMetry's per-chunk event, OpenInference's first-token event)."""
+    """Seconds from a GenAI client span's start to its first streamed chunk: its event
+    (OpenLLMetry's per-chunk event, OpenInference's first-token event), else the client's
+    own measure (OpenLIT's)."""
     for span in spans:
         if not is_client_call_span(span):
             continue
         for event in span.events:
             if event.name in _FIRST_CHUNK_EVENTS:
                 return max(0.0, (event.time_unix_nano - span.start_unix_nano) / 1e9)
+        measured = _seconds(span.attributes.get(A.OPENLIT_CLIENT_TTFT))
+        if measured is not None:
+            return measured
     return None
 
 

@@ -16,6 +16,9 @@ GEN_AI_REQUEST_ID: Final = "gen_ai.request.id"
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"  # "chat", "text_completion", ...
 # Seconds from the client issuing the request to the first streamed chunk (client spans).
 GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+# OpenLIT's time to first token on its CLIENT span, as the client measured it (first chunk
+# less the call's start; a whole call's duration when not streamed), despite the name.
+OPENLIT_CLIENT_TTFT: Final = "gen_ai.server.time_to_first_token"
 # OpenLLMetry's event per streamed chunk on its client span (opentelemetry-instrumentation-
 # openai, shared/chat_wrappers.py): the first one is the client's first token.
 OPENLLMETRY_CHUNK_EVENT: Final = "gen_ai.content.completion.chunk"

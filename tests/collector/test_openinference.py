@@ -360,3 +360,27 @@ def test_a_collector_makes_one_record_of_the_two_traces(make_service: ServiceFac
     metrics = httpx.get(f"{service.http_url}/metrics").text
     assert f'{M.CALLS_JOINED.series}{{outcome="joined"}} 1.0' in metrics
     assert PROMPT not in str(record) and COMPLETION not in str(record)
+
+
+# --- OpenLIT: its CLIENT span propagates, straight to the engine ----------------------------
+
+
+def test_a_client_span_straight_around_the_engine_gives_the_client_stages_and_ttft() -> None:
+    """OpenLIT 1.45 on openai 2.x: the client's CLIENT span and vLLM's llm_request in one
+    trace, no gateway between; OpenLIT's own first-token time on the client span."""
+    trace = new_trace_id()
+    client = span(trace, f"chat {MODEL}", kind=3, start=100.0, end=101.3, attributes={
+        A.GEN_AI_OPERATION_NAME: "chat", A.GEN_AI_REQUEST_MODEL: MODEL,
+        A.GEN_AI_RESPONSE_ID: "chatcmpl-9", A.GEN_AI_USAGE_INPUT_TOKENS: 40,
+        A.GEN_AI_USAGE_OUTPUT_TOKENS: 12, A.OPENLIT_CLIENT_TTFT: 0.27})
+    engine = span(trace, A.VLLM_REQUEST_SPAN_NAME, parent=client.span_id,
+                  kind=SPAN_KIND_SERVER, start=100.2, end=101.0,
+                  attributes={A.GEN_AI_REQUEST_ID: "chatcmpl-9",
+                              A.VLLM_USAGE_PROMPT_TOKENS: 40,
+                              A.VLLM_USAGE_COMPLETION_TOKENS: 12,
+                              A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN: 0.08})
+    (record,) = map_calls(AssembledTrace(trace, [client, engine], True))
+    assert record.outer_hop is None and record.model == MODEL
+    assert record.stages[StageId.CLIENT_TOKENIZE].seconds == pytest.approx(0.2)
+    assert record.stages[StageId.CLIENT_DECODE].seconds == pytest.approx(0.3)
+    assert record.ttft_seconds == pytest.approx(0.27)
