@@ -32,12 +32,15 @@ MAX_REQUEST_BYTES: Final = 1 << 20
 MAX_MODEL_CHARS: Final = 256
 # How much of the response's end is read for usage and metrics.
 MAX_TAIL_BYTES: Final = 64 * 1024
-# A JSON string (its escapes included) or a bracket; a string followed by ':' is a key.
-_TOKEN = re.compile(rb'"([^"\\]*(?:\\.[^"\\]*)*)"(\s*:)?|[\[\]{}]')
-_OPEN = frozenset(b"{[")
+# A JSON string, its escapes included.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _OBJECT_START = re.compile(rb"\s*\{")
-_QUOTE = ord('"')
-_MODEL_KEY = b"model"
+_COLON_AFTER = re.compile(rb"\s*:")
+_KEY_VALUE = re.compile(rb'\s*:\s*"([^"\\]*(?:\\.[^"\\]*)*)"')
+_BACKSLASH = ord("\\")
+_MODEL_KEY = b'"model"'
+_MAX_MODEL_KEYS = 8  # "model" keys looked at, nested ones included (a tool's schema)
+_END_WINDOW = 4096  # bytes at each end of the body searched first
 _USAGE_KEY = b'"usage"'
 _METRICS_KEY = b'"metrics"'
 # Occurrences of a key tried from the end (a stream's earlier ``"usage":null``).
@@ -67,32 +70,57 @@ _METRIC_RATES: Final = (("tokens_per_second", attr.VLLM_TOKENS_PER_SECOND),)
 
 def request_model(body: bytes) -> str | None:
     """The top-level ``model`` of a JSON request body, or None (not JSON, no such key, not
-    a string, too long, or a body over MAX_REQUEST_BYTES)."""
+    a string, too long, or a body over MAX_REQUEST_BYTES).
+
+    Exact for a valid JSON body, and cheap: each ``"model"`` key found (``bytes.find``) is
+    top-level when the brackets outside strings on its shorter side (before or after it;
+    the strings removed by one regular-expression pass) leave it one object deep. The
+    body's last and first 4 KiB are searched first: the openai clients send ``model``
+    after ``messages``, so a long prompt is neither searched nor read."""
     try:
         if len(body) > MAX_REQUEST_BYTES or _OBJECT_START.match(body) is None:
             return None
-        depth = 0
-        value_from = -1  # where the value of the top-level "model" key begins
-        for match in _TOKEN.finditer(body):
-            if value_from >= 0:
-                if match.group(0)[0] != _QUOTE or body[value_from:match.start()].strip():
-                    return None  # a number, null, an object: not a model name
-                name = json.loads(b'"' + match.group(1) + b'"')
-                return name if isinstance(name, str) and 0 < len(name) <= MAX_MODEL_CHARS \
-                    else None
-            first = match.group(0)[0]
-            if first == _QUOTE:
-                if depth == 1 and match.group(2) is not None and match.group(1) == _MODEL_KEY:
-                    value_from = match.end()
-            elif first in _OPEN:
-                depth += 1
-            else:
-                depth -= 1
-                if depth <= 0:
-                    return None  # the top-level object ended
-        return None
+        # where clients put it: last (the openai clients), first (hand-written bodies)
+        end = len(body)
+        for at in (body.rfind(_MODEL_KEY, max(0, end - _END_WINDOW)),
+                   body.find(_MODEL_KEY, 0, _END_WINDOW)):
+            if at >= 0 and _is_top_level_key(body, at):
+                return _model_value(body, at)
+        at = body.find(_MODEL_KEY)  # anywhere: each "model" key in turn
+        for _ in range(_MAX_MODEL_KEYS):
+            if at < 0:
+                return None
+            if _is_top_level_key(body, at):
+                return _model_value(body, at)
+            at = body.find(_MODEL_KEY, at + 1)
+        return None  # more "model" keys than are worth reading
     except Exception:
         return None
+
+
+def _model_value(body: bytes, at: int) -> str | None:
+    value = _KEY_VALUE.match(body, at + len(_MODEL_KEY))
+    if value is None:
+        return None  # a number, null, an object: not a model name
+    name = json.loads(b'"' + value.group(1) + b'"')
+    return name if isinstance(name, str) and 0 < len(name) <= MAX_MODEL_CHARS else None
+
+
+def _is_top_level_key(body: bytes, at: int) -> bool:
+    """Whether the ``"model"`` at ``at`` is a key (not escaped inside a string, a colon
+    after it) of the body's top-level object."""
+    escapes = 0
+    while at - escapes > 0 and body[at - escapes - 1] == _BACKSLASH:
+        escapes += 1
+    if escapes % 2 or _COLON_AFTER.match(body, at + len(_MODEL_KEY)) is None:
+        return False  # a quote inside a string, or the string "model" as a value
+    if at <= len(body) - at:  # the brackets before it leave one open
+        before = _STRING.sub(b"", body[:at])
+        return (before.count(b"{") + before.count(b"[")
+                - before.count(b"}") - before.count(b"]")) == 1
+    after = _STRING.sub(b"", body[at:])  # the brackets after it close one more
+    return (after.count(b"}") + after.count(b"]")
+            - after.count(b"{") - after.count(b"[")) == 1
 
 
 class ResponseTail:

@@ -50,6 +50,18 @@ def test_the_request_model_is_its_top_level_model_string(body: bytes,
     assert request_model(body) == model
 
 
+def test_the_top_level_model_is_found_wherever_it_is_and_nested_ones_are_not_it() -> None:
+    pad = "p" * 10_000
+    nested = {"function": {"parameters": {"model": "nested"}}}
+    body = json.dumps({"tools": [nested], "a": pad, "model": "middle", "b": pad,
+                       "tail": [nested, {"x": '\\"model\\": "escaped"'}]}).encode()
+    assert request_model(body) == "middle"
+    first = json.dumps({"model": "first", "messages": [{"content": pad * 50}]}).encode()
+    assert request_model(first) == "first"
+    last = json.dumps({"messages": [{"content": pad * 50}], "model": "last"}).encode()
+    assert request_model(last) == "last"
+
+
 def test_a_body_over_the_bound_is_not_scanned() -> None:
     big = chat_body(model="m", padding="x" * MAX_REQUEST_BYTES)
     assert request_model(big) is None
