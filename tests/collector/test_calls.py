@@ -11,8 +11,8 @@ from tests.fakes.spans import new_trace_id, span
 from tests.support.otlp import export_request, make_span
 from tests.support.otlp import new_trace_id as new_trace_bytes
 from tokenpath import attributes as A
-from tokenpath.collector.call_join import JoinConfig
 from tokenpath.collector.assembler import AssembledTrace
+from tokenpath.collector.call_join import JoinConfig
 from tokenpath.collector.mapping import map_calls
 from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, SpanData
 
