@@ -15,8 +15,12 @@ events through the hook API:
   response bytes and chunk sizes, see :mod:`tokenpath.instrumentation.network`;
 
 and the attributes TTFT_SECONDS (arrival to the first response body byte), response
-bytes, chunks, packets, small packets and write seconds. :func:`trace_headers` gives the
-``traceparent`` for the engine so gateway and engine spans share one trace.
+bytes, chunks, packets, small packets and write seconds. Of an LLM call it reads, never
+content, the request body's top-level ``model`` (``gen_ai.request.model``) and, from the
+end of the response, the numbers of its ``usage`` and of vLLM's per-request ``metrics``
+(:mod:`tokenpath.instrumentation.llm_payload`; what the app annotates itself wins).
+:func:`trace_headers` gives the ``traceparent`` for the engine so gateway and engine spans
+share one trace.
 
 Every telemetry step is guarded: if tracing fails the request is served untouched.
 """
@@ -37,6 +41,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.engine_trace import get_tracer
+from tokenpath.instrumentation.llm_payload import (
+    MAX_REQUEST_BYTES,
+    ResponseTail,
+    request_model,
+    response_attributes,
+)
 from tokenpath.instrumentation.network import (
     LinkModel,
     ResponseTally,
@@ -64,6 +74,8 @@ _TRACE_HEADERS = frozenset(name.encode("latin-1") for name in _PROPAGATOR.fields
 _TRACE_HEADER_LENGTHS = frozenset(len(name) for name in _TRACE_HEADERS)
 _RESPONSE_START = "http.response.start"
 _RESPONSE_BODY = "http.response.body"
+_REQUEST_BODY = "http.request"
+_BODY_METHODS = frozenset({"POST", "PUT"})
 _ERROR_STATUS = Status(StatusCode.ERROR)
 
 
@@ -82,7 +94,7 @@ class GatewayRequest:
     """Telemetry state of one request passing the gateway (see :func:`current_request`)."""
 
     __slots__ = ("_handoff", "_handoff_ns", "extra", "first_write", "last_write", "recorder",
-                 "span", "started", "tally", "write_seconds")
+                 "response_tail", "span", "started", "tally", "write_seconds")
 
     def __init__(self, span: Span) -> None:
         self.span = span
@@ -96,6 +108,7 @@ class GatewayRequest:
         self.first_write: float | None = None
         self.last_write: float | None = None
         self.extra: dict[str, Any] = {}  # attributes set by the app, written at the end
+        self.response_tail = ResponseTail()  # the last body writes: usage and metrics
 
     @property
     def ttft(self) -> float | None:
@@ -246,6 +259,7 @@ class _TracedSend:
             request.last_write = t0
             request.write_seconds += t1 - t0
             request.tally.add_chunk(len(body), self._link)
+            request.response_tail.add(body)
         except Exception as exc:
             telemetry_errors.count("gateway.send", exc)
 
@@ -267,6 +281,56 @@ class _TracedSend:
                     _current.reset(outside[0])
                 except Exception as exc:
                     telemetry_errors.count("gateway.send_outside", exc)
+
+
+class _ModelReceive:
+    """The ``receive`` the app gets for a request with a body: hands each message on as it
+    came and, once the body is whole, reads its top-level ``model`` onto the span (bodies
+    over llm_payload.MAX_REQUEST_BYTES are not read)."""
+
+    __slots__ = ("_done", "_parts", "_receive", "_request", "_size")
+
+    def __init__(self, receive: Receive, request: GatewayRequest) -> None:
+        self._receive = receive
+        self._request = request
+        self._parts: list[bytes] | None = None
+        self._size = 0
+        self._done = False
+
+    async def __call__(self) -> Message:
+        message = await self._receive()
+        if not self._done:
+            try:
+                self._see(message)
+            except Exception as exc:
+                self._done = True
+                telemetry_errors.count("gateway.request_model", exc)
+        return message
+
+    def _see(self, message: Message) -> None:
+        if message.get("type") != _REQUEST_BODY:
+            self._done = True  # a disconnect
+            return
+        body = message.get("body") or b""
+        more = bool(message.get("more_body", False))
+        parts = self._parts
+        if parts is None and not more:  # the whole body in one message: the common case
+            whole = body
+        else:
+            if parts is None:
+                parts = self._parts = []
+            self._size += len(body)
+            if self._size > MAX_REQUEST_BYTES:
+                self._done, self._parts = True, None
+                return
+            parts.append(body)
+            if more:
+                return
+            whole = b"".join(parts)
+        self._done, self._parts = True, None
+        model = request_model(whole)
+        if model is not None:
+            self._request.extra.setdefault(attr.GEN_AI_REQUEST_MODEL, model)
 
 
 class TokenpathGatewayMiddleware:
@@ -294,6 +358,8 @@ class TokenpathGatewayMiddleware:
             return
         request, token, context_token = started
         traced_send = _TracedSend(request, send, self.config.link, outer)
+        if scope.get("method") in _BODY_METHODS:
+            receive = _ModelReceive(receive, request)
         failed = False
         try:
             await self.app(scope, receive, traced_send)
@@ -371,6 +437,12 @@ class TokenpathGatewayMiddleware:
             ttft = request.ttft
             if ttft is not None and 0 < status_code < 400:  # not for refusals
                 extra[attr.TTFT_SECONDS] = ttft
+            if 200 <= status_code < 300 and request.response_tail.last is not None:
+                try:
+                    for key, value in response_attributes(request.response_tail.tail()).items():
+                        extra.setdefault(key, value)  # what the app annotated wins
+                except Exception as exc:
+                    telemetry_errors.count("gateway.response_usage", exc)
             set_span_attributes(span, extra)
             if failed or status_code >= 500 or status_code == 0:
                 span.set_status(_ERROR_STATUS)

@@ -213,7 +213,10 @@ HTTP_CALLS_NOT_LLM = _m("collector_http_calls_not_llm", "counter", (LABEL_REASON
                         "pages, 4xx/5xx on other routes): not requests.")
 CALLS_JOINED = _m("collector_calls_joined", "counter", (LABEL_OUTCOME,),
                   "Client or proxy records of a call traced apart from its serving side, "
-                  "by outcome: joined, late (its serving side already counted) or alone.")
+                  "by outcome: joined, late (its serving side already counted), alone, "
+                  "ambiguous (no response id and several serving records fit: joined "
+                  "none, dropped) or serving_after_alone (a serving side after its client "
+                  "went alone: counted twice).")
 PIPELINE_QUEUE_DEPTH = _m("collector_pipeline_queue_depth", "gauge", (),
                           "Traces and record batches waiting for the pipeline worker.")
 RECORDS_FORWARDED = _m("collector_records_forwarded", "counter", (),

@@ -12,6 +12,13 @@ from typing import Any
 from tokenpath.metric_names import UNKNOWN
 from tokenpath.stages import MEASURED, PLAIN_VALUES, STAGE_IDS, Phase, Provenance, StageId
 
+# Who said how many prompt tokens came from the prefix cache (``cache_read_source``): the
+# engine itself (tokenpath's vLLM plugin, an engine span), the gateway (the usage details
+# of the engine's response as the gateway relayed it), or a client span's usage.
+CACHE_SOURCE_ENGINE = "engine"
+CACHE_SOURCE_GATEWAY = "gateway"
+CACHE_SOURCE_CLIENT = "client"
+
 
 # The classes built per record or per slice write their own ``__init__``
 # (``init=False``): mypyc compiles a written one, while a dataclass's generated
@@ -163,6 +170,8 @@ class RequestRecord:
     # The router's predicted prefix-cache hit (0-1 of the prompt), beside the engine's
     # actual one (cache_read_tokens / input_tokens): llm-d's prefix-cache scorer.
     router_predicted_cache_hit: float | None = None
+    # Where cache_read_tokens came from (CACHE_SOURCE_*); None: nothing on the path said.
+    cache_read_source: str | None = None
 
     def __init__(self, trace_id: str, record_id: str = "", model: str = UNKNOWN,
                  request_id: str | None = None, status: str = "ok",
@@ -193,7 +202,8 @@ class RequestRecord:
                  miss_tokens: dict[str, int] | None = None,
                  miss_dollars: dict[str, float] | None = None, energy_joules: float = 0.0,
                  energy_provenance: str | None = None,
-                 router_predicted_cache_hit: float | None = None) -> None:
+                 router_predicted_cache_hit: float | None = None,
+                 cache_read_source: str | None = None) -> None:
         """The fields in their order, as the generated ``__init__`` took them."""
         self.trace_id = trace_id
         self.record_id = record_id or trace_id
@@ -247,6 +257,7 @@ class RequestRecord:
         self.energy_joules = energy_joules
         self.energy_provenance = energy_provenance
         self.router_predicted_cache_hit = router_predicted_cache_hit
+        self.cache_read_source = cache_read_source
 
     @property
     def duration_seconds(self) -> float:
@@ -283,6 +294,7 @@ class RequestRecord:
             "duration_seconds": self.duration_seconds,
             "input_tokens": self.input_tokens,
             "cache_read_tokens": self.cache_read_tokens,
+            "cache_read_source": self.cache_read_source,
             "output_tokens": self.output_tokens,
             "ttft_seconds": self.ttft_seconds,
             "tpot_seconds": self.tpot_seconds,
@@ -349,6 +361,7 @@ class RequestRecord:
             end_unix=float(data.get("end_unix") or 0.0),
             input_tokens=int(data.get("input_tokens", 0)),
             cache_read_tokens=int(data.get("cache_read_tokens", 0)),
+            cache_read_source=data.get("cache_read_source"),
             output_tokens=int(data.get("output_tokens", 0)),
             ttft_seconds=opt_float("ttft_seconds"),
             tpot_seconds=opt_float("tpot_seconds"),
