@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from tokenpath.collector.cost.cache import engine_key, prefill_dollars
 from tokenpath.records import RequestRecord
@@ -53,6 +53,9 @@ class RoutingWhatIf:
     prefill_dollars_saved: float
     load_skew_recorded: float | None
     load_skew_predicted: float | None
+    # cached tokens the router adds (or takes away), per record id: what the roofline
+    # what-if projects the router's cost and TTFT from (not in to_json)
+    gains: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def hit_ratio_gain(self) -> float | None:
@@ -146,8 +149,11 @@ def prefix_affine_whatif(records: Sequence[RequestRecord],
     baseline = replay_hits(usable, engine_key, capacity, block_tokens)
     saved_tokens = 0
     saved_dollars = 0.0
+    gains: dict[str, int] = {}
     for record, now, then in zip(usable, baseline, predicted, strict=True):
         gain = then - now
+        if gain:
+            gains[record.record_id] = gain
         saved_tokens += gain
         computed = max(1, record.input_tokens - min(record.cache_read_tokens,
                                                     record.input_tokens))
@@ -158,4 +164,4 @@ def prefix_affine_whatif(records: Sequence[RequestRecord],
         predicted_hit_ratio=(recorded + saved_tokens) / inputs,
         prefill_tokens_saved=saved_tokens, prefill_dollars_saved=saved_dollars,
         load_skew_recorded=_skew([engine_key(r) for r in usable]),
-        load_skew_predicted=_skew([affine(r) for r in usable]))
+        load_skew_predicted=_skew([affine(r) for r in usable]), gains=gains)

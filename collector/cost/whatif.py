@@ -18,6 +18,15 @@ attributed GPU seconds / modeled) carries the model onto the recorded numbers. T
 
 ``U`` is the GPU utilization (busy time / window, measured per node). Everything here is
 modeled; formulas and assumptions are in docs/cost-model.md.
+
+A change in the prefix-cache hit ratio (``delta``, a fraction of the window's prompt
+tokens: 0.10 is 10 percentage points) adds ``delta * sum(n + c)`` cached tokens, spread so
+that every request gets the same share of its prompt until it reaches its cap, the rest
+going to those with room left ("water-filling"). A request's cap is what a cache could
+have served: the tokens of the deepest run of its prefix fingerprints an earlier request
+in the window carried, or its recorded cache reads where more (all but its last prompt
+token when it carries no fingerprints). The gain applied is ``min(delta, possible)``;
+``what_if`` reports both.
 """
 
 from __future__ import annotations
@@ -25,12 +34,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tokenpath import metric_names as M
-from tokenpath.collector.cost.cache import top_prefixes_by_waste
+from tokenpath.collector.cost.cache import DEFAULT_BLOCK_TOKENS, top_prefixes_by_waste
 from tokenpath.collector.cost.catalog import catalog_model_name
 from tokenpath.collector.cost.longcontext import spend_by_context_bucket
 from tokenpath.collector.cost.prices import PriceSheet
@@ -101,6 +110,9 @@ class _Request:
     output_tokens: int
     ttft_seconds: float | None
     prefill_measured: float
+    key: str = ""  # the record's id: what per-record cache gains are keyed by
+    # the most prompt tokens a prefix cache could serve (repeatable_tokens)
+    cacheable_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -111,6 +123,36 @@ class Calibration:
     factor: float
     hit_ratio: float
     window_seconds: float
+    fingerprinted_requests: int = 0  # how many carry prefix fingerprints (the cap's basis)
+
+    @property
+    def cacheable_ratio(self) -> float:
+        """The highest token-weighted hit ratio the window's repeats allow."""
+        inputs = sum(r.input_tokens for r in self.requests)
+        return sum(r.cacheable_tokens for r in self.requests) / inputs if inputs else 0.0
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return sorted({r.roofline.gpu.name for r in self.requests})
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({r.roofline.model.name for r in self.requests})
+
+    def to_json(self) -> dict[str, Any]:
+        """What the projections are calibrated on (``what_if``'s ``calibration``)."""
+        return {
+            "requests": len(self.requests),
+            "decode_batch": self.decode_batch,
+            "gpu_utilization": self.utilization,
+            "model_to_measured_factor": self.factor,
+            "prefix_cache_hit_ratio": self.hit_ratio,
+            "cacheable_hit_ratio": self.cacheable_ratio,
+            "fingerprinted_requests": self.fingerprinted_requests,
+            "busy_window_seconds": self.window_seconds,
+            "gpu_types": self.gpu_types,
+            "models": self.models,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +194,32 @@ def _union_seconds(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def repeatable_tokens(records: Sequence[RequestRecord],
+                      block_tokens: int = DEFAULT_BLOCK_TOKENS) -> dict[str, int]:
+    """Per record id, of those that carry prefix fingerprints: the prompt tokens of the
+    deepest run of its fingerprints that an earlier request (in prefill order) carried:
+    what a prefix cache large enough, and shared by every engine, could have served."""
+    seen: set[str] = set()
+    out: dict[str, int] = {}
+    ordered = sorted((r for r in records if r.prefix_fingerprints),
+                     key=lambda r: r.prefill_start_unix or r.start_unix)
+    for record in ordered:
+        depth = 0
+        for fingerprint in record.prefix_fingerprints:
+            if fingerprint not in seen:
+                break
+            depth += 1
+        out[record.record_id] = depth * (record.prefix_block_tokens or block_tokens)
+        seen.update(record.prefix_fingerprints)
+    return out
+
+
 def calibrate(records: Sequence[RequestRecord], prices: PriceSheet) -> Calibration:
     """Measured batch, utilization and model-to-measurement factor of a recorded workload."""
     usable = [r for r in records if r.complete and r.output_tokens > 0 and r.input_tokens > 0]
     if not usable:
         raise WhatIfError("no complete request with token counts to calibrate on")
+    repeats = repeatable_tokens(records)
     requests: list[_Request] = []
     busy: dict[str, list[tuple[float, float]]] = defaultdict(list)
     decode_sum: dict[str, float] = defaultdict(float)
@@ -169,37 +232,100 @@ def calibrate(records: Sequence[RequestRecord], prices: PriceSheet) -> Calibrati
             busy[node].append((ps, end))
             decode_sum[node] += end - ds
             prefill = ds - ps if prefill is None else prefill
-        requests.append(_Request(roofline, price, record.input_tokens,
-                                 min(record.cache_read_tokens, record.input_tokens - 1),
-                                 record.output_tokens, record.ttft_seconds, prefill or 0.0))
+        cached = min(record.cache_read_tokens, record.input_tokens - 1)
+        repeated = repeats.get(record.record_id)
+        cacheable = (record.input_tokens - 1 if repeated is None
+                     else max(cached, min(repeated, record.input_tokens - 1)))
+        requests.append(_Request(roofline, price, record.input_tokens, cached,
+                                 record.output_tokens, record.ttft_seconds, prefill or 0.0,
+                                 record.record_id, cacheable))
     busy_total = sum(_union_seconds(v) for v in busy.values())
     window_total = sum(max(e for _, e in v) - min(s for s, _ in v) for v in busy.values())
     batch = max(1.0, sum(decode_sum.values()) / busy_total) if busy_total > 0 else 1.0
     utilization = busy_total / window_total if window_total > 0 else 1.0
     calibration = Calibration(requests, batch, max(utilization, 1e-6), 1.0,
-                              token_weighted_hit_ratio(usable) or 0.0, window_total)
+                              token_weighted_hit_ratio(usable) or 0.0, window_total,
+                              sum(1 for r in usable if r.record_id in repeats))
     measured = sum(r.gpu_cost_dollars / (req.dollars_per_gpu_second * req.roofline.tensor_parallel)
                    for r, req in zip(usable, requests, strict=True))
-    modeled = sum(p + d for p, d in (_gpu_seconds(req, calibration, Scenario())
-                                     for req in requests))
+    base = _plan(calibration, Scenario())
+    modeled = sum(p + d for p, d in (_gpu_seconds(req, step, calibration, Scenario())
+                                     for req, step in zip(requests, base, strict=True)))
     if measured > 0 and modeled > 0:
         calibration.factor = measured / modeled
     return calibration
 
 
-def _apply(req: _Request, calibration: Calibration,
-           scenario: Scenario) -> tuple[Roofline, int, int]:
-    roofline = req.roofline
-    if scenario.quantization is not None:
-        weight_bytes, kv_bytes = QUANTIZATION[scenario.quantization]
-        model = dataclasses.replace(roofline.model, bytes_per_param=weight_bytes,
-                                    kv_bytes_per_element=kv_bytes)
-        roofline = dataclasses.replace(roofline, model=model)
-    input_tokens = max(1, round(req.input_tokens * scenario.context_scale))
-    cached = 0 if scenario.disable_cache else round(req.cached_tokens * scenario.context_scale)
-    cached += round(scenario.cache_hit_rate_delta * input_tokens)
-    cached = min(max(0, cached), input_tokens - 1)
-    return roofline, input_tokens, cached
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One request under a scenario: the roofline it runs on, its prompt, its cached part."""
+
+    roofline: Roofline
+    input_tokens: int
+    cached_tokens: int
+
+
+def _spread(gains_room: list[tuple[int, int]], total: float) -> list[int]:
+    """Water-filling: ``total`` tokens over requests given as (prompt tokens, room), each
+    taking the same share ``t`` of its prompt until its room is full. Where every room
+    is larger than its share, this is ``round(total / sum(prompt) * prompt)`` each."""
+    if total <= 0 or not gains_room:
+        return [0] * len(gains_room)
+    room_total = sum(room for _, room in gains_room)
+    if room_total <= total:
+        return [room for _, room in gains_room]
+    order = sorted(range(len(gains_room)),
+                   key=lambda i: gains_room[i][1] / max(1, gains_room[i][0]))
+    left, prompts = total, float(sum(max(1, n) for n, _ in gains_room))
+    share = 0.0
+    for i in order:
+        n, room = gains_room[i]
+        share = left / prompts if prompts > 0 else 0.0
+        if room >= share * max(1, n):
+            break
+        left -= room
+        prompts -= max(1, n)
+    return [min(room, round(share * max(1, n))) for n, room in gains_room]
+
+
+def _plan(calibration: Calibration, scenario: Scenario,
+          cached_gains: Mapping[str, int] | None = None) -> list[_Step]:
+    """Every request's roofline, prompt and cached tokens under ``scenario``.
+
+    ``cached_gains`` (cached tokens added per record id, e.g. a routing replay's) replaces
+    the scenario's uniform hit-ratio change."""
+    rooflines: dict[int, Roofline] = {}
+    base: list[tuple[Roofline, int, int, int]] = []
+    for req in calibration.requests:
+        roofline = req.roofline
+        if scenario.quantization is not None:
+            cached_roofline = rooflines.get(id(roofline))
+            if cached_roofline is None:
+                weight_bytes, kv_bytes = QUANTIZATION[scenario.quantization]
+                model = dataclasses.replace(roofline.model, bytes_per_param=weight_bytes,
+                                            kv_bytes_per_element=kv_bytes)
+                cached_roofline = dataclasses.replace(roofline, model=model)
+                rooflines[id(roofline)] = cached_roofline
+            roofline = cached_roofline
+        input_tokens = max(1, round(req.input_tokens * scenario.context_scale))
+        cached = 0 if scenario.disable_cache else round(req.cached_tokens
+                                                        * scenario.context_scale)
+        cached = min(max(0, cached), input_tokens - 1)
+        cacheable = min(input_tokens - 1,
+                        max(cached, round(req.cacheable_tokens * scenario.context_scale)))
+        base.append((roofline, input_tokens, cached, cacheable))
+    if cached_gains is not None:
+        return [_Step(roofline, n, min(max(0, c + cached_gains.get(req.key, 0)), n - 1))
+                for req, (roofline, n, c, _) in zip(calibration.requests, base, strict=True)]
+    delta = scenario.cache_hit_rate_delta
+    total = abs(delta) * sum(n for _, n, _, _ in base)
+    if delta >= 0:
+        moved = _spread([(n, cap - c) for _, n, c, cap in base], total)
+        return [_Step(roofline, n, c + g) for (roofline, n, c, _), g in zip(base, moved,
+                                                                           strict=True)]
+    moved = _spread([(n, c) for _, n, c, _ in base], total)
+    return [_Step(roofline, n, c - g) for (roofline, n, c, _), g in zip(base, moved,
+                                                                       strict=True)]
 
 
 def _prefill_seconds(roofline: Roofline, input_tokens: int, cached: int, batch: float) -> float:
@@ -210,31 +336,36 @@ def _prefill_seconds(roofline: Roofline, input_tokens: int, cached: int, batch: 
     return max(compute, memory)
 
 
-def _gpu_seconds(req: _Request, calibration: Calibration,
+def _gpu_seconds(req: _Request, step: _Step, calibration: Calibration,
                  scenario: Scenario) -> tuple[float, float]:
-    """(prefill, decode) modeled GPU share-seconds of one request under ``scenario``."""
-    roofline, input_tokens, cached = _apply(req, calibration, scenario)
+    """(prefill, decode) modeled GPU share-seconds of one request as planned in ``step``."""
+    roofline, input_tokens, cached = step.roofline, step.input_tokens, step.cached_tokens
     batch = calibration.decode_batch
     prefill = _prefill_seconds(roofline, input_tokens, cached, batch)
     ctx = input_tokens + req.output_tokens // 2
-    step = max(batch * roofline.compute_seconds(roofline.decode_flops(ctx)),
-               roofline.memory_seconds(roofline.model.weight_bytes
-                                       + batch * roofline.decode_bytes(ctx)))
-    step += roofline.step_overhead_seconds + roofline.nvlink_seconds(max(1, round(batch)))
-    decode = max(0, req.output_tokens - 1) * step / batch / scenario.spec_decode_speedup
+    step_seconds = max(batch * roofline.compute_seconds(roofline.decode_flops(ctx)),
+                       roofline.memory_seconds(roofline.model.weight_bytes
+                                               + batch * roofline.decode_bytes(ctx)))
+    step_seconds += roofline.step_overhead_seconds + roofline.nvlink_seconds(max(1, round(batch)))
+    decode = (max(0, req.output_tokens - 1) * step_seconds / batch
+              / scenario.spec_decode_speedup)
     return prefill, decode
 
 
-def project(calibration: Calibration, scenario: Scenario) -> Projection:
-    """The workload's cost, throughput and TTFT under ``scenario`` (``Scenario()`` = baseline)."""
+def project(calibration: Calibration, scenario: Scenario,
+            cached_gains: Mapping[str, int] | None = None) -> Projection:
+    """The workload's cost, throughput and TTFT under ``scenario`` (``Scenario()`` = baseline);
+    ``cached_gains``: cached tokens added per record id instead of the scenario's hit-ratio
+    change (the routing what-if's replay)."""
     scenario.validate()
     utilization = scenario.gpu_utilization or calibration.utilization
     k = calibration.factor
     cost = gpu_seconds = prefill_total = decode_total = 0.0
     output_tokens = cached_tokens = input_tokens = 0
     ttfts: list[float] = []
-    for req in calibration.requests:
-        prefill, decode = _gpu_seconds(req, calibration, scenario)
+    plan = _plan(calibration, scenario, cached_gains)
+    for req, step in zip(calibration.requests, plan, strict=True):
+        prefill, decode = _gpu_seconds(req, step, calibration, scenario)
         gpus = req.roofline.tensor_parallel
         seconds = k * (prefill + decode) * gpus
         gpu_seconds += seconds
@@ -242,11 +373,10 @@ def project(calibration: Calibration, scenario: Scenario) -> Projection:
         decode_total += k * decode * gpus
         cost += seconds * req.dollars_per_gpu_second / utilization
         output_tokens += req.output_tokens
-        _, inputs, cached = _apply(req, calibration, scenario)
-        input_tokens += inputs
-        cached_tokens += cached
+        input_tokens += step.input_tokens
+        cached_tokens += step.cached_tokens
         if req.ttft_seconds is not None:
-            base_prefill = _prefill_seconds(req.roofline, *_apply(req, calibration, Scenario())[1:],
+            base_prefill = _prefill_seconds(req.roofline, req.input_tokens, req.cached_tokens,
                                             calibration.decode_batch)
             ratio = prefill / base_prefill if base_prefill > 0 else 1.0
             ttfts.append(max(0.0, req.ttft_seconds - req.prefill_measured * (1 - ratio)))
@@ -264,6 +394,7 @@ def project(calibration: Calibration, scenario: Scenario) -> Projection:
 
 
 def _change(baseline: Projection, projected: Projection) -> dict[str, float | None]:
+    """Relative changes (0.1 = 10 % more) of the dollars, throughput and latency."""
     def rel(a: float | None, b: float | None) -> float | None:
         if a is None or b is None or a == 0:
             return None
@@ -278,25 +409,63 @@ def _change(baseline: Projection, projected: Projection) -> dict[str, float | No
     }
 
 
-def what_if(records: Sequence[RequestRecord], prices: PriceSheet,
-            scenario: Scenario) -> dict[str, Any]:
-    """``tokenpath whatif --format json``: ``{baseline, projected, change, calibration}``."""
-    calibration = calibrate(records, prices)
-    baseline = project(calibration, Scenario())
-    projected = project(calibration, scenario)
+def _change_pp(baseline: Projection, projected: Projection) -> dict[str, float]:
+    """Changes of the ratios, in percentage points (10.0 = ten points more)."""
+    return {
+        "prefix_cache_hit_ratio": (projected.prefix_cache_hit_ratio
+                                   - baseline.prefix_cache_hit_ratio) * 100,
+        "gpu_utilization": (projected.gpu_utilization - baseline.gpu_utilization) * 100,
+    }
+
+
+def cache_limit(calibration: Calibration, baseline: Projection, projected: Projection,
+                asked: float) -> dict[str, Any]:
+    """The hit-ratio change asked (a fraction), what the window's repeats allow, and what
+    the projection applied; ``capped`` when it applied less than asked."""
+    possible = calibration.cacheable_ratio - baseline.prefix_cache_hit_ratio
+    applied = projected.prefix_cache_hit_ratio - baseline.prefix_cache_hit_ratio
+    return {
+        "asked_delta": asked,
+        "possible_delta": possible,
+        "applied_delta": applied,
+        "cacheable_hit_ratio": calibration.cacheable_ratio,
+        # rounding to whole tokens moves the applied change by far less than this
+        "capped": asked > 0 and applied < asked - 1e-4,
+        "basis": ("prefix fingerprints: the tokens of the deepest prefix an earlier request "
+                  "in the window carried, or the recorded cache reads where more"
+                  if calibration.fingerprinted_requests else
+                  "no prefix fingerprints recorded: every prompt token but the last"),
+    }
+
+
+def project_json(calibration: Calibration, baseline: Projection, scenario: Scenario,
+                 cached_gains: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """One scenario's projection beside the baseline: ``{baseline, projected, change
+    (relative), change_pp (percentage points), cache_hit_rate, scenario}``."""
+    projected = project(calibration, scenario, cached_gains)
     return {
         "provenance": "modeled",
         "baseline": baseline.to_json(),
         "projected": projected.to_json(),
         "change": _change(baseline, projected),
+        "change_pp": _change_pp(baseline, projected),
+        "cache_hit_rate": cache_limit(calibration, baseline, projected,
+                                      scenario.cache_hit_rate_delta),
         "scenario": dataclasses.asdict(scenario),
-        "long_context": [b.to_json() for b in spend_by_context_bucket(records)],
-        "top_prefixes_by_waste": [dataclasses.asdict(p) for p in top_prefixes_by_waste(records)],
-        "calibration": {
-            "requests": len(calibration.requests),
-            "decode_batch": calibration.decode_batch,
-            "gpu_utilization": calibration.utilization,
-            "model_to_measured_factor": calibration.factor,
-            "prefix_cache_hit_ratio": calibration.hit_ratio,
-        },
     }
+
+
+def what_if(records: Sequence[RequestRecord], prices: PriceSheet,
+            scenario: Scenario, cached_gains: Mapping[str, int] | None = None,
+            calibration: Calibration | None = None) -> dict[str, Any]:
+    """``tokenpath whatif --format json``: ``{baseline, projected, change, change_pp,
+    cache_hit_rate, calibration, ...}``. ``change`` is relative (0.1 = 10 % more),
+    ``change_pp`` in percentage points. ``cached_gains``: see :func:`project`."""
+    if calibration is None:
+        calibration = calibrate(records, prices)
+    out = project_json(calibration, project(calibration, Scenario()), scenario, cached_gains)
+    out["long_context"] = [b.to_json() for b in spend_by_context_bucket(records)]
+    out["top_prefixes_by_waste"] = [dataclasses.asdict(p)
+                                    for p in top_prefixes_by_waste(records)]
+    out["calibration"] = calibration.to_json()
+    return out
