@@ -40,7 +40,12 @@ from tokenpath.collector.receivers.http import (
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore
-from tokenpath.collector.whatif_view import WhatIfRequest, whatif_view
+from tokenpath.collector.whatif_view import (
+    WhatIfRequest,
+    WhatIfWindow,
+    whatif_page_view,
+    whatif_view,
+)
 from tokenpath.config import ConfigError, parse_duration
 from tokenpath.last_mile import DEFAULT_PACKETS_PER_TOKEN_THRESHOLD
 from tokenpath.report import build_report
@@ -196,10 +201,19 @@ def build_app(
 
     @app.post("/api/whatif")
     def whatif(body: dict[str, Any] = Body(default_factory=dict),
-               since: str | None = None) -> dict[str, Any]:
+               since: str | None = None, until: float | None = None) -> dict[str, Any]:
         request = WhatIfRequest.from_json(body)
-        since_unix = _since(since)
-        return whatif_view(store.records(since_unix=since_unix), prices, request)
+        window = WhatIfWindow.resolve(since, until)
+        return whatif_view(store.records(since_unix=window.since_unix,
+                                         until_unix=window.until_unix),
+                           prices, request, window)
+
+    @app.get("/api/whatif")
+    def whatif_page(since: str | None = None, until: float | None = None) -> dict[str, Any]:
+        """The what-if page's opening projections (collector/whatif_view.py)."""
+        window = WhatIfWindow.resolve(since, until)
+        return whatif_page_view(store.records(since_unix=window.since_unix,
+                                              until_unix=window.until_unix), prices, window)
 
     @app.get(UI_ASSET_PREFIX + "{name}")
     def ui_asset(name: str) -> Response:

@@ -1,8 +1,12 @@
-"""POST /api/whatif: the UI's what-if form over the same engine as ``tokenpath whatif``.
+"""/api/whatif: the UI's what-if page over the same engine as ``tokenpath whatif``.
 
-Parses and validates the form (errors name the field), then calls
-:func:`tokenpath.collector.cost.whatif.what_if` on the recorded requests: the roofline
-model calibrated on them. Every figure it returns is modeled.
+``GET`` answers what the page opens with: the window's baseline and its default
+scenarios, the routing what-if among them, read and calibrated once
+(:func:`tokenpath.collector.cost.whatif_overview.whatif_overview`). ``POST`` is the form:
+it parses and validates the fields (errors name the field), then runs
+:func:`tokenpath.collector.cost.whatif_overview.run_whatif`, what ``tokenpath whatif``
+runs. Both take the window as ``since`` counted back from ``until``. Every figure they
+return is modeled.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenpath.collector.cost.prices import PriceSheet
-from tokenpath.collector.cost.routing_whatif import prefix_affine_whatif
-from tokenpath.collector.cost.whatif import Scenario, WhatIfError, what_if
+from tokenpath.collector.cost.whatif import Scenario, WhatIfError
+from tokenpath.collector.cost.whatif_overview import Window, run_whatif, whatif_overview
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
+
+WhatIfWindow = Window  # since counted back from until (now without one); errors name them
 
 QUANTIZATIONS = ("none", "int8", "int4")
 ROUTERS = ("as_recorded", "prefix_affine")
@@ -30,6 +36,9 @@ class WhatIfRequest:
     # prefix_affine: replay the fingerprints through a prefix-affine router
     # (collector/cost/routing_whatif.py) and project with its cache-hit gain
     router: str = "as_recorded"
+    # whether the body gave the cache change: with the router, an absent one takes the
+    # router's replayed hits instead (a given 0 keeps the recorded hit ratio)
+    cache_change_given: bool = False
 
     def validate(self) -> None:
         if not -1.0 <= self.cache_hit_rate_delta <= 1.0:
@@ -57,13 +66,15 @@ class WhatIfRequest:
                 raise ConfigError(key, "must be a number") from exc
 
         quantization = body.get("quantization") or "none"
+        cache_change = number("cache_hit_rate_delta", None)
         request = cls(
             # Only an absent value takes the default: 0 is a value, and validate() judges it.
-            cache_hit_rate_delta=_given(number("cache_hit_rate_delta", 0.0), 0.0),
+            cache_hit_rate_delta=_given(cache_change, 0.0),
             spec_decode_speedup=_given(number("spec_decode_speedup", 1.0), 1.0),
             gpu_utilization=number("gpu_utilization", None),
             quantization=str(quantization),
             router=str(body.get("router") or "as_recorded").replace("-", "_"),
+            cache_change_given=cache_change is not None,
         )
         request.validate()
         return request
@@ -74,29 +85,30 @@ def _given(value: float | None, default: float) -> float:
 
 
 def whatif_view(records: Sequence[RequestRecord], prices: PriceSheet,
-                request: WhatIfRequest) -> dict[str, Any]:
-    """``{baseline, projected, change, ...}`` from the roofline what-if engine; with the
-    prefix-affine router, its replay (``routing``) and, unless a cache-hit change was
-    given, the projection at its predicted hit-ratio gain."""
-    routing = None
-    delta = request.cache_hit_rate_delta
-    if request.router == "prefix_affine":
-        routing = prefix_affine_whatif(records)
-        if not delta and routing.hit_ratio_gain is not None:
-            delta = routing.hit_ratio_gain
+                request: WhatIfRequest, window: Window | None = None) -> dict[str, Any]:
+    """``{baseline, projected, change, change_pp, cache_hit_rate, ...}`` from the roofline
+    what-if engine; with the prefix-affine router, its replay (``routing``) and, unless
+    the body gave a cache-hit change, the projection at the replay's per-request hits."""
     scenario = Scenario(
-        cache_hit_rate_delta=delta,
+        cache_hit_rate_delta=request.cache_hit_rate_delta,
         spec_decode_speedup=request.spec_decode_speedup,
         gpu_utilization=request.gpu_utilization,
         quantization=None if request.quantization == "none" else request.quantization,
     )
     try:
-        scenario.validate()
-        out = what_if(records, prices, scenario)
+        out = run_whatif(records, prices, scenario,
+                         request.router if request.router != "as_recorded" else None,
+                         explicit_cache_change=request.cache_change_given)
     except WhatIfError as exc:
         raise ConfigError("whatif", str(exc)) from exc
     out["engine"] = "roofline"
     out["modeled"] = True
-    if routing is not None:
-        out["routing"] = routing.to_json()
+    if window is not None:
+        out["window"] = {**window.to_json(), "records": len(records)}
     return out
+
+
+def whatif_page_view(records: Sequence[RequestRecord], prices: PriceSheet,
+                     window: Window) -> dict[str, Any]:
+    """``GET /api/whatif``: the page's opening projections over ``records``, the window's."""
+    return whatif_overview(records, prices, window)

@@ -2,7 +2,10 @@
 
 Reads the recorded requests from ``--store``, ``--collector`` or ``--records`` (the JSON of
 ``tokenpath requests --format json``) and prints the baseline beside the projection
-(SPEC section 4). Formulas: docs/cost-model.md. All figures are modeled.
+(SPEC section 4). ``--since`` counts back from ``--until`` (now without it), the window the
+UI's what-if page names, so the page and this command read the same requests. Formulas:
+docs/cost-model.md. All figures are modeled: ratios change in percentage points, dollars,
+throughput and latency relatively.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from rich.text import Text
 from tokenpath.cli.client import Source
 from tokenpath.cli.common import console, fail
 from tokenpath.collector.cost.prices import load_price_sheet
-from tokenpath.collector.cost.routing_whatif import prefix_affine_whatif
 from tokenpath.collector.cost.whatif import (
     DEFAULT_SPEC_DRAFT_TOKENS,
     QUANTIZATION,
@@ -27,8 +29,8 @@ from tokenpath.collector.cost.whatif import (
     WhatIfError,
     calibrate,
     speculative_speedup,
-    what_if,
 )
+from tokenpath.collector.cost.whatif_overview import Window, run_whatif
 from tokenpath.collector.cost.whatif_rules import check_rules_of_thumb
 from tokenpath.config import ConfigError
 from tokenpath.endpoints import COLLECTOR_URL
@@ -56,8 +58,8 @@ def parse_cache_hit_rate(value: str, current: float) -> float:
     return number - current
 
 
-def _load_records(store: str | None, collector: str | None,
-                  records_file: Path | None) -> list[RequestRecord]:
+def _load_records(store: str | None, collector: str | None, records_file: Path | None,
+                  window: Window) -> list[RequestRecord]:
     if records_file is not None:
         try:
             data = json.loads(records_file.read_text(encoding="utf-8"))
@@ -66,36 +68,61 @@ def _load_records(store: str | None, collector: str | None,
         if not isinstance(data, list):
             fail("--records: expected the JSON list of `tokenpath requests --format json`")
         try:
-            return [RequestRecord.from_json(item) for item in data]
+            loaded = [RequestRecord.from_json(item) for item in data]
         except (KeyError, TypeError, ValueError) as exc:
             fail(f"--records: not a request record: {exc}")
-    return Source(store, collector).records(RECORDS_LIMIT, None)
+        return [r for r in loaded if r.end_unix <= window.until_unix
+                and (window.since_unix is None or r.end_unix >= window.since_unix)]
+    return Source(store, collector).records_between(RECORDS_LIMIT, window.since_unix,
+                                                    window.until_unix)
 
 
-def _row(name: str, base: Any, projected: Any, fmt: str) -> list[str]:
+# (label, key, format, kind): "pp" ratios change in percentage points, "rel" relatively
+ROWS: tuple[tuple[str, str, str, str], ...] = (
+    ("$ per million output tokens", "cost_per_million_output_tokens", ".4f", "rel"),
+    ("requests/s per GPU", "requests_per_second_per_gpu", ".3f", "rel"),
+    ("TTFT p50 (s)", "ttft_p50_seconds", ".4f", "rel"),
+    ("GPU utilization", "gpu_utilization", ".1%", "pp"),
+    ("prefix-cache hit ratio", "prefix_cache_hit_ratio", ".1%", "pp"),
+)
+
+
+def _row(result: dict[str, Any], name: str, key: str, fmt: str, kind: str) -> list[str]:
+    base, projected = result["baseline"][key], result["projected"][key]
+
     def show(value: Any) -> str:
         return "-" if value is None else format(value, fmt)
 
-    change = ""
-    if isinstance(base, float) and isinstance(projected, float) and base:
-        change = f"{(projected / base - 1) * 100:+.1f}%"
+    if kind == "pp":
+        points = result["change_pp"][key]
+        change = f"{points:+.1f} pp"
+    else:
+        relative = result["change"][key]
+        change = "-" if relative is None else f"{relative * 100:+.1f}% relative"
     return [name, show(base), show(projected), change]
 
 
+def cache_note(limit: dict[str, Any]) -> str | None:
+    """Beside a capped hit-ratio change: what was asked, what the repeats allow."""
+    if not limit["capped"]:
+        return None
+    return (f"hit ratio {limit['asked_delta'] * 100:+.1f} pp asked, "
+            f"{limit['possible_delta'] * 100:+.1f} pp possible: only "
+            f"{limit['cacheable_hit_ratio']:.1%} of prompt tokens repeat an earlier "
+            f"prefix in the window ({limit['basis']})")
+
+
 def _render(result: dict[str, Any]) -> None:
-    base, proj = result["baseline"], result["projected"]
-    table = Table(title="what-if (modeled, calibrated on the recorded requests)")
+    table = Table(title="what-if (modeled, calibrated on the recorded requests; ratios "
+                        "change in percentage points, the rest relatively)")
     for column in ("metric", "baseline", "projected", "change"):
         table.add_column(column, justify="left" if column == "metric" else "right")
-    for name, key, fmt in (
-        ("$ per million output tokens", "cost_per_million_output_tokens", ".4f"),
-        ("requests/s per GPU", "requests_per_second_per_gpu", ".3f"),
-        ("TTFT p50 (s)", "ttft_p50_seconds", ".4f"),
-        ("GPU utilization", "gpu_utilization", ".2f"),
-        ("prefix-cache hit ratio", "prefix_cache_hit_ratio", ".3f"),
-    ):
-        table.add_row(*_row(name, base[key], proj[key], fmt))
+    for name, key, fmt, kind in ROWS:
+        table.add_row(*_row(result, name, key, fmt, kind))
     console.print(table)
+    note = cache_note(result["cache_hit_rate"])
+    if note:
+        console.print(Text(note))
     spend = Table(title="spend by context length (attention share of prefill FLOPs, modeled)")
     for column in ("context tokens", "requests", "share of spend", "attention share"):
         spend.add_column(column, justify="left" if column == "context tokens" else "right")
@@ -120,8 +147,8 @@ def _render(result: dict[str, Any]) -> None:
         for column in ("figure", "value"):
             routed.add_column(column, justify="left" if column == "figure" else "right")
         for name, key, fmt in (
-            ("hit ratio recorded", "recorded_hit_ratio", ".3f"),
-            ("hit ratio with the router", "predicted_hit_ratio", ".3f"),
+            ("hit ratio recorded", "recorded_hit_ratio", ".1%"),
+            ("hit ratio with the router", "predicted_hit_ratio", ".1%"),
             ("prefill tokens saved", "prefill_tokens_saved", ",d"),
             ("prefill $ saved", "prefill_dollars_saved", ".6f"),
             ("load skew recorded (busiest / mean)", "load_skew_recorded", ".2f"),
@@ -129,6 +156,8 @@ def _render(result: dict[str, Any]) -> None:
         ):
             value = routing[key]
             routed.add_row(name, "-" if value is None else format(value, fmt))
+        gain = routing["hit_ratio_gain"]
+        routed.add_row("hit ratio change", "-" if gain is None else f"{gain * 100:+.1f} pp")
         console.print(routed)
     rules = result.get("rules_of_thumb")
     if rules:
@@ -163,6 +192,11 @@ def register(app: typer.Typer) -> None:
         router: str | None = typer.Option(
             None, help="prefix-affine: replay the recorded fingerprints through a "
                        "prefix-affine router and project at its cache-hit gain."),
+        since: str | None = typer.Option(None, help="Only requests that ended within this "
+                                         "duration (e.g. 1h) before --until."),
+        until: float | None = typer.Option(None, help="The window's end, unix seconds "
+                                           "(default now): the UI's what-if page names "
+                                           "it, so both read the same requests."),
         format: OutputFormat = typer.Option(OutputFormat.TABLE, "--format"),
     ) -> None:
         """Project cost and throughput under better caching, batching, spec decoding or
@@ -171,30 +205,30 @@ def register(app: typer.Typer) -> None:
             sheet = load_price_sheet(prices)
         except ConfigError as exc:
             fail(f"--prices: {exc}")
-        routed = None
         if router is not None and router.replace("_", "-") != "prefix-affine":
             fail(f"--router: {router!r}: the one router modeled is prefix-affine")
-        recorded = _load_records(store, collector, records)
         try:
-            if router is not None:
-                routed = prefix_affine_whatif(recorded)
+            window = Window.resolve(since, until)
+        except ConfigError as exc:
+            fail(f"--{exc.key}: {exc.message}")
+        recorded = _load_records(store, collector, records, window)
+        try:
             calibration = calibrate(recorded, sheet)
             speedup = 1.0 if spec_decode_speedup is None else spec_decode_speedup
             if spec_acceptance is not None:
                 speedup = speculative_speedup(spec_acceptance, spec_draft_tokens)
             delta = (parse_cache_hit_rate(cache_hit_rate, calibration.hit_ratio)
                      if cache_hit_rate is not None else 0.0)
-            if routed is not None and cache_hit_rate is None and routed.hit_ratio_gain:
-                delta = routed.hit_ratio_gain
             scenario = Scenario(
                 cache_hit_rate_delta=delta,
                 spec_decode_speedup=speedup,
                 gpu_utilization=gpu_utilization,
                 quantization=quantization,
             )
-            result = what_if(recorded, sheet, scenario)
-            if routed is not None:
-                result["routing"] = routed.to_json()
+            result = run_whatif(recorded, sheet, scenario, router,
+                                explicit_cache_change=cache_hit_rate is not None,
+                                calibration=calibration)
+            result["window"] = {**window.to_json(), "records": len(recorded)}
             if rules_of_thumb:
                 result["rules_of_thumb"] = [c.to_json() for c in check_rules_of_thumb(calibration)]
         except WhatIfError as exc:
