@@ -371,42 +371,198 @@
   }
   leaks.live = true;
 
-  // --- what-if ----------------------------------------------------------------------------
+  // --- what-if ---------------------------------------------------------------------------
+  // GET /api/whatif answers the page's opening projections in one read of the window; the
+  // form (POST /api/whatif) refines them over the same window (its `until` kept).
+  // Units: ratios change in percentage points (pp), dollars, throughput and latency relatively.
+
+  const PROJECTION_METRICS = [
+    // [label, key, format, better (+1 higher is better), unit of its change]
+    ["$ per 1M output tokens", "cost_per_million_output_tokens", fmtDollars, -1, "relative"],
+    ["Requests/s per GPU", "requests_per_second_per_gpu", (v) => fmtNum(v, 3), 1, "relative"],
+    ["TTFT p50", "ttft_p50_seconds", fmtSeconds, -1, "relative"],
+    ["Prefix-cache hit ratio", "prefix_cache_hit_ratio", (v) => fmtPct(v), 1, "pp"],
+    ["GPU utilization", "gpu_utilization", (v) => fmtPct(v), 1, "pp"],
+  ];
+
+  const signed = (v, digits = 1) => `${v > 0 ? "+" : v < 0 ? "−" : "±"}${Math.abs(v).toFixed(digits)}`;
+  const fmtPp = (points) => (isNum(points) ? `${signed(points)} pp` : DASH);
+  const fixed = (v, digits = 2) => (isNum(v) ? v.toFixed(digits) : DASH);
+  const fmtRel = (rel) => (isNum(rel) ? `${signed(rel * 100)}% relative` : DASH);
 
   function field(id, label, input, hint) {
     return el("div", { class: "field" }, el("label", { for: id, text: label }), input,
               hint ? el("div", { class: "hint", id: `${id}-hint`, text: hint }) : null);
   }
 
+  // The hit-ratio change in words: asked, applied and what the window's repeats allow.
+  function cacheText(limit) {
+    if (!limit || !isNum(limit.asked_delta) || limit.asked_delta === 0) return null;
+    const asked = fmtPp(limit.asked_delta * 100);
+    const possible = fmtPp(limit.possible_delta * 100);
+    const repeat = `${fmtPct(limit.cacheable_hit_ratio)} of prompt tokens repeat an earlier `
+      + "prefix in this window";
+    return limit.capped
+      ? `${asked} asked, ${possible} possible: only ${repeat}.`
+      : `${asked} asked and applied; up to ${possible} possible (${repeat}).`;
+  }
+
+  function projectionTable(out, caption) {
+    const rows = PROJECTION_METRICS.filter(([, key]) => key in out.baseline).map(
+      ([label, key, fmt, better, unit]) => {
+        const a = out.baseline[key];
+        const b = out.projected[key];
+        const change = unit === "pp" ? out.change_pp[key] : out.change[key];
+        const good = !isNum(change) || Math.abs(change) < 1e-9 ? ""
+          : (change * better > 0 ? "good" : "bad");
+        return el("tr", { "data-metric": key, "data-unit": unit },
+          el("th", { scope: "row", text: label }),
+          td(fmt(a), "num baseline"), td(fmt(b), "num projected"),
+          td(unit === "pp" ? fmtPp(change) : fmtRel(change), `num change ${good}`));
+      });
+    const limit = cacheText(out.cache_hit_rate);
+    return el("div", {},
+      table(caption, ["metric", "baseline", "projected", "change"], rows, "data whatif-table"),
+      limit ? el("p", { class: out.cache_hit_rate.capped ? "note cap capped" : "note cap",
+                        text: `Hit ratio: ${limit}` }) : null);
+  }
+
+  function cliLine(flags) {
+    return `tokenpath whatif --collector ${location.origin} ${flags.join(" ")} --format json`;
+  }
+
+  function routingCard(s, windowFlags) {
+    const head = el("h2", {}, `${s.title} `, provenanceBadge("modeled"));
+    if (s.unavailable) {
+      return el("section", { class: "card scenario", id: "scenario-prefix_affine", "aria-label": s.title },
+        head, note(`Not projected: ${s.unavailable}.`));
+    }
+    const r = s.routing;
+    const gain = isNum(r.hit_ratio_gain) ? r.hit_ratio_gain * 100 : null;
+    return el("section", { class: "card scenario", id: "scenario-prefix_affine", "aria-label": s.title,
+                           "data-scenario": s.id },
+      head,
+      note("What sending each request to the engine that already holds its prefix would "
+           + "have done over this window."),
+      el("div", { class: "kpis" },
+        kpi("Prefix-cache hit ratio", `${fmtPct(r.recorded_hit_ratio)} → `
+            + `${fmtPct(r.predicted_hit_ratio)}`, `${fmtPp(gain)} (percentage points)`,
+        "wi-routing-hit"),
+        kpi("Prefill tokens saved", fmtNum(r.prefill_tokens_saved),
+            "prompt tokens read from cache instead of computed", "wi-routing-tokens"),
+        kpi("Prefill dollars saved", fmtDollars(r.prefill_dollars_saved),
+            "each request's prefill $ per computed token", "wi-routing-dollars"),
+        kpi("Load skew (busiest engine / mean)", `${fixed(r.load_skew_recorded)} → `
+            + `${fixed(r.load_skew_predicted)}`,
+            `${fmtNum(r.engines)} engines; a real router caps it, giving back part of the gain`,
+            "wi-routing-skew")),
+      projectionTable(s, "Baseline and projected figures with the router"),
+      note(`Calibrated on ${s.calibrated_on}.`),
+      el("p", { class: "note cli" }, "Same numbers: ",
+         el("code", { text: cliLine([...windowFlags, ...s.cli_flags]) })));
+  }
+
+  function scenarioCard(s, windowFlags, refine) {
+    const head = el("h2", {}, `${s.title} `, provenanceBadge("modeled"));
+    const body = s.unavailable ? [note(`Not projected: ${s.unavailable}.`)] : [
+      projectionTable(s, `${s.title}: baseline and projected`),
+      el("details", { class: "calibrated" }, el("summary", { text: "Calibrated on" }),
+         el("p", { class: "note", text: `${s.calibrated_on}.` })),
+      el("p", { class: "note cli" }, el("code", { text: cliLine([...windowFlags,
+        ...s.cli_flags]) })),
+      el("div", { class: "actions" }, el("button", { type: "button", class: "secondary",
+        text: "Refine in the form", onclick: () => refine(s.request) }))];
+    return el("section", { class: "card scenario", id: `scenario-${s.id}`, "aria-label": s.title,
+                           "data-scenario": s.id }, head, ...body);
+  }
+
   async function whatif() {
-    const result = el("div", { id: "whatif-result", "aria-live": "polite" });
+    const data = await api(withWindow("/api/whatif"));
+    const w = data.window;
+    const windowFlags = data.cli_flags;
+    const until = new Date(w.until_unix * 1000).toLocaleString("sv-SE"); // 2025-01-31 14:05:09
+    const span = w.since ? `the ${w.since} before ${until}` : `all the store holds up to ${until}`;
+    const lede = el("p", { class: "lede", id: "whatif-window",
+      text: `${fmtNum(w.records)} requests ended in ${span}. Every figure here is modeled `
+        + "(the roofline of docs/cost-model.md): ratios change in percentage points (pp), "
+        + "dollars, throughput and latency relatively." });
+    const page = el("div", { class: "page" }, el("h1", { text: "What-if" }), lede);
+    if (data.unavailable) {
+      page.append(el("section", { class: "card", id: "whatif-unavailable" },
+        el("h2", { text: "Nothing to project yet" }),
+        note(`${data.unavailable}: the what-if model calibrates on the window's complete `
+             + "requests. Pick a longer window or send traffic.")));
+      return page;
+    }
+    const cal = data.calibration;
+    const baseHit = data.baseline.prefix_cache_hit_ratio;
+    const possiblePp = (cal.cacheable_hit_ratio - baseHit) * 100;
+    const result = el("div", { id: "whatif-result", "aria-live": "polite" },
+      el("section", { class: "card" }, el("h2", { text: "Your scenario" }),
+         note("Combine changes in the form and press Project: the projection appears here, "
+              + "over the same window as the figures above.")));
+    const cacheHint = () => {
+      const input = document.getElementById("wi-cache");
+      const limit = `at most ${fmtPp(possiblePp)} possible, as only `
+        + `${fmtPct(cal.cacheable_hit_ratio)} of prompt tokens repeat an earlier prefix`;
+      if (input && input.value.trim() === "") {
+        return `empty: no change (with the prefix-affine router, its replayed hits); ${limit}`;
+      }
+      const pp = input ? Number(input.value) : 10;
+      const target = isNum(pp) ? baseHit + pp / 100 : null;
+      return `percentage points of prompt tokens: ${fmtPp(pp)} takes ${fmtPct(baseHit)} to `
+        + `${fmtPct(target)} asked; ${limit}`;
+    };
+    const cacheInput = el("input", { id: "wi-cache", name: "cache_hit_rate_pp", type: "number",
+      step: "0.5", min: "-100", max: "100", value: "10", "aria-describedby": "wi-cache-hint" });
     const form = el("form", { id: "whatif-form", class: "card form" },
-      el("h2", { text: "Scenario" }),
-      field("wi-cache", "Prefix-cache hit rate change", el("input", { id: "wi-cache",
-        name: "cache_hit_rate_delta", type: "number", step: "0.01", min: "-1", max: "1",
-        value: "0.10", "aria-describedby": "wi-cache-hint" }), "fraction: 0.10 = +10 points"),
-      field("wi-spec", "Speculative-decoding speedup", el("input", { id: "wi-spec",
+      el("h2", { text: "Refine" }),
+      field("wi-router", "Router", el("select", { id: "wi-router", name: "router" },
+        el("option", { value: "as_recorded", text: "as recorded" }),
+        el("option", { value: "prefix_affine", text: "prefix-affine (replayed)" })),
+      "prefix-affine takes its replayed hits unless a hit-ratio change is given"),
+      field("wi-cache", "Prefix-cache hit ratio change (pp)", cacheInput, cacheHint()),
+      field("wi-spec", "Speculative-decoding speedup (× decode)", el("input", { id: "wi-spec",
         name: "spec_decode_speedup", type: "number", step: "0.1", min: "1", max: "10",
         value: "1.0", "aria-describedby": "wi-spec-hint" }), "decode throughput ×, 1 = off"),
-      field("wi-util", "GPU utilization", el("input", { id: "wi-util", name: "gpu_utilization",
-        type: "number", step: "0.05", min: "0.05", max: "1", placeholder: "unchanged",
-        "aria-describedby": "wi-util-hint" }), "0.05 to 1; empty = as recorded"),
-      field("wi-quant", "Weight quantization", el("select", { id: "wi-quant",
+      field("wi-util", "GPU utilization (%)", el("input", { id: "wi-util",
+        name: "gpu_utilization_pct", type: "number", step: "1", min: "5", max: "100",
+        placeholder: `as recorded: ${fmtPct(cal.gpu_utilization)}`,
+        "aria-describedby": "wi-util-hint" }), "5 to 100; empty = as recorded"),
+      field("wi-quant", "Weight and KV-cache quantization", el("select", { id: "wi-quant",
         name: "quantization" }, ["none", "int8", "int4"].map((q) =>
         el("option", { value: q, text: q })))),
       el("div", { class: "actions" }, el("button", { type: "submit", class: "primary",
         id: "wi-submit", text: "Project" })));
+    cacheInput.addEventListener("input", () => {
+      document.getElementById("wi-cache-hint").textContent = cacheHint();
+    });
+    const refine = (request) => {
+      form.reset();
+      document.getElementById("wi-cache").value = isNum(request.cache_hit_rate_delta)
+        ? String(Math.round(request.cache_hit_rate_delta * 1e5) / 1e3) : (request.router ? "" : "0");
+      if (request.spec_decode_speedup) document.getElementById("wi-spec").value = String(request.spec_decode_speedup);
+      if (request.quantization) document.getElementById("wi-quant").value = request.quantization;
+      if (request.router) document.getElementById("wi-router").value = request.router;
+      document.getElementById("wi-cache-hint").textContent = cacheHint();
+      document.getElementById("wi-cache").focus();
+    };
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
-      const data = new FormData(form);
+      const fields = new FormData(form);
       const body = {};
-      for (const [key, value] of data.entries()) {
+      for (const [key, value] of fields.entries()) {
         if (value === "") continue;
-        body[key] = key === "quantization" ? value : Number(value);
+        if (key === "cache_hit_rate_pp") body.cache_hit_rate_delta = Number(value) / 100;
+        else if (key === "gpu_utilization_pct") body.gpu_utilization = Number(value) / 100;
+        else if (key === "quantization" || key === "router") body[key] = value;
+        else body[key] = Number(value);
       }
+      const params = new URLSearchParams({ until: String(w.until_unix) });
+      if (w.since) params.set("since", w.since);
       result.replaceChildren(note("Projecting…"));
       try {
-        result.replaceChildren(renderProjection(await api(withWindow("/api/whatif"),
+        result.replaceChildren(renderProjection(await api(`/api/whatif?${params}`,
           { method: "POST", body })));
       } catch (error) {
         if (!(error instanceof tpApp.AuthRequired)) {
@@ -414,38 +570,43 @@
         }
       }
     });
-    return el("div", { class: "page" },
-      el("h1", { text: "What-if" }),
-      el("p", { class: "lede", text: "Project cost and throughput of the recorded workload "
-        + "under better caching, speculative decoding, busier GPUs or quantized weights." }),
-      el("div", { class: "grid-whatif" }, form, result));
+    const [routing, ...others] = data.scenarios;
+    page.append(
+      routingCard(routing, windowFlags),
+      el("div", { class: "grid3" }, others.map((s) => scenarioCard(s, windowFlags, refine))),
+      el("div", { class: "grid-whatif" }, form, result),
+      el("section", { class: "card", id: "whatif-calibration", "aria-label": "Calibration" },
+        el("h2", {}, "What the model is calibrated on ", provenanceBadge("modeled")),
+        note(`${data.calibrated_on[0].toUpperCase()}${data.calibrated_on.slice(1)}.`),
+        el("dl", { class: "facts" },
+          el("dt", { text: "requests calibrated on" }), el("dd", { text: fmtNum(cal.requests) }),
+          el("dt", { text: "prefix-cache hit ratio (recorded)" }),
+          el("dd", { text: fmtPct(cal.prefix_cache_hit_ratio) }),
+          el("dt", { text: "most the window's repeats allow" }),
+          el("dd", { id: "wi-cacheable", text: `${fmtPct(cal.cacheable_hit_ratio)} (`
+            + `${fmtNum(cal.fingerprinted_requests)} requests with prefix fingerprints)` }),
+          el("dt", { text: "decode batch (measured)" }), el("dd", { text: fmtNum(cal.decode_batch, 2) }),
+          el("dt", { text: "GPU utilization (measured)" }), el("dd", { text: fmtPct(cal.gpu_utilization) }),
+          el("dt", { text: "model to attributed GPU seconds" }),
+          el("dd", { text: `×${fmtNum(cal.model_to_measured_factor, 3)}` })),
+        el("p", { class: "note cli" }, "The baseline from the CLI: ",
+           el("code", { text: cliLine(windowFlags) }))));
+    return page;
   }
 
   function renderProjection(out) {
-    const metrics = [
-      ["$ per 1M output tokens", "cost_per_million_output_tokens", fmtDollars, -1],
-      ["Requests/s per GPU", "requests_per_second_per_gpu", (v) => fmtNum(v, 3), 1],
-      ["TTFT p50", "ttft_p50_seconds", fmtSeconds, -1],
-      ["Prefix-cache hit ratio", "prefix_cache_hit_ratio", (v) => fmtPct(v), 1],
-      ["GPU utilization", "gpu_utilization", (v) => fmtPct(v, 0), 1],
-    ].filter(([, key]) => key in out.baseline || key in out.projected);
-    const rows = metrics.map(([label, key, fmt, better]) => {
-      const a = out.baseline[key];
-      const b = out.projected[key];
-      const change = isNum(a) && isNum(b) && a !== 0 ? (b - a) / Math.abs(a) : null;
-      const good = change === null || change === 0 ? "" : (change * better > 0 ? "good" : "bad");
-      return el("tr", { "data-metric": key }, el("th", { scope: "row", text: label }),
-        td(fmt(a), "num baseline"), td(fmt(b), "num projected"),
-        td(change === null ? DASH : `${change > 0 ? "+" : ""}${fmtPct(change)}`, `num ${good}`));
-    });
+    const flags = [];
+    const s = out.scenario;
+    if (out.routing) flags.push("prefix-affine router");
+    if (s.cache_hit_rate_delta && !out.routing) flags.push(`hit ratio ${fmtPp(s.cache_hit_rate_delta * 100)}`);
+    if (s.spec_decode_speedup !== 1) flags.push(`${fmtNum(s.spec_decode_speedup, 2)}× decode`);
+    if (isNum(s.gpu_utilization)) flags.push(`GPU utilization ${fmtPct(s.gpu_utilization)}`);
+    if (s.quantization) flags.push(s.quantization);
     return el("section", { class: "card", "aria-label": "Projection" },
-      el("h2", {}, "Projection ", el("span", { class: "badge modeled", text: "modeled" })),
-      note(`Engine: ${out.engine || "roofline"}, calibrated on the recorded requests ` +
-           "(the same model as `tokenpath whatif`)."),
-      table("Baseline and projected figures", ["metric", "baseline", "projected", "change"],
-            rows, "data whatif-table"),
-      out.assumptions ? el("details", {}, el("summary", { text: "Assumptions" }),
-        el("ul", {}, out.assumptions.map((a) => el("li", { text: a })))) : null);
+      el("h2", {}, "Your scenario ", provenanceBadge("modeled")),
+      note(`${flags.join(" · ") || "no change"}: engine ${out.engine || "roofline"}, `
+           + "calibrated on the window's requests (the same model as `tokenpath whatif`)."),
+      projectionTable(out, "Baseline and projected figures"));
   }
 
   window.tpViews = { overview, requests, request, leaks, whatif };
