@@ -84,26 +84,46 @@ class NodeMetricsState:
 
 # Loopback and virtual devices carry no last-mile traffic.
 IGNORED_DEVICE_PREFIXES = ("lo", "docker", "veth", "virbr", "cni", "flannel", "cali")
+LOOPBACK_PREFIX = "lo"
 
 
 def nic_last_mile(state: NodeMetricsState, tx_bytes: str, tx_packets: str,
                   device_label: str) -> list[dict[str, object]]:
     """Per node, from the agent's NIC counters: transmit packets/s, bytes/s and the average
-    packet size (bytes / packets) over its physical devices, between the last two samples."""
+    packet size (bytes / packets) over its physical devices, between the last two samples;
+    the same of its loopback devices apart (``loopback_*``): traffic that never leaves the
+    machine, such as a single-machine demo's, which a table of physical NICs alone would
+    show as none."""
     out: list[dict[str, object]] = []
     for node in sorted(state.nodes()):
-        def physical(rates: dict[tuple[tuple[str, str], ...], float]) -> float:
-            return sum(v for labels, v in rates.items()
-                       if not dict(labels).get(device_label, "").startswith(
-                           IGNORED_DEVICE_PREFIXES))
+        def summed(rates: dict[tuple[tuple[str, str], ...], float],
+                   loopback: bool) -> tuple[float, list[str]]:
+            total, devices = 0.0, []
+            for labels, value in rates.items():
+                device = dict(labels).get(device_label, "")
+                if loopback != device.startswith(LOOPBACK_PREFIX):
+                    continue
+                if not loopback and device.startswith(IGNORED_DEVICE_PREFIXES):
+                    continue
+                total += value
+                devices.append(device)
+            return total, sorted(devices)
         packets = state.rates(node, tx_packets)
         if not packets:
             continue
-        packets_per_second = physical(packets)
-        bytes_per_second = physical(state.rates(node, tx_bytes))
-        out.append({"node": node, "transmit_packets_per_second": packets_per_second,
+        sent = state.rates(node, tx_bytes)
+        packets_per_second, devices = summed(packets, False)
+        bytes_per_second, _ = summed(sent, False)
+        lo_packets, lo_devices = summed(packets, True)
+        lo_bytes, _ = summed(sent, True)
+        out.append({"node": node, "devices": devices,
+                    "transmit_packets_per_second": packets_per_second,
                     "transmit_bytes_per_second": bytes_per_second,
                     "average_packet_bytes": (bytes_per_second / packets_per_second
-                                             if packets_per_second > 0 else None)})
+                                             if packets_per_second > 0 else None),
+                    "loopback_devices": lo_devices,
+                    "loopback_packets_per_second": lo_packets,
+                    "loopback_bytes_per_second": lo_bytes,
+                    "loopback_average_packet_bytes": (lo_bytes / lo_packets
+                                                      if lo_packets > 0 else None)})
     return out
-

@@ -29,6 +29,30 @@ def test_the_average_packet_size_of_a_token_per_packet_node() -> None:
     assert node["node"] == "gpu-node-1"
     assert node["transmit_packets_per_second"] == pytest.approx(10_000)
     assert node["average_packet_bytes"] == pytest.approx(280)  # SSE token events
+    # loopback apart: its traffic never crosses the last mile, and is named as such
+    assert node["devices"] == ["eth0"] and node["loopback_devices"] == ["lo"]
+    assert node["loopback_packets_per_second"] == pytest.approx(50_000)
+    assert node["loopback_average_packet_bytes"] == pytest.approx(280)
+
+
+def test_a_node_whose_traffic_is_all_on_loopback_says_so() -> None:
+    """A single-machine demo: its NIC counters move only on lo; the physical figures are
+    zero with no packet size, and the loopback ones carry the traffic."""
+    state = NodeMetricsState()
+    for t, packets, sent in ((10.0, 100, 10_000), (12.0, 2_100, 610_000)):
+        state.consume_points([
+            _point(M.NODE_NET_TX_PACKETS.name, "eth0", 7, t),  # idle NIC
+            _point(M.NODE_NET_TX_BYTES.name, "eth0", 700, t),
+            _point(M.NODE_NET_TX_PACKETS.name, "lo", packets, t),
+            _point(M.NODE_NET_TX_BYTES.name, "lo", sent, t),
+            _point(M.NODE_NET_TX_PACKETS.name, "docker0", packets, t),  # virtual: neither
+        ])
+    (node,) = nic_last_mile(state, M.NODE_NET_TX_BYTES.name, M.NODE_NET_TX_PACKETS.name,
+                            M.LABEL_DEVICE)
+    assert node["transmit_packets_per_second"] == 0
+    assert node["average_packet_bytes"] is None
+    assert node["loopback_packets_per_second"] == pytest.approx(1_000)
+    assert node["loopback_average_packet_bytes"] == pytest.approx(300)
 
 
 def test_one_sample_or_a_counter_reset_gives_no_rate() -> None:

@@ -297,9 +297,39 @@
     const coalesceRows = mile.coalescing_whatif.map((c) => el("tr", {},
       td(fmtNum(c.tokens_per_write), "num"), td(fmtNum(c.packets_per_output_token, 3), "num"),
       td(fmtNum(c.wire_bytes_per_payload_byte, 2), "num")));
-    const nodeRows = mile.nodes.map((n) => el("tr", {},
-      td(n.node), td(fmtNum(n.transmit_packets_per_second), "num"),
-      td(fmtNum(n.average_packet_bytes), "num")));
+    // Per node: its physical NICs, and its loopback apart (a single-machine demo's traffic
+    // is all on lo). A NIC that sent nothing says so instead of showing 0 and a dash.
+    const devicesText = (names, fallback) => (names && names.length ? names.join(", ") : fallback);
+    const nodeRows = mile.nodes.flatMap((n) => {
+      const physical = n.transmit_packets_per_second > 0
+        ? el("tr", { "data-node": n.node, "data-devices": "physical" }, td(n.node),
+          td(`physical: ${devicesText(n.devices, "none reported")}`),
+          td(fmtNum(n.transmit_packets_per_second), "num"),
+          td(fmtNum(n.average_packet_bytes), "num"))
+        : el("tr", { "data-node": n.node, "data-devices": "physical", class: "empty" },
+          td(n.node), td(`physical: ${devicesText(n.devices, "none reported")}`),
+          el("td", { colspan: "2", class: "no-data",
+                     text: "no packets sent between the agent's last two samples" }));
+      const loopback = n.loopback_packets_per_second > 0
+        ? el("tr", { "data-node": n.node, "data-devices": "loopback" }, td(n.node),
+          td(`loopback: ${devicesText(n.loopback_devices, "lo")} (never leaves the machine)`),
+          td(fmtNum(n.loopback_packets_per_second), "num"),
+          td(fmtNum(n.loopback_average_packet_bytes), "num"))
+        : null;
+      return loopback ? [physical, loopback] : [physical];
+    });
+    const onlyLoopback = mile.nodes.length > 0 && mile.nodes.every((n) =>
+      !(n.transmit_packets_per_second > 0) && n.loopback_packets_per_second > 0);
+    const nicPart = !mile.nodes.length
+      ? note("Per node: no agent pushes NIC counters to this collector (`tokenpath agent` "
+             + "on each node sends them), so there are no per-node packet figures.")
+      : el("div", { id: "nic-part" },
+        onlyLoopback ? el("p", { class: "note cap", id: "nic-loopback-note",
+          text: "The traffic here is on loopback (as in `tokenpath demo`, where client, "
+            + "gateway and engines share one machine): the physical NICs carried none of it, "
+            + "so their counters say nothing about a real last mile." }) : null,
+        table("Per node (the agent's NIC counters, between its last two samples)", ["node",
+          "devices", "packets/s", "average packet bytes"], nodeRows, "data nic-table"));
     return el("div", { class: "page" },
       el("h1", { text: "Cache & leaks" }),
       card("The leaks, ranked by dollars",
@@ -364,10 +394,11 @@
             el("dd", { text: money(small.response_path_cost_dollars) })),
           note("Streaming one token per tiny packet makes the network, not the GPU, the "
                + "latency floor."),
-          table("Coalescing what-if (modeled)", ["tokens per write", "packets per token",
-            "wire bytes per payload byte"], coalesceRows, "data coalesce-table"),
-          nodeRows.length ? table("Per node (the agent's NIC counters)", ["node",
-            "packets/s", "average packet bytes"], nodeRows, "data nic-table") : null)));
+          mile.streams ? table("Coalescing what-if (modeled)", ["tokens per write",
+            "packets per token", "wire bytes per payload byte"], coalesceRows,
+          "data coalesce-table") : note("Coalescing what-if: no streamed response in this "
+            + "window to model it on."),
+          nicPart)));
   }
   leaks.live = true;
 
