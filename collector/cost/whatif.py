@@ -32,6 +32,7 @@ token when it carries no fingerprints). The gain applied is ``min(delta, possibl
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -267,8 +268,8 @@ class _Step:
 
 def _spread(gains_room: list[tuple[int, int]], total: float) -> list[int]:
     """Water-filling: ``total`` tokens over requests given as (prompt tokens, room), each
-    taking the same share ``t`` of its prompt until its room is full. Where every room
-    is larger than its share, this is ``round(total / sum(prompt) * prompt)`` each."""
+    taking the same share ``t`` of its prompt until its room is full, in whole tokens
+    (largest remainders rounded up, so they add up to ``round(total)``)."""
     if total <= 0 or not gains_room:
         return [0] * len(gains_room)
     room_total = sum(room for _, room in gains_room)
@@ -285,7 +286,15 @@ def _spread(gains_room: list[tuple[int, int]], total: float) -> list[int]:
             break
         left -= room
         prompts -= max(1, n)
-    return [min(room, round(share * max(1, n))) for n, room in gains_room]
+    exact = [min(float(room), share * max(1, n)) for n, room in gains_room]
+    # whole tokens, the largest remainders rounded up: the total stays round(total)
+    out = [math.floor(x) for x in exact]
+    short = round(min(total, float(room_total))) - sum(out)
+    by_remainder = sorted(range(len(exact)), key=lambda i: out[i] - exact[i])
+    for i in by_remainder[:max(0, short)]:
+        if out[i] < gains_room[i][1]:
+            out[i] += 1
+    return out
 
 
 def _plan(calibration: Calibration, scenario: Scenario,
