@@ -513,7 +513,8 @@
     const windowFlags = data.cli_flags;
     const until = new Date(w.until_unix * 1000).toLocaleString("sv-SE"); // 2025-01-31 14:05:09
     const span = w.since ? `the ${w.since} before ${until}` : `all the store holds up to ${until}`;
-    const lede = el("p", { class: "lede", id: "whatif-window",
+    const lede = el("p", { class: "lede", id: "whatif-window", "data-since": w.since || "",
+      "data-until": String(w.until_unix),
       text: `${fmtNum(w.records)} requests ended in ${span}. Every figure here is modeled `
         + "(the roofline of docs/cost-model.md): ratios change in percentage points (pp), "
         + "dollars, throughput and latency relatively." });

@@ -113,19 +113,25 @@ def test_views_render_workload_in_chromium(collector: CollectorService,
         f"{ppt:,.3f}".rstrip("0").rstrip(".") if ppt is not None else "—")
     screenshot(browser_page, "leaks")
 
-    # What-if: the form returns baseline and projected figures.
+    # What-if: the page opens with the projections (no click); the form refines them.
     _open(browser_page, url, "/whatif")
+    assert browser_page.is_visible("#scenario-prefix_affine #wi-routing-hit")
+    for scenario in ("cache", "spec_decode", "int8"):
+        assert browser_page.locator(f"#scenario-{scenario} .whatif-table").count() == 1
+    browser_page.fill("#wi-cache", "0")
     browser_page.fill("#wi-spec", "2")
     browser_page.select_option("#wi-quant", "int8")
     browser_page.click("#wi-submit")
-    browser_page.wait_for_selector(".whatif-table")
+    browser_page.wait_for_selector("#whatif-result .whatif-table")
+    result = browser_page.locator("#whatif-result")
     for metric in ("cost_per_million_output_tokens", "requests_per_second_per_gpu",
                    "ttft_p50_seconds"):
-        assert browser_page.locator(f"tr[data-metric='{metric}']").count() == 1
-    rps = browser_page.locator("tr[data-metric='requests_per_second_per_gpu']")
+        assert result.locator(f"tr[data-metric='{metric}']").count() == 1
+    rps = result.locator("tr[data-metric='requests_per_second_per_gpu']")
     baseline = float(rps.locator(".baseline").text_content())
     projected = float(rps.locator(".projected").text_content())
     assert projected > baseline  # a 2x decode speedup and int8 weights raise throughput
+    assert (rps.locator(".change").text_content() or "").endswith("% relative")
     screenshot(browser_page, "whatif")
 
     assert console.errors == []
@@ -146,7 +152,7 @@ def test_overview_updates_live_without_reload(collector: CollectorService,
     assert console.errors == []
 
 
-def _tab_to(page: Any, href: str, limit: int = 12) -> None:
+def _tab_to(page: Any, href: str, limit: int = 40) -> None:
     for _ in range(limit):
         page.keyboard.press("Tab")
         if page.evaluate("document.activeElement.getAttribute('href')") == href:

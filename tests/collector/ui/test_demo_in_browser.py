@@ -3,6 +3,7 @@ that store (as the demo's closing lines tell a user to do), and Chromium looks a
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from tests.collector.ui.conftest import ConsoleLog, screenshot
+from tokenpath.cli.main import app
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.service import CollectorService
 from tokenpath.stages import STAGE_IDS
@@ -25,6 +28,119 @@ def _open(page: Any, url: str, route: str) -> None:
     page.goto(f"{url}/#{route}")
     page.wait_for_selector(f"{READY}[data-route='#{route}'], #banner:not([hidden])")
     assert page.is_hidden("#banner"), page.text_content("#banner")
+
+
+def _signed(value: float) -> str:
+    """The page's signed figure: a true minus sign, and ± for no change."""
+    sign = "+" if value > 0 else "\N{MINUS SIGN}" if value < 0 else "\N{PLUS-MINUS SIGN}"
+    return f"{sign}{abs(value):.1f}"
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.1f}%"
+
+
+def _dollars(value: float) -> str:
+    """charts.js fmtDollars, for the sizes a short demo gives."""
+    a = abs(value)
+    if a >= 100:
+        return f"${value:.0f}"
+    if a >= 1:
+        return f"${value:.2f}"
+    if a >= 0.01:
+        return f"${value:.4f}"
+    if a >= 1e-4:
+        return "$" + f"{value:.6f}".rstrip("0")
+    return f"${value:.2e}".replace("e-0", "e-")
+
+
+def _cli(*args: str) -> dict[str, Any]:
+    result = CliRunner().invoke(app, ["whatif", *args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    out: dict[str, Any] = json.loads(result.output)
+    return out
+
+
+def _same_projection(page: dict[str, Any], cli: dict[str, Any]) -> None:
+    for part in ("baseline", "projected", "change", "change_pp"):
+        for key, value in cli[part].items():
+            assert page[part][key] == pytest.approx(value, rel=1e-9, abs=1e-12), (part, key)
+
+
+def _check_whatif_page(browser_page: Any, url: str, store: Path) -> None:
+    """Issue B6 acceptance: the page opens (no click) with the routing projection and the
+    default scenarios, the numbers `tokenpath whatif` gives for the same window, a +0.10
+    hit-ratio change shown in points and relative changes labelled relative."""
+    _open(browser_page, url, "/whatif")
+    window = browser_page.locator("#whatif-window")
+    since = window.get_attribute("data-since")
+    until = window.get_attribute("data-until")
+    assert since == "1h" and until  # the header's default window, its end fixed
+    flags = ["--since", since, "--until", until]
+    page = httpx.get(f"{url}/api/whatif", params={"since": since, "until": until},
+                     timeout=30).json()
+    scenarios = {s["id"]: s for s in page["scenarios"]}
+
+    # The routing projection, as `tokenpath whatif --router prefix-affine` gives it.
+    routed = _cli("--collector", url, *flags, "--router", "prefix-affine")
+    r = routed["routing"]
+    assert scenarios["prefix_affine"]["routing"] == pytest.approx(r)
+    _same_projection(scenarios["prefix_affine"], routed)
+    assert r["hit_ratio_gain"] > 0 and r["provenance"] == "modeled"
+    card = browser_page.locator("#scenario-prefix_affine")
+    assert "modeled" in card.locator("h2 .badge").text_content()
+    assert card.locator("#wi-routing-hit .kpi-value").text_content() == (
+        f"{_pct(r['recorded_hit_ratio'])} \N{RIGHTWARDS ARROW} {_pct(r['predicted_hit_ratio'])}")
+    assert card.locator("#wi-routing-hit .kpi-sub").text_content() == (
+        f"{_signed(r['hit_ratio_gain'] * 100)} pp (percentage points)")
+    assert card.locator("#wi-routing-tokens .kpi-value").text_content() == (
+        f"{r['prefill_tokens_saved']:,}")
+    assert card.locator("#wi-routing-dollars .kpi-value").text_content() == _dollars(
+        r["prefill_dollars_saved"])
+    assert card.locator("#wi-routing-skew .kpi-value").text_content() == (
+        f"{r['load_skew_recorded']:.2f} \N{RIGHTWARDS ARROW} {r['load_skew_predicted']:.2f}")
+    assert "replayed" in card.text_content()  # what it is calibrated on
+
+    # The baseline and the default scenarios, as the CLI gives them (from the store too).
+    plain = _cli("--store", str(store), *flags)
+    for part in ("baseline",):
+        assert page[part] == pytest.approx(plain[part])
+    for id_, cli_flags in (("cache", ["--cache-hit-rate", "+0.10"]),
+                           ("spec_decode", ["--spec-decode-speedup", "2"]),
+                           ("int8", ["--quantization", "int8"])):
+        scenario = scenarios[id_]
+        assert scenario["cli_flags"] == cli_flags
+        _same_projection(scenario, _cli("--collector", url, *flags, *cli_flags))
+        section = browser_page.locator(f"#scenario-{id_}")
+        assert "modeled" in section.locator("h2 .badge").text_content()
+        assert "Calibrated on" in section.text_content()
+        for key in ("cost_per_million_output_tokens", "requests_per_second_per_gpu",
+                    "ttft_p50_seconds"):  # relative changes, labelled so
+            cell = section.locator(f"tr[data-metric='{key}'] .change").text_content()
+            relative = scenario["change"][key]
+            assert cell == f"{_signed(relative * 100)}% relative", (id_, key, cell)
+        hit = section.locator("tr[data-metric='prefix_cache_hit_ratio']")
+        assert hit.get_attribute("data-unit") == "pp"
+        assert hit.locator(".projected").text_content() == _pct(
+            scenario["projected"]["prefix_cache_hit_ratio"])
+        assert hit.locator(".change").text_content() == (
+            f"{_signed(scenario['change_pp']['prefix_cache_hit_ratio'])} pp")
+
+    # +0.10 is ten points, shown and explained in points: asked, applied or capped.
+    cache = scenarios["cache"]
+    limit = cache["cache_hit_rate"]
+    assert limit["asked_delta"] == pytest.approx(0.10)
+    assert browser_page.locator("#scenario-cache h2").text_content().startswith(
+        "Prefix-cache hit ratio +10 pp")
+    explained = browser_page.locator("#scenario-cache .note.cap").text_content()
+    assert explained.startswith("Hit ratio: +10.0 pp asked")
+    if limit["capped"]:
+        assert f"{_signed(limit['possible_delta'] * 100)} pp possible: only" in explained
+    else:
+        assert cache["change_pp"]["prefix_cache_hit_ratio"] == pytest.approx(10.0, abs=0.1)
+        assert "applied" in explained
+    assert f"{_pct(limit['cacheable_hit_ratio'])} of prompt tokens repeat" in explained
+    assert "+10.0 pp" in browser_page.text_content("#wi-cache-hint")
 
 
 def test_ui_shows_a_short_demo(tmp_path: Path, page: tuple[Any, ConsoleLog]) -> None:
@@ -60,14 +176,18 @@ def test_ui_shows_a_short_demo(tmp_path: Path, page: tuple[Any, ConsoleLog]) -> 
             s.value for s in STAGE_IDS]
         screenshot(browser_page, "demo-request-waterfall")
 
-        _open(browser_page, url, "/whatif")
+        _check_whatif_page(browser_page, url, store)
+        screenshot(browser_page, "demo-whatif")
+
+        # the form refines over the same window: 2x decode lowers the unit cost
+        browser_page.fill("#wi-cache", "0")
         browser_page.fill("#wi-spec", "2")
         browser_page.click("#wi-submit")
-        browser_page.wait_for_selector(".whatif-table")
-        cost = browser_page.locator("tr[data-metric='cost_per_million_output_tokens']")
+        browser_page.wait_for_selector("#whatif-result .whatif-table")
+        cost = browser_page.locator(
+            "#whatif-result tr[data-metric='cost_per_million_output_tokens']")
         assert float(cost.locator(".projected").text_content().lstrip("$").replace(",", "")) < \
             float(cost.locator(".baseline").text_content().lstrip("$").replace(",", ""))
-        screenshot(browser_page, "demo-whatif")
         assert console.errors == []
     finally:
         service.shutdown()

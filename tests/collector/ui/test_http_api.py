@@ -59,6 +59,27 @@ def test_json_views_over_real_spans(collector: CollectorService) -> None:
     bad = httpx.post(f"{url}/api/whatif", json={"quantization": "fp3"}, timeout=5)
     assert bad.status_code == 400
     assert "quantization" in bad.json()["detail"]
+    # The page's opening projections: one read, the routing what-if and the defaults, over
+    # a window the form and the CLI can name again (since counted back from until).
+    page = httpx.get(f"{url}/api/whatif", params={"since": "1h"}, timeout=10).json()
+    until = page["window"]["until_unix"]
+    assert page["window"]["since_unix"] == pytest.approx(until - 3600)
+    assert page["window"]["records"] == 12
+    assert [s["id"] for s in page["scenarios"]] == ["prefix_affine", "cache", "spec_decode",
+                                                    "int8"]
+    assert all(s["provenance"] == "modeled" and s["calibrated_on"] for s in page["scenarios"])
+    same = httpx.get(f"{url}/api/whatif", params={"since": "1h", "until": until},
+                     timeout=10).json()
+    assert same == page
+    form = httpx.post(f"{url}/api/whatif", params={"since": "1h", "until": until},
+                      json={"router": "prefix_affine"}, timeout=10).json()
+    routing = page["scenarios"][0]
+    assert form["routing"] == routing["routing"]
+    assert form["projected"] == routing["projected"]
+    assert form["window"] == page["window"]
+    for until in ("nan", "inf", "soon"):
+        answer = httpx.get(f"{url}/api/whatif", params={"until": until}, timeout=5)
+        assert answer.status_code in (400, 422) and "until" in answer.text
     assert httpx.get(f"{url}/api/timeseries", params={"buckets": 0}, timeout=5).status_code == 422
     for since in ("nan", "inf", "-1h", "soon"):  # not a silent empty answer
         answer = httpx.get(f"{url}/api/requests", params={"since": since}, timeout=5)
@@ -75,6 +96,7 @@ def test_auth_guards_data_but_not_the_shell() -> None:
                      "/api/requests"):
             assert httpx.get(f"{url}{path}", timeout=5).status_code == 401, path
         assert httpx.post(f"{url}/api/whatif", json={}, timeout=5).status_code == 401
+        assert httpx.get(f"{url}/api/whatif", timeout=5).status_code == 401
         ok = httpx.get(f"{url}/api/stages", headers={"Authorization": "Bearer s3cret"},
                        timeout=5)
         assert ok.status_code == 200

@@ -105,12 +105,13 @@ def test_priced_records_show_dollars(page: tuple[Any, ConsoleLog]) -> None:
 
         # What-if over priced records: busier GPUs lower the unit cost.
         browser_page.goto(f"{url}/#/whatif")
-        browser_page.wait_for_selector("main[data-ready='true']")
+        browser_page.wait_for_selector("main[data-ready='true'][data-route='#/whatif']")
         browser_page.fill("#wi-cache", "0")
-        browser_page.fill("#wi-util", "0.8")
+        browser_page.fill("#wi-util", "80")  # percent
         browser_page.click("#wi-submit")
-        browser_page.wait_for_selector(".whatif-table")
-        row = browser_page.locator("tr[data-metric='cost_per_million_output_tokens']")
+        browser_page.wait_for_selector("#whatif-result .whatif-table")
+        row = browser_page.locator(
+            "#whatif-result tr[data-metric='cost_per_million_output_tokens']")
         baseline = float((row.locator(".baseline").text_content() or "").lstrip("$"))
         projected = float((row.locator(".projected").text_content() or "").lstrip("$"))
         assert projected < baseline
