@@ -9,6 +9,9 @@ import pytest
 
 from tests.collector.ui.conftest import ConsoleLog, screenshot, start_collector, wait_for_records
 from tests.collector.ui.workload import send_workload
+from tokenpath import attributes as A
+from tokenpath import metric_names as M
+from tokenpath.collector.receivers.otlp_decode import MetricPoint
 from tokenpath.collector.service import CollectorService
 from tokenpath.stages import STAGE_IDS, STAGES, StageId
 
@@ -227,3 +230,39 @@ def test_a_malformed_request_link_shows_an_error_not_the_previous_view(
     assert "404" in (browser_page.text_content("#banner") or "")
     # The failed fetch may be logged; an uncaught error may not.
     assert [e for e in console.errors if e.startswith("pageerror")] == []
+
+
+def _nic_point(name: str, device: str, value: float, seconds: float) -> MetricPoint:
+    return MetricPoint(name, value, int(seconds * 1e9), {M.LABEL_DEVICE: device},
+                       {A.NODE: "demo-host"}, True)
+
+
+def test_the_nic_table_says_when_the_traffic_is_on_loopback(collector: CollectorService,
+                                                            page: PageAndLog) -> None:
+    """A single-machine run (tokenpath demo): the agent's NIC counters move only on lo.
+    The table names that instead of showing 0 packets/s and a dash for the real NIC."""
+    browser_page, console = page
+    url = collector.http_url
+    _open(browser_page, url, "/leaks")  # no agent yet: said, not an empty table
+    assert "no agent pushes NIC counters" in browser_page.text_content(
+        "section[aria-label='Last-mile serialization']")
+    assert browser_page.locator(".nic-table").count() == 0
+    for t, packets, sent in ((10.0, 100, 10_000), (12.0, 2_100, 610_000)):
+        collector.node_metrics.consume_points([
+            _nic_point(M.NODE_NET_TX_PACKETS.name, "eth0", 7, t),  # idle NIC
+            _nic_point(M.NODE_NET_TX_BYTES.name, "eth0", 700, t),
+            _nic_point(M.NODE_NET_TX_PACKETS.name, "lo", packets, t),
+            _nic_point(M.NODE_NET_TX_BYTES.name, "lo", sent, t),
+        ])
+    # the view polls: wait for the table rather than reloading on a timer
+    browser_page.wait_for_selector(".nic-table", timeout=15_000)
+    assert "on loopback" in browser_page.text_content("#nic-loopback-note")
+    physical = browser_page.locator(".nic-table tr[data-devices='physical']")
+    assert physical.locator("td.no-data").text_content() == (
+        "no packets sent between the agent's last two samples")
+    assert "0" not in physical.locator("td").nth(2).text_content()
+    loopback = browser_page.locator(".nic-table tr[data-devices='loopback'] td")
+    assert [loopback.nth(i).text_content() for i in (2, 3)] == ["1,000", "300"]
+    assert "loopback: lo" in loopback.nth(1).text_content()
+    screenshot(browser_page, "leaks-nic-loopback")
+    assert console.errors == []
