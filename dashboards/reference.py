@@ -19,6 +19,9 @@ import typer
 
 from tokenpath import attributes, metric_names
 from tokenpath.collector.cost.chargeback import ChargebackRow
+from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.collector.cost.whatif import Scenario
+from tokenpath.collector.cost.whatif_overview import Window, run_whatif, whatif_overview
 from tokenpath.metric_names import (
     AGENT_METRICS,
     BUILD_METRICS,
@@ -183,6 +186,26 @@ def json_section() -> list[str]:
         "A report (`tokenpath report --format json`, `/api/report`):", "", _keys(report), "",
         "A chargeback row (`tokenpath chargeback --format json`, `/api/chargeback`):", "",
         _keys(ChargebackRow("tenant").to_json()), "",
+        *whatif_shapes(),
+    ]
+
+
+def whatif_shapes() -> list[str]:
+    """The what-if JSON, from one made-up request run through the code that answers it."""
+    record = RequestRecord(trace_id="0" * 32, input_tokens=32, output_tokens=2)
+    prices = load_price_sheet()
+    projection = run_whatif([record], prices, Scenario())
+    page = whatif_overview([record], prices, Window(None, None, 0.0))
+    return [
+        "A what-if projection (`tokenpath whatif --format json`, `POST /api/whatif`; "
+        "`change` is relative, 0.1 = 10 % more; `change_pp` in percentage points; "
+        "`cache_hit_rate` says a hit-ratio change asked, possible and applied; with "
+        "`--router prefix-affine` also `routing`; the CLI adds `window`):", "",
+        _keys(projection), "",
+        "The what-if page (`GET /api/whatif?since=D&until=T`, `since` counted back from "
+        "`until`, as `tokenpath whatif --since D --until T`):", "", _keys(page), "",
+        "One of its `scenarios` (the projection of its `cli_flags`; `prefix_affine`'s also "
+        "carries `routing`):", "", _keys(page["scenarios"][1]), "",
     ]
 
 
