@@ -54,7 +54,7 @@ def _cache_leak(records: Sequence[RequestRecord], replay_routing: bool) -> Ranke
         routed = prefix_affine_whatif(records)
         gain = routed.hit_ratio_gain or 0.0
         return RankedLeak("cache_misses", dollars, top.fix, max(0.0, routed.prefill_dollars_saved),
-                          f"a prefix-affine router: hit ratio +{gain:.1%} (replayed)")
+                          f"a prefix-affine router: hit ratio {gain * 100:+.1f} pp (replayed)")
     return RankedLeak("cache_misses", dollars, top.fix, top.dollars,
                       f"the {top.cause.value} misses' prefill (an upper bound)")
 
