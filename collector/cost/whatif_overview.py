@@ -135,8 +135,9 @@ def calibration_text(calibration: Calibration) -> str:
 def _routing_text(routing: RoutingWhatIf) -> str:
     replayed = routing.replayed_hit_ratio or 0.0
     recorded = routing.recorded_hit_ratio or 0.0
-    return (f"the prefix fingerprints of {routing.requests} requests on {routing.engines} "
-            f"engines replayed in prefill order, each engine an LRU of "
+    engines = f"{routing.engines} engine{'' if routing.engines == 1 else 's'}"
+    return (f"the prefix fingerprints of {routing.requests} requests on {engines} "
+            f"replayed in prefill order, each engine an LRU of "
             f"{routing.capacity_blocks:,} blocks: the capacity fitted so that the replay on "
             f"the recorded routing gives the recorded hits ({_pct(replayed)} replayed, "
             f"{_pct(recorded)} recorded); the router sends each request to the engine "

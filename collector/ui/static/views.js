@@ -475,6 +475,9 @@
       head,
       note("What sending each request to the engine that already holds its prefix would "
            + "have done over this window."),
+      r.engines < 2 ? el("p", { class: "note cap capped", id: "wi-routing-one-engine",
+        text: `Only ${fmtNum(r.engines)} engine served this window: a router has nothing to `
+          + "choose between, so the projection equals the baseline." }) : null,
       el("div", { class: "kpis" },
         kpi("Prefix-cache hit ratio", `${fmtPct(r.recorded_hit_ratio)} → `
             + `${fmtPct(r.predicted_hit_ratio)}`, `${fmtPp(gain)} (percentage points)`,
@@ -485,7 +488,8 @@
             "each request's prefill $ per computed token", "wi-routing-dollars"),
         kpi("Load skew (busiest engine / mean)", `${fixed(r.load_skew_recorded)} → `
             + `${fixed(r.load_skew_predicted)}`,
-            `${fmtNum(r.engines)} engines; a real router caps it, giving back part of the gain`,
+            `${fmtNum(r.engines)} engine${r.engines === 1 ? "" : "s"}; a real router caps `
+            + "it, giving back part of the gain",
             "wi-routing-skew")),
       projectionTable(s, "Baseline and projected figures with the router"),
       note(`Calibrated on ${s.calibrated_on}.`),

@@ -119,6 +119,8 @@ def test_views_render_workload_in_chromium(collector: CollectorService,
     # What-if: the page opens with the projections (no click); the form refines them.
     _open(browser_page, url, "/whatif")
     assert browser_page.is_visible("#scenario-prefix_affine #wi-routing-hit")
+    # the synthetic workload runs on one engine: the routing card says why it gains nothing
+    assert "nothing to choose between" in browser_page.text_content("#wi-routing-one-engine")
     for scenario in ("cache", "spec_decode", "int8"):
         assert browser_page.locator(f"#scenario-{scenario} .whatif-table").count() == 1
     browser_page.fill("#wi-cache", "0")
