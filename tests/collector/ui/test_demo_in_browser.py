@@ -100,6 +100,11 @@ def _check_whatif_page(browser_page: Any, url: str, store: Path) -> None:
     assert card.locator("#wi-routing-skew .kpi-value").text_content() == (
         f"{r['load_skew_recorded']:.2f} \N{RIGHTWARDS ARROW} {r['load_skew_predicted']:.2f}")
     assert "replayed" in card.text_content()  # what it is calibrated on
+    # the form's endpoint with the router says the same for the same window
+    form = httpx.post(f"{url}/api/whatif", params={"since": since, "until": until},
+                      json={"router": "prefix_affine"}, timeout=30).json()
+    assert form["routing"] == scenarios["prefix_affine"]["routing"]
+    assert form["projected"] == scenarios["prefix_affine"]["projected"]
 
     # The baseline and the default scenarios, as the CLI gives them (from the store too).
     plain = _cli("--store", str(store), *flags)
