@@ -446,10 +446,9 @@ class CostAttributor:
         roofline = roofline_for_record(record, ledger.gpu_type)
         now = self._clock()
         node.last_arrival = now
-        # event time: its engine end, but never more than the longest wait ahead of this
-        # collector's clock (a skewed clock or a bogus timestamp cannot close the unit's
-        # window ahead of its records)
-        seen = min(end, now + self._config.max_delay_seconds)
+        # event time: its engine end, but never ahead of this collector's clock (a bogus
+        # timestamp cannot close the unit's window far ahead of its records)
+        seen = end if end < now else now
         if seen > node.frontier:
             node.frontier = seen
         node.lags.observe(node.frontier - ps)
