@@ -513,7 +513,8 @@ class CostAttributor:
                         "start; priced from the closed slices (cost.max_delay_seconds bounds "
                         "the allowed lateness); further ones are only counted", trace_id)
         interval.late_dollars = price_late_interval(
-            interval, list(node.timeline.closed), closed, node.timeline.dollars_per_gpu_second)
+            interval, node.timeline.closed_after(interval.prefill_start), closed,
+            node.timeline.dollars_per_gpu_second)
         self.stats.late_dollars.inc(interval.late_dollars)
 
     def _force_if_over_capacity(self, out_records: list[RequestRecord],
