@@ -11,7 +11,6 @@ the clock moves a tick at a time until nothing is held (a condition, not a durat
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 import random
@@ -86,6 +85,11 @@ def _traffic() -> tuple[RequestRecord, ...]:
     return tuple(sorted(records, key=_live_arrival))
 
 
+def _copy(record: RequestRecord) -> RequestRecord:
+    """A fresh copy to price (a compiled record does not deep-copy)."""
+    return RequestRecord.from_json(record.to_json())
+
+
 def _live_arrival(record: RequestRecord) -> float:
     assert record.engine_end_unix is not None
     jitter = random.Random(record.trace_id).uniform(0.0, EXPORT_JITTER_SECONDS)
@@ -136,7 +140,7 @@ def _price(arrivals: list[tuple[float, RequestRecord]],
 
 
 def _live() -> list[tuple[float, RequestRecord]]:
-    return [(_live_arrival(r), copy.deepcopy(r)) for r in _traffic()]
+    return [(_live_arrival(r), _copy(r)) for r in _traffic()]
 
 
 def _backlog(records: tuple[RequestRecord, ...] | list[RequestRecord]
@@ -144,7 +148,7 @@ def _backlog(records: tuple[RequestRecord, ...] | list[RequestRecord]
     """The same records in the same order, all sent ``BACKLOG_AGE_SECONDS`` after the
     live traffic ended, back to back."""
     start = TRAFFIC_END + BACKLOG_AGE_SECONDS
-    return [(start + i * REPLAY_SECONDS_PER_RECORD, copy.deepcopy(r))
+    return [(start + i * REPLAY_SECONDS_PER_RECORD, _copy(r))
             for i, r in enumerate(records)]
 
 
@@ -194,7 +198,7 @@ def test_a_record_that_misses_its_window_in_a_backlog_is_priced_late() -> None:
     unit = pricing_unit(missing.node, missing.engine_id)
     watermark = worker.cost.watermark_for(unit)
     assert watermark is not None and watermark > missing.prefill_start_unix
-    worker.cost.consume_record(copy.deepcopy(missing))
+    worker.cost.consume_record(_copy(missing))
     worker.until_nothing_held()
     cost, sink = worker.cost, worker.sink
     assert cost.stats.late_records.value == 1
