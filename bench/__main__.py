@@ -70,6 +70,7 @@ BENCHES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "agent": ("bench.agent_bench", "run", {}),
     "attribution": ("bench.attribution", "run", {}),
     "hash_flood": ("bench.hash_flood", "run", {}),
+    "backlog": ("bench.backlog", "run", {}),
 }
 
 TARGETS = (
@@ -146,6 +147,18 @@ TARGETS = (
            ("in_flight", "ratio_1024_to_16"), "<=", 1.5, "x",
            beside=(("at 16", ("in_flight", "cpu_us_per_request_16"), "µs"),
                    ("at 1,024", ("in_flight", "cpu_us_per_request_1024"), "µs"))),
+    Target("backlog", "5,000-request backlog (1-50 min old, in time order): priced and "
+           "stored, vs the same traffic live (its work plus its hold after the last record)",
+           ("ratio_to_live",), "<=", 1.5, "x",
+           beside=(("backlog", ("backlog_seconds",), "s"),
+                   ("of which the hold after the last record (quiet units)",
+                    ("backlog", "final_hold_seconds"), "s"),
+                   ("live", ("live_seconds",), "s"),
+                   ("live work alone", ("live_work_seconds",), "s"),
+                   ("backlog", ("backlog_records_per_second",), "records/s"))),
+    Target("backlog", "records priced late in that backlog", ("backlog_late_records",),
+           "<=", 0, "",
+           beside=(("live", ("live_late_records",), ""),)),
     Target("hash_flood", "80,000 spans, trace ids colliding (old hash) vs random: decode CPU",
            ("ratio",), "<=", 2.0, "x",
            beside=(("random ids", ("cpu_ms_random",), "ms"),
