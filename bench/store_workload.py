@@ -16,7 +16,7 @@ from tokenpath.stages import GPU_STAGES, NETWORK_STAGES, STAGES, Phase, Provenan
 
 MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct",
           "mistral-7b-instruct", "unknown-model")
-TENANTS = tuple(f"team-{i:02d}" for i in range(12)) + (None,)
+TENANTS = (*(f"team-{i:02d}" for i in range(12)), None)
 NODES = tuple(f"gpu-node-{i:02d}" for i in range(8))
 POOLS = ("pool-a", "pool-b", None)
 SYSTEM_PROMPTS = 6

@@ -492,7 +492,7 @@ class RecordStore:
         return self.queries.sample(window, limit, fingerprinted)
 
     def coverage(self) -> Coverage:
-        return self.queries.coverage()
+        return self.queries.coverage(self._clock())
 
     def idle_cost_dollars(self, since_unix: float | None = None) -> float:
         return self.queries.idle_cost_dollars(since_unix)

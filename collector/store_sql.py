@@ -498,32 +498,46 @@ class SqliteQueries:
     def aggregate(self, window: Window, measures: Sequence[str],
                   histograms: Sequence[str] = (), group_by: GroupBy = None,
                   params: Params = DEFAULT_PARAMS) -> dict[Any, Aggregates]:
+        """What the rollups hold for this grouping and these parameters comes from them
+        (and the window's partial hours from ``records``); the rest from ``records``."""
         sums = [m for m in measures if not m.startswith("set:")]
         sets = [m for m in measures if m.startswith("set:")]
         with self._lock:
             rollup_from, rolled_rid = self._rollup_state()
-            if not self._rollups_answer(sums, histograms, sets, group_by, params):
-                rollup_from = None
-            periods, wheres = split_window(window, rollup_from, rolled_rid)
-            parts = [self._raw(w, sums, histograms, sets, group_by, params) for w in wheres]
-            if periods is not None:
-                parts.append(self._from_rollups(periods, sums, histograms, sets, group_by))
+            held = (set() if rollup_from is None
+                    else self._held(sums, histograms, sets, group_by, params))
+            parts = []
+            if held:
+                periods, wheres = split_window(window, rollup_from, rolled_rid)
+                rolled = ([m for m in sums if m in held], [h for h in histograms if h in held],
+                          [m for m in sets if m in held])
+                parts += [self._raw(w, *rolled, group_by, params) for w in wheres]
+                if periods is not None:
+                    parts.append(self._from_rollups(periods, *rolled, group_by))
+            rest = ([m for m in sums if m not in held], [h for h in histograms if h not in held],
+                    [m for m in sets if m not in held])
+            if any(rest):
+                parts.append(self._raw(_window_where(window), *rest, group_by, params))
         return merge_groups(parts)
 
     @staticmethod
-    def _rollups_answer(sums: Sequence[str], histograms: Sequence[str], sets: Sequence[str],
-                        group_by: GroupBy, params: Params) -> bool:
-        """Whether the rollups hold these measures for this grouping."""
-        if group_by is not None and (group_by not in NAME_GROUPS or histograms
-                                     or "set:units" in sets):
-            return False
-        if not all(m in (ROLLUP_SET if group_by is None else GROUP_SET) for m in sums):
-            return False
-        if (params.long_context_tokens != DEFAULT_PARAMS.long_context_tokens
-                and any(m.startswith("lc_") for m in sums)):
-            return False
-        return (params.packets_per_token_threshold
-                == DEFAULT_PARAMS.packets_per_token_threshold or "lm_leaking" not in sums)
+    def _held(sums: Sequence[str], histograms: Sequence[str], sets: Sequence[str],
+              group_by: GroupBy, params: Params) -> set[str]:
+        """The measures, histograms and sets the rollups hold for this grouping."""
+        if group_by is None:
+            held = {m for m in sums if m in ROLLUP_SET}
+            held.update(histograms)
+            held.update(m for m in sets if m in ("set:models", "set:units"))
+        elif group_by in NAME_GROUPS:
+            held = {m for m in sums if m in GROUP_SET}
+            held.update(m for m in sets if m == "set:models")
+        else:
+            return set()
+        if params.long_context_tokens != DEFAULT_PARAMS.long_context_tokens:
+            held = {m for m in held if not m.startswith("lc_")}
+        if params.packets_per_token_threshold != DEFAULT_PARAMS.packets_per_token_threshold:
+            held.discard("lm_leaking")
+        return held
 
     def _group_sql(self, group_by: GroupBy) -> str:
         if group_by is None:
@@ -549,6 +563,8 @@ class SqliteQueries:
             select = ", ".join(measure_sql(m, params, args) for m in sums)
             where = where_part[0]
             args += where_part[1]
+            if sums == ["last_doubling"]:  # only long contexts count: skip the others early
+                where += f" AND {_CONTEXT_SQL} >= {int(params.long_context_tokens)}"
             sql = f"SELECT {group}, {select} FROM {source_sql(where)} GROUP BY 1"
             for row in self._db.execute(sql, args):
                 key = self._key(group_by, row[0])
@@ -728,7 +744,7 @@ class SqliteQueries:
     def idle_energy_joules(self, since_unix: float | None = None) -> float:
         return self.idle_sum("energy_joules", since_unix)
 
-    def coverage(self) -> Coverage:
+    def coverage(self, now_unix: float | None = None) -> Coverage:
         with self._lock:
             (oldest,) = self._db.execute("SELECT min(end_unix) FROM records").fetchone()
             retention = self._retention
@@ -736,5 +752,5 @@ class SqliteQueries:
                 row = self._db.execute(
                     "SELECT value FROM meta WHERE key = 'retention_seconds'").fetchone()
                 retention = float(row[0]) if row is not None else None
-        return Coverage(retention, None if oldest is None else float(oldest))
+        return Coverage(retention, None if oldest is None else float(oldest), now_unix)
 

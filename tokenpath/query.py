@@ -228,12 +228,14 @@ class Coverage:
 
     retention_seconds: float | None
     oldest_end_unix: float | None
+    now_unix: float | None = None  # the store's clock; the wall clock when None
 
     def note(self, window: Window, now: float | None = None) -> str | None:
         """A sentence when ``window`` reaches back past what the store keeps."""
         if window.since_unix is None or self.retention_seconds is None:
             return None
-        now = time.time() if now is None else now
+        if now is None:
+            now = time.time() if self.now_unix is None else self.now_unix
         if window.since_unix >= now - self.retention_seconds:
             return None
         asked = (now - window.since_unix) / 3600
