@@ -6,7 +6,7 @@ committed record intact and nothing half-written. Records are written in batches
 writer thread, off the ingest path; old rows are deleted after ``retention_seconds``.
 
 A record is one row of typed columns (collector/store_layout.py: the stages wide, the
-names coded, the lists packed) and the same transaction adds it to hourly rollups
+names coded, the lists packed), and the writer adds it to rollups per 10 minutes
 (collector/store_sql.py), so the views (tokenpath/views.py) are SQL aggregates and never
 load a window's records into Python. A store written in the first layout (a JSON body per
 row in ``requests``) is moved to this one when the collector opens it, with a log line; a

@@ -1,21 +1,24 @@
 """The embedded store's queries: tokenpath.query's measures as SQL over the record columns
-(collector/store_layout.py), and the hourly rollups that keep a long window's views cheap.
+(collector/store_layout.py), and the rollups that keep a long window's views cheap.
 
 **Measures.** Each measure name (tokenpath/query.py) has one SQL aggregate over a
 ``records`` row here; a view asks for the measures it needs and gets one row per group
 back: only aggregates cross into Python.
 
-**Rollups.** Each batch the writer commits also adds its records into three tables, in
-the same transaction, by SQL over the rows just inserted: ``rollup`` holds every
-unparameterized measure per hour of end time and (tenant, model, pool); ``rollup_hist``
-the histogram counts per hour, histogram and bucket; ``rollup_units`` the pricing units
-seen without a GPU inventory per hour. A window reads the hours it covers whole from the
-rollups and only its partial first and last hours from ``records``, so ``report --since
-24h`` reads about 24 rollup rows per group instead of every record. A measure with a
-non-default parameter, a time-bucketed view, and a store without usable rollups (written
-by another version, whose rollups are rebuilt when the collector opens it) read
-``records`` alone, giving the same figures more slowly. Retention deletes whole hours of
-rollups; the hour it cuts through is read from ``records`` from then on.
+**Rollups.** The writer adds the records it commits to four tables, by SQL over the rows
+just inserted, in runs (every ROLLUP_EVERY_RECORDS records or ROLLUP_EVERY_SECONDS, in the
+transaction of the batch that completes the run): ``rollup`` holds every unparameterized
+measure per period (ROLLUP_SECONDS of end time); ``rollup_by`` the chargeback measures and
+the long-context roofline terms per period, tenant, model and pool; ``rollup_hist`` the
+histograms' bucket counts per period (the buckets computed in SQL, one pass over the run);
+``rollup_units`` the pricing units seen without a GPU inventory. Their watermark
+(``meta.rollup_rid``) says which records they hold. A window reads the periods it covers
+whole from the rollups, and from ``records`` only its partial first and last periods and
+the records past the watermark, so ``report --since 24h`` reads about 144 rollup rows
+instead of every record. A measure with a non-default parameter, a time-bucketed view,
+and a store whose rollups another version wrote (rebuilt when the collector opens it) read
+``records`` alone: the same figures, more slowly. Retention deletes whole periods of
+rollups; the period it cuts through is read from ``records`` from then on.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from tokenpath.records import RequestRecord
 
 log = logging.getLogger(__name__)
 
-ROLLUP_SECONDS = 3600  # one rollup row per hour of end time (and group)
+ROLLUP_SECONDS = 600  # one rollup row per 10 minutes of end time (and group)
 ROLLUP_EVERY_RECORDS = 20_000  # the writer adds records to the rollups in runs of this many
 ROLLUP_EVERY_SECONDS = 5.0  # or of what it wrote in this long
 NAME_GROUPS = ("tenant", "model", "pool")
@@ -238,8 +241,8 @@ def histogram_value_sql(name: str) -> tuple[str, str]:
 
 # --- rollups ----------------------------------------------------------------------------------
 
-# ``rollup``: every unparameterized measure, per hour. ``rollup_by``: the measures grouped
-# views ask for (chargeback; the long-context roofline terms by model), per hour, tenant,
+# ``rollup``: every unparameterized measure, per period. ``rollup_by``: the measures grouped
+# views ask for (chargeback; the long-context roofline terms by model), per period, tenant,
 # model and pool.
 ROLLUP_MEASURES = tuple(m for m in ALL_MEASURES if m != "last_doubling")
 GROUP_MEASURES = ("n", "input_tokens_pos", "output_tokens_pos", "cost", "energy_pos",
@@ -378,7 +381,7 @@ def rebuild_rollups(db: sqlite3.Connection, chunk: int = 50_000) -> None:
     (last,) = db.execute("SELECT coalesce(max(rid), 0) FROM records").fetchone()
     (count,) = db.execute("SELECT count(*) FROM records").fetchone()
     if count:
-        log.info("store: building the hourly rollups of %d records", count)
+        log.info("store: building the rollups of %d records", count)
     done = 0
     while done < last:
         upto = min(last, done + chunk)
@@ -404,7 +407,7 @@ def ensure_rollups(db: sqlite3.Connection) -> None:
 
 def apply_rollup_retention(db: sqlite3.Connection, cutoff: float) -> None:
     """Retention deleted the records that ended before ``cutoff``: delete the rollups of
-    every hour up to the one it cuts through, which is read from ``records`` from now on
+    every period up to the one it cuts through, which is read from ``records`` from now on
     (inside the caller's transaction)."""
     if cutoff < 0:
         return
@@ -437,7 +440,7 @@ def split_window(window: Window, rollup_from: int | None, rolled_rid: int = 0
                  ) -> tuple[tuple[int, int | None] | None, list[Where]]:
     """The rollup periods ``[first, last)`` the window covers whole (None: none; last None:
     to the newest), and the conditions that select the rest of it from ``records``: the
-    partial first and last hours, and the records of the whole hours the rollups do not
+    partial first and last periods, and the records of the whole periods the rollups do not
     hold yet (past the watermark ``rolled_rid``). A record's period is the rollups' own
     expression, so the parts never overlap."""
     since, until = window.since_unix, window.until_unix
@@ -499,7 +502,7 @@ class SqliteQueries:
                   histograms: Sequence[str] = (), group_by: GroupBy = None,
                   params: Params = DEFAULT_PARAMS) -> dict[Any, Aggregates]:
         """What the rollups hold for this grouping and these parameters comes from them
-        (and the window's partial hours from ``records``); the rest from ``records``."""
+        (and the window's partial periods from ``records``); the rest from ``records``."""
         sums = [m for m in measures if not m.startswith("set:")]
         sets = [m for m in measures if m.startswith("set:")]
         with self._lock:
