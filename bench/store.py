@@ -2,10 +2,13 @@
 --since 24h`` and ``tokenpath chargeback --since 24h`` (wall seconds and the process's peak
 RSS) over stores of 100k and 1M records, beside the code before the column layout.
 
-Records (bench/store_workload.py: about 4.3 KB of JSON each) end evenly over the last
-day. The writer's path is timed as the writer thread runs it (``RecordStore._write`` in
-batches of the default batch size, rollup runs included), with a few thousand distinct
-records given new ids and end times so that making them costs little beside writing them.
+Records (bench/store_workload.py: about 4.3 KB of JSON each) are written as the writer
+thread writes them (``RecordStore._write`` in batches of the default batch size, rollup
+runs included), a few thousand distinct records given new ids and end times so that making
+them costs little beside writing them. The writer's rate is measured on a stream whose
+records end 10,000 a second (a live collector's: a rollup run spans a second or two of end
+times), and again while filling the 100k and 1M stores, whose records end evenly over the
+last day (a day's traffic written in seconds: each rollup run spans hours of end times).
 Each command runs in a fresh interpreter; its peak RSS is the child's ``ru_maxrss``.
 
 The baseline is the code before: the JSON layout (a body per record in ``requests``) and
@@ -44,16 +47,16 @@ CREATE TABLE joined_traces (trace_id TEXT NOT NULL, record_id TEXT NOT NULL,
 """
 
 
-def _records(count: int, now: float) -> Any:
-    """``count`` records ending evenly over the day before ``now``: DISTINCT made ones,
-    each reused with a new trace id and end time."""
-    base = list(synthetic_records(min(DISTINCT, count), now, DAY))
-    step = DAY / count
+def _records(count: int, now: float, span: float = DAY) -> Any:
+    """``count`` records ending evenly over the ``span`` seconds before ``now``: DISTINCT
+    made ones, each reused with a new trace id and end time."""
+    base = list(synthetic_records(min(DISTINCT, count), now, span))
+    step = span / count
     for i in range(count):
         r = base[i % len(base)]
         duration = r.end_unix - r.start_unix
         r.trace_id = r.record_id = format(i * 0x9E3779B97F4A7C15 % (1 << 128) | 1 << 127, "032x")
-        r.end_unix = now - DAY + (i + 1) * step
+        r.end_unix = now - span + (i + 1) * step
         r.start_unix = r.end_unix - duration
         yield r
 
@@ -62,11 +65,13 @@ def _idle(now: float) -> list[tuple[str, float, float, float, float]]:
     return [("pool-a", now - (h + 1) * 600, now - h * 600, 0.02, 300.0) for h in range(144)]
 
 
-def write_store(path: Path, count: int, now: float) -> dict[str, float]:
+def write_store(path: Path, count: int, now: float, span: float = DAY) -> dict[str, float]:
+    """Write ``count`` records ending over ``span`` seconds; the writer's rate."""
     store = RecordStore(StoreConfig(path=str(path), retention_seconds=7 * DAY))
     batch: list[RequestRecord] = []
-    started = time.perf_counter()
-    for record in _records(count, now):
+    records = _records(count, now, span)
+    started, cpu = time.perf_counter(), time.process_time()
+    for record in records:
         batch.append(record)
         if len(batch) >= DEFAULT_BATCH_SIZE:
             store._write(batch)
@@ -75,12 +80,14 @@ def write_store(path: Path, count: int, now: float) -> dict[str, float]:
         store._write(batch)
     store.shutdown()  # its last rollup run included
     seconds = time.perf_counter() - started
-    with sqlite3.connect(path) as db:
-        db.executemany("INSERT INTO idle_cost VALUES (?, ?, ?, ?, ?)", _idle(now))
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    cpu = time.process_time() - cpu
+    db = sqlite3.connect(path, isolation_level=None)
+    db.executemany("INSERT INTO idle_cost VALUES (?, ?, ?, ?, ?)", _idle(now))
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
     return {"records": count, "write_seconds": round(seconds, 2),
             "records_per_second": round(count / seconds),
+            "records_per_cpu_second": round(count / cpu),
             "bytes_per_record": round(path.stat().st_size / count, 1)}
 
 
@@ -97,7 +104,9 @@ def write_legacy_store(path: Path, count: int, now: float) -> dict[str, float]:
         db.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?)", rows)
         db.executemany("INSERT INTO idle_cost VALUES (?, ?, ?, ?, ?)", _idle(now))
         db.commit()
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
     return {"bytes_per_record": round(path.stat().st_size / count, 1)}
 
@@ -131,10 +140,19 @@ def _commands(path: Path) -> dict[str, list[str]]:
                            "--format", "json"]}
 
 
-def run(sizes: tuple[int, ...] = (100_000, 1_000_000), baseline_at: int = 100_000
-        ) -> dict[str, Any]:
+STREAM_RECORDS = 200_000
+STREAM_RATE = 10_000.0  # records ending per second of the stream written
+
+
+def run(sizes: tuple[int, ...] = (100_000, 1_000_000), baseline_at: int = 100_000,
+        stream: int = STREAM_RECORDS) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tokenpath-store-bench-") as tmp:
+        # The writer on a live stream: records end as fast as the target rate writes them
+        # (a rollup run spans a second or two of end times).
+        path = Path(tmp) / "stream.db"
+        out["stream"] = write_store(path, stream, time.time(), stream / STREAM_RATE)
+        path.unlink()
         for count in sizes:
             now = time.time()
             path = Path(tmp) / f"store-{count}.db"
@@ -153,7 +171,9 @@ def run(sizes: tuple[int, ...] = (100_000, 1_000_000), baseline_at: int = 100_00
                 legacy.unlink()
     largest = str(max(sizes))
     out["summary"] = {
-        "records_per_second": out[largest]["records_per_second"],
+        "records_per_second": out["stream"]["records_per_second"],
+        "records_per_cpu_second": out["stream"]["records_per_cpu_second"],
+        "fill_records_per_second": out[largest]["records_per_second"],
         "bytes_per_record": out[largest]["bytes_per_record"],
         "report_seconds": out[largest]["report"]["seconds"],
         "report_peak_rss_mb": out[largest]["report"]["peak_rss_mb"],

@@ -170,6 +170,7 @@ class RecordStore:
         if path != MEMORY:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(f"PRAGMA cache_size=-{store_sql.WRITER_CACHE_KIB}")
         db.executescript(_SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(idle_cost)")}
         if "energy_joules" not in columns:  # a store written before energy was kept

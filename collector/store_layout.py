@@ -157,6 +157,11 @@ class Names:
     def known_id(self, text: str) -> int | None:
         return self._ids.get(text)
 
+    @property
+    def ids(self) -> dict[str, int]:
+        """text -> id of the names met so far (read-only to callers)."""
+        return self._ids
+
     def text_of(self, db: sqlite3.Connection, name_id: int | None) -> str | None:
         if name_id is None:
             return None
@@ -247,6 +252,7 @@ def trace_of(record_id: str, tag: str | int | None) -> str:
 # float directly where it sends None (and bool, and bytes) through its adaptation lookup,
 # about 0.3 µs a value (a row has about 200 columns, most of them NULL).
 NULL = math.nan
+_NAMES = attrgetter(*(f.name for f in NAME_FIELDS))
 _BOOL_SLOTS = tuple(2 + i for i, f in enumerate(PLAIN_FIELDS) if f.kind in (RF.BOOL, RF.OPT_BOOL))
 
 
@@ -301,9 +307,9 @@ class RowEncoder:
             value = row[i]
             if value is not NULL:
                 row[i] = int(value)
-        for f in NAME_FIELDS:
-            text = getattr(r, f.name)
-            row.append(NULL if text is None else names.id_of(db, text))
+        ids = names.ids
+        for text in _NAMES(r):
+            row.append(NULL if text is None else (ids.get(text) or names.id_of(db, text)))
         for f in LIST_FIELDS:
             row.append(pack_list(getattr(r, f.name)))
         row += block

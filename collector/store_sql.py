@@ -26,8 +26,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import re
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -59,8 +61,11 @@ from tokenpath.records import RequestRecord
 log = logging.getLogger(__name__)
 
 ROLLUP_SECONDS = 600  # one rollup row per 10 minutes of end time (and group)
-ROLLUP_EVERY_RECORDS = 20_000  # the writer adds records to the rollups in runs of this many
+ROLLUP_EVERY_RECORDS = 10_000  # the writer adds records to the rollups in runs of this many
 ROLLUP_EVERY_SECONDS = 5.0  # or of what it wrote in this long
+# The writer's page cache: a run's rows (about 1.2 KB each) stay in it between the passes
+# the rollups make over them.
+WRITER_CACHE_KIB = 32 * 1024
 NAME_GROUPS = ("tenant", "model", "pool")
 SAMPLE_CHUNK = 1000
 
@@ -94,10 +99,14 @@ _CTX, _BUCKET, _CACHED, _NEW, _Q = "d_ctx", "d_cb", "d_cached", "d_new", "d_q"
 _PREFILL_DOLLARS, _STREAM, _PACKETS = "d_pfd", "d_stream", "d_pk"
 
 
-def source_sql(where: str) -> str:
-    """The rows measures read: ``records`` rows matching ``where``, with :data:`DERIVED`."""
-    derived = ", ".join(f"{expr} AS {name}" for name, expr in DERIVED.items())
-    return f"(SELECT *, {derived} FROM records WHERE {where} LIMIT -1)"
+def source_sql(where: str, uses: str = "") -> str:
+    """The rows measures read: ``records`` rows matching ``where``, with the values of
+    :data:`DERIVED` that ``uses`` (the measures' SQL) names."""
+    derived = "".join(f", {expr} AS {name}" for name, expr in DERIVED.items()
+                      if re.search(rf"\b{name}\b", uses))
+    if not derived:
+        return f"records WHERE {where}"
+    return f"(SELECT *{derived} FROM records WHERE {where} LIMIT -1)"
 
 
 def _ceil_div(expr: str, by: int) -> str:
@@ -304,7 +313,7 @@ def _is_float(measure: str) -> bool:
 
 
 def _upsert(table: str, keys: Sequence[str], key_exprs: Sequence[str],
-            measures: Sequence[str]) -> str:
+            measures: Sequence[str], where: str = "", grouped: bool = True) -> str:
     columns = [rollup_column(m) for m in measures]
     updates = []
     for measure, column in zip(measures, columns, strict=True):
@@ -314,16 +323,31 @@ def _upsert(table: str, keys: Sequence[str], key_exprs: Sequence[str],
                            f"coalesce(excluded.{column}, {column}))")
         else:
             updates.append(f"{column} = {column} + excluded.{column}")
-    groups = ", ".join(str(i + 1) for i in range(len(keys)))
+    groups = (" GROUP BY " + ", ".join(str(i + 1) for i in range(len(keys)))) if grouped \
+        else " WHERE true"
+    aggregates = ", ".join(measure_sql(m) for m in measures)
+    rows = source_sql("rid > ?1 AND rid <= ?2 AND end_unix >= 0" + where, aggregates)
+    if not grouped and rows.startswith("records WHERE"):
+        groups = ""
     return (f"INSERT INTO {table}({', '.join(keys)}, {', '.join(columns)}) "
-            f"SELECT {', '.join(key_exprs)}, {', '.join(measure_sql(m) for m in measures)} "
-            f"FROM {source_sql('rid > ?1 AND rid <= ?2 AND end_unix >= 0')} GROUP BY {groups} "
+            f"SELECT {', '.join(key_exprs)}, {aggregates} FROM {rows}{groups} "
             f"ON CONFLICT({', '.join(keys)}) DO UPDATE SET {', '.join(updates)}")
 
 
+# The periods of the records with ``rid`` in ``(?1, ?2]``: ``rollup`` is added one period
+# at a time (an aggregate over the period's rows, where a GROUP BY would sort every row of
+# the run with the ~250 values its measures read).
+# Each period's rows are read within the rids it spans (records arrive about in end-time
+# order, so the spans are short and barely overlap).
+PERIODS_SQL = (f"SELECT {_PERIOD}, min(rid), max(rid) FROM records WHERE rid > ?1 AND "
+               "rid <= ?2 AND end_unix >= 0 GROUP BY 1")
+PERIOD_UPSERT_SQL = _upsert("rollup", ["period"], ["?3"], ROLLUP_MEASURES,
+                            f" AND {_PERIOD} = ?3", grouped=False)
+
+
 def _rollup_insert_sql() -> tuple[str, ...]:
-    """The statements that add the records with ``rid`` in ``(?1, ?2]`` to the rollups."""
-    main = _upsert("rollup", ["period"], [_PERIOD], ROLLUP_MEASURES)
+    """The statements that add the records with ``rid`` in ``(?1, ?2]`` to the grouped
+    rollups."""
     by = _upsert("rollup_by", ["period", "tenant", "model", "pool"],
                  [_PERIOD, "coalesce(tenant, 0)", "coalesce(model, 0)", "coalesce(pool, 0)"],
                  GROUP_MEASURES)
@@ -331,7 +355,7 @@ def _rollup_insert_sql() -> tuple[str, ...]:
              f"SELECT DISTINCT {_PERIOD}, coalesce(node, 0), coalesce(engine_id, 0) "
              "FROM records WHERE rid > ?1 AND rid <= ?2 AND end_unix >= 0 "
              "AND gpu_inventory = 0")
-    return main, by, units
+    return by, units
 
 
 ROLLUP_INSERTS = _rollup_insert_sql()
@@ -346,7 +370,7 @@ HISTOGRAM_UPSERT_SQL = (
     "INSERT INTO rollup_hist(period, histogram, key, n) VALUES (?, ?, ?, ?) "
     "ON CONFLICT(period, histogram, key) DO UPDATE SET n = n + excluded.n")
 ROLLUP_SIGNATURE = hashlib.sha256(
-    "\n".join((rollup_schema(), *ROLLUP_INSERTS, HISTOGRAM_KEYS_SQL,
+    "\n".join((rollup_schema(), PERIOD_UPSERT_SQL, *ROLLUP_INSERTS, HISTOGRAM_KEYS_SQL,
                str(ROLLUP_SECONDS))).encode()).hexdigest()[:16]
 
 
@@ -356,15 +380,20 @@ def add_to_rollups(db: sqlite3.Connection, after_rid: int, last_rid: int) -> Non
     writer adds records in runs of up to ROLLUP_EVERY_RECORDS (or ROLLUP_EVERY_SECONDS):
     a bucket's counts are written once a run, not once a batch; a query reads the records
     past the watermark from ``records``."""
+    periods = db.execute(PERIODS_SQL, (after_rid, last_rid)).fetchall()
+    for period, first, last in periods:
+        db.execute(PERIOD_UPSERT_SQL, (first - 1, last, period))
     for sql in ROLLUP_INSERTS:
         db.execute(sql, (after_rid, last_rid))
-    counts: dict[tuple[int, int, int], int] = {}
-    for period, *keys in db.execute(HISTOGRAM_KEYS_SQL, (after_rid, last_rid)):
-        for histogram, key in enumerate(keys):
-            if key is not None:
-                at = (period, histogram, key)
-                counts[at] = counts.get(at, 0) + 1
-    db.executemany(HISTOGRAM_UPSERT_SQL, [(*at, n) for at, n in counts.items()])
+    rows = db.execute(HISTOGRAM_KEYS_SQL, (after_rid, last_rid)).fetchall()
+    if rows:
+        columns = list(zip(*rows, strict=True))
+        upserts = []
+        for histogram, keys in enumerate(columns[1:]):
+            for (period, key), n in Counter(zip(columns[0], keys, strict=True)).items():
+                if key is not None:
+                    upserts.append((period, histogram, key, n))
+        db.executemany(HISTOGRAM_UPSERT_SQL, upserts)
     db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('rollup_rid', ?)",
                (str(last_rid),))
 
@@ -568,7 +597,7 @@ class SqliteQueries:
             args += where_part[1]
             if sums == ["last_doubling"]:  # only long contexts count: skip the others early
                 where += f" AND {_CONTEXT_SQL} >= {int(params.long_context_tokens)}"
-            sql = f"SELECT {group}, {select} FROM {source_sql(where)} GROUP BY 1"
+            sql = f"SELECT {group}, {select} FROM {source_sql(where, select)} GROUP BY 1"
             for row in self._db.execute(sql, args):
                 key = self._key(group_by, row[0])
                 agg = out.setdefault(key, Aggregates())
