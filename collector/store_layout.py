@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from tokenpath import record_fields as RF
-from tokenpath.leaks import MissCause
+from tokenpath.leaks import LONG_CONTEXT_TOKENS, MissCause
 from tokenpath.metric_names import UNKNOWN
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.stages import PROVENANCE_RANK, STAGE_IDS, Phase, Provenance
@@ -101,6 +101,13 @@ def _column_definitions() -> list[str]:
     return out
 
 
+# The long-context records (context past tokenpath.leaks.LONG_CONTEXT_TOKENS) have an
+# index of their own: what only they count (the last doubling's prefill dollars) reads them
+# alone instead of every record of the window.
+CONTEXT_SQL = "(max(0, input_tokens) + max(0, output_tokens))"
+LONG_CONTEXT_SQL = f"{CONTEXT_SQL} >= {LONG_CONTEXT_TOKENS}"
+
+
 def schema_sql(schema: str = "main") -> str:
     """The record tables (``records``, ``names``, ``meta``) in ``schema``: ``main``, or
     ``temp`` for a read-only reader of a store in the JSON layout."""
@@ -110,6 +117,7 @@ CREATE TABLE IF NOT EXISTS {schema}.records (
     {columns}
 );
 CREATE INDEX IF NOT EXISTS {schema}.records_end ON records(end_unix);
+CREATE INDEX IF NOT EXISTS {schema}.records_long ON records(end_unix) WHERE {LONG_CONTEXT_SQL};
 CREATE TABLE IF NOT EXISTS {schema}.names (
     id INTEGER PRIMARY KEY,
     text TEXT NOT NULL UNIQUE

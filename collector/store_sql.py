@@ -9,8 +9,9 @@ back: only aggregates cross into Python.
 just inserted, in runs (every ROLLUP_EVERY_RECORDS records or ROLLUP_EVERY_SECONDS, in the
 transaction of the batch that completes the run): ``rollup`` holds every unparameterized
 measure per period (ROLLUP_SECONDS of end time); ``rollup_by`` the chargeback measures and
-the long-context roofline terms per period, tenant, model and pool; ``rollup_hist`` the
-histograms' bucket counts per period (the buckets computed in SQL, one pass over the run);
+the long-context roofline terms per period, tenant, model and pool; ``rollup_hist`` each
+histogram's bucket counts per period, packed in one value (the buckets computed in SQL in
+one pass over the run, counted by the writer);
 ``rollup_units`` the pricing units seen without a GPU inventory. Their watermark
 (``meta.rollup_rid``) says which records they hold. A window reads the periods it covers
 whole from the rollups, and from ``records`` only its partial first and last periods and
@@ -28,7 +29,9 @@ import logging
 import math
 import re
 import sqlite3
+import sys
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -36,7 +39,7 @@ from typing import Any
 from tokenpath.collector import store_layout as L
 from tokenpath.identity import pricing_unit
 from tokenpath.instrumentation.network import DEFAULT_MSS_BYTES
-from tokenpath.leaks import CONTEXT_BUCKET_BOUNDS
+from tokenpath.leaks import CONTEXT_BUCKET_BOUNDS, LONG_CONTEXT_TOKENS
 from tokenpath.query import (
     ALL_MEASURES,
     CAUSE_VALUES,
@@ -79,7 +82,7 @@ _EMPTY = _name_id("")
 # Per-row values several measures use, computed once a row in the subquery every measure
 # reads from (:func:`source_sql`; LIMIT keeps SQLite from inlining them back into each
 # measure).
-_CONTEXT_SQL = "(max(0, input_tokens) + max(0, output_tokens))"
+_CONTEXT_SQL = L.CONTEXT_SQL
 _CACHED_SQL = "max(0, min(cache_read_tokens, input_tokens - 1))"
 _NEW_SQL = f"max(1, input_tokens - {_CACHED_SQL})"
 DERIVED: dict[str, str] = {
@@ -99,14 +102,14 @@ _CTX, _BUCKET, _CACHED, _NEW, _Q = "d_ctx", "d_cb", "d_cached", "d_new", "d_q"
 _PREFILL_DOLLARS, _STREAM, _PACKETS = "d_pfd", "d_stream", "d_pk"
 
 
-def source_sql(where: str, uses: str = "") -> str:
+def source_sql(where: str, uses: str = "", table: str = "records") -> str:
     """The rows measures read: ``records`` rows matching ``where``, with the values of
     :data:`DERIVED` that ``uses`` (the measures' SQL) names."""
     derived = "".join(f", {expr} AS {name}" for name, expr in DERIVED.items()
                       if re.search(rf"\b{name}\b", uses))
     if not derived:
-        return f"records WHERE {where}"
-    return f"(SELECT *{derived} FROM records WHERE {where} LIMIT -1)"
+        return f"{table} WHERE {where}"
+    return f"(SELECT *{derived} FROM {table} WHERE {where} LIMIT -1)"
 
 
 def _ceil_div(expr: str, by: int) -> str:
@@ -291,9 +294,8 @@ CREATE TABLE IF NOT EXISTS rollup_by (
 CREATE TABLE IF NOT EXISTS rollup_hist (
     period INTEGER NOT NULL,
     histogram INTEGER NOT NULL,
-    key INTEGER NOT NULL,
-    n INTEGER NOT NULL,
-    PRIMARY KEY (period, histogram, key)
+    counts BLOB NOT NULL,
+    PRIMARY KEY (period, histogram)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS rollup_units (
     period INTEGER NOT NULL,
@@ -366,9 +368,26 @@ HISTOGRAM_KEYS_SQL = (
     + ", ".join(f"CASE WHEN {histogram_value_sql(h)[1]} THEN "
                 f"{bucket_key_sql(histogram_value_sql(h)[0])} END" for h in HISTOGRAMS)
     + " FROM records WHERE rid > ?1 AND rid <= ?2 AND end_unix >= 0")
-HISTOGRAM_UPSERT_SQL = (
-    "INSERT INTO rollup_hist(period, histogram, key, n) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT(period, histogram, key) DO UPDATE SET n = n + excluded.n")
+
+
+def pack_counts(counts: dict[int, int]) -> bytes:
+    """A histogram's bucket counts as one value: (bucket, count) pairs of 64-bit
+    little-endian integers, by bucket."""
+    flat = array("q")
+    for key in sorted(counts):
+        flat.append(key)
+        flat.append(counts[key])
+    if sys.byteorder != "little":
+        flat.byteswap()
+    return flat.tobytes()
+
+
+def unpack_counts(blob: bytes) -> dict[int, int]:
+    flat = array("q")
+    flat.frombytes(blob)
+    if sys.byteorder != "little":
+        flat.byteswap()
+    return dict(zip(flat[0::2], flat[1::2], strict=True))
 ROLLUP_SIGNATURE = hashlib.sha256(
     "\n".join((rollup_schema(), PERIOD_UPSERT_SQL, *ROLLUP_INSERTS, HISTOGRAM_KEYS_SQL,
                str(ROLLUP_SECONDS))).encode()).hexdigest()[:16]
@@ -387,13 +406,21 @@ def add_to_rollups(db: sqlite3.Connection, after_rid: int, last_rid: int) -> Non
         db.execute(sql, (after_rid, last_rid))
     rows = db.execute(HISTOGRAM_KEYS_SQL, (after_rid, last_rid)).fetchall()
     if rows:
+        # a period's histogram is one row of packed counts: read, added to, written back
         columns = list(zip(*rows, strict=True))
-        upserts = []
         for histogram, keys in enumerate(columns[1:]):
+            by_period: dict[int, dict[int, int]] = {}
             for (period, key), n in Counter(zip(columns[0], keys, strict=True)).items():
                 if key is not None:
-                    upserts.append((period, histogram, key, n))
-        db.executemany(HISTOGRAM_UPSERT_SQL, upserts)
+                    by_period.setdefault(period, {})[key] = n
+            for period, counts in by_period.items():
+                row = db.execute("SELECT counts FROM rollup_hist WHERE period = ? AND "
+                                 "histogram = ?", (period, histogram)).fetchone()
+                if row is not None:
+                    for key, n in unpack_counts(row[0]).items():
+                        counts[key] = counts.get(key, 0) + n
+                db.execute("INSERT OR REPLACE INTO rollup_hist(period, histogram, counts) "
+                           "VALUES (?, ?, ?)", (period, histogram, pack_counts(counts)))
     db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('rollup_rid', ?)",
                (str(last_rid),))
 
@@ -508,6 +535,7 @@ class SqliteQueries:
         self._names = names
         self._decoder = L.RowDecoder(names)
         self._retention = retention_seconds
+        self._long_index: bool | None = None
 
     # rollups usable from this period on; None: not usable at all
     def _rollup_state(self) -> tuple[int | None, int]:
@@ -521,6 +549,14 @@ class SqliteQueries:
         if rows.get("rollup") != ROLLUP_SIGNATURE:
             return None, 0
         return int(rows.get("rollup_from_period", "0")), int(rows.get("rollup_rid", "0"))
+
+    def _has_long_index(self) -> bool:
+        if self._long_index is None:
+            self._long_index = self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'records_long' UNION ALL "
+                "SELECT 1 FROM sqlite_temp_master WHERE name = 'records_long'"
+            ).fetchone() is not None
+        return self._long_index
 
     def _text(self, name_id: int | None) -> str | None:
         if not name_id:
@@ -595,9 +631,16 @@ class SqliteQueries:
             select = ", ".join(measure_sql(m, params, args) for m in sums)
             where = where_part[0]
             args += where_part[1]
+            table = "records"
             if sums == ["last_doubling"]:  # only long contexts count: skip the others early
-                where += f" AND {_CONTEXT_SQL} >= {int(params.long_context_tokens)}"
-            sql = f"SELECT {group}, {select} FROM {source_sql(where, select)} GROUP BY 1"
+                threshold = int(params.long_context_tokens)
+                if threshold == LONG_CONTEXT_TOKENS and self._has_long_index():
+                    where += f" AND {L.LONG_CONTEXT_SQL}"
+                    table = "records INDEXED BY records_long"
+                else:
+                    where += f" AND {_CONTEXT_SQL} >= {threshold}"
+            sql = (f"SELECT {group}, {select} FROM {source_sql(where, select, table)} "
+                   "GROUP BY 1")
             for row in self._db.execute(sql, args):
                 key = self._key(group_by, row[0])
                 agg = out.setdefault(key, Aggregates())
@@ -657,12 +700,13 @@ class SqliteQueries:
                 raise ValueError("histograms are not kept by group")
             indexes = {HISTOGRAM_INDEX[h]: h for h in histograms}
             marks = ", ".join("?" for _ in indexes)
-            sql = (f"SELECT histogram, key, sum(n) FROM rollup_hist WHERE {where} "
-                   f"AND histogram IN ({marks}) GROUP BY 1, 2")
+            sql = (f"SELECT histogram, counts FROM rollup_hist WHERE {where} "
+                   f"AND histogram IN ({marks})")
             agg = out.setdefault(None, Aggregates())
-            for index, bucket, count in self._db.execute(sql, [*args, *indexes]):
+            for index, blob in self._db.execute(sql, [*args, *indexes]):
                 hist = agg.histograms.setdefault(indexes[index], {})
-                hist[bucket] = hist.get(bucket, 0) + count
+                for bucket, count in unpack_counts(blob).items():
+                    hist[bucket] = hist.get(bucket, 0) + count
         for name in sets:
             if name == "set:models":
                 sql = f"SELECT DISTINCT {group}, model FROM rollup_by WHERE {where}"
