@@ -218,11 +218,8 @@ def measure_sql(name: str, params: Params = DEFAULT_PARAMS,
         return {"st_n": f"count(p_{stage})",
                 "st_s": f"total(s_{stage})", "st_c": f"total(c_{stage})",
                 "max_prov": f"max(p_{stage})"}[kind]
-    if kind in ("ph_n", "ph_s", "ph_c") and len(parts) == 3:
-        seconds = L.phase_column(parts[1], parts[2], "s")
-        if kind == "ph_n":
-            return f"count({seconds})"
-        return f"total({L.phase_column(parts[1], parts[2], kind[-1])})"
+    if kind in ("ph_s", "ph_c") and len(parts) == 3:  # NULL: no record has the share
+        return f"sum({L.phase_column(parts[1], parts[2], kind[-1])})"
     if kind in ("mt", "md") and parts[1] in CAUSE_VALUES:
         column = f"{kind}_{parts[1]}"
         return f"coalesce(sum({column}), 0)" if kind == "mt" else f"total({column})"
@@ -311,7 +308,12 @@ ROLLUP_TABLES = ("rollup", "rollup_by", "rollup_hist", "rollup_units")
 
 def _is_float(measure: str) -> bool:
     sql = measure_sql(measure)
-    return sql.startswith("total(") or measure in ("min_start", "max_end")
+    return (sql.startswith("total(") or measure in ("min_start", "max_end")
+            or measure.startswith(("ph_s:", "ph_c:")))
+
+
+def _nullable_sum(measure: str) -> bool:
+    return measure.startswith(("ph_s:", "ph_c:"))
 
 
 def _upsert(table: str, keys: Sequence[str], key_exprs: Sequence[str],
@@ -323,6 +325,10 @@ def _upsert(table: str, keys: Sequence[str], key_exprs: Sequence[str],
             fn = measure[:3]
             updates.append(f"{column} = {fn}(coalesce({column}, excluded.{column}), "
                            f"coalesce(excluded.{column}, {column}))")
+        elif _nullable_sum(measure):
+            updates.append(f"{column} = CASE WHEN {column} IS NULL THEN excluded.{column} "
+                           f"WHEN excluded.{column} IS NULL THEN {column} "
+                           f"ELSE {column} + excluded.{column} END")
         else:
             updates.append(f"{column} = {column} + excluded.{column}")
     groups = (" GROUP BY " + ", ".join(str(i + 1) for i in range(len(keys)))) if grouped \

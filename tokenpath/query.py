@@ -18,8 +18,9 @@ prefix) over the records of a window, optionally grouped. Names, per family:
   ``small_chunks``, ``response_bytes``, ``min_start`` (earliest start), ``max_end``;
 - per stage ``x`` (a StageId value): ``st_n:x`` records with it, ``st_s:x`` seconds,
   ``st_c:x`` dollars, ``max_prov:x`` the weakest provenance's rank
-  (tokenpath.stages.PROVENANCE_RANK); per stage and phase: ``ph_n:x:p``, ``ph_s:x:p``,
-  ``ph_c:x:p``; ``prefill_cost``: every record's prefill-phase dollars;
+  (tokenpath.stages.PROVENANCE_RANK); per stage and phase: ``ph_s:x:p`` seconds and
+  ``ph_c:x:p`` dollars of the phase's shares (no value when no record has such a share);
+  ``prefill_cost``: every record's prefill-phase dollars;
 - per miss cause ``c`` (tokenpath.leaks.MissCause): ``mt:c`` tokens, ``md:c`` dollars;
 - long context (``params.long_context_tokens``): ``lc_n``, ``lc_cost``,
   ``lc_prefill_s``, ``lc_prefill_c``; per context bucket ``i`` of
@@ -126,7 +127,7 @@ CORE = ("n", "complete_n", "simulated_n", "fingerprinted_n", "priced_n", "input_
 STAGE_MEASURES = tuple(
     f"{kind}:{s}" for s in STAGE_VALUES for kind in ("st_n", "st_s", "st_c", "max_prov"))
 PHASE_MEASURES = tuple(f"{kind}:{s}:{p}" for s in STAGE_VALUES for p in PHASE_VALUES
-                       for kind in ("ph_n", "ph_s", "ph_c"))
+                       for kind in ("ph_s", "ph_c"))
 CAUSE_MEASURES = tuple(f"{kind}:{c}" for c in CAUSE_VALUES for kind in ("mt", "md"))
 LONG_CONTEXT = ("lc_n", "lc_cost", "lc_prefill_s", "lc_prefill_c")
 CONTEXT_BUCKET_MEASURES = tuple(

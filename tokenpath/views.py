@@ -136,7 +136,7 @@ def report_view(q: RecordQueries, window: Window) -> Report:
         seconds = agg[f"st_s:{sid}"]
         hist = agg.histogram(f"stage:{sid}")
         rank = agg.get(f"max_prov:{sid}")
-        present = [p for p in Phase if agg.count(f"ph_n:{sid}:{p.value}")]
+        present = [p for p in Phase if agg.get(f"ph_s:{sid}:{p.value}") is not None]
         stages.append(StageSummary(
             stage=stage.id, requests=count,
             p50_seconds=quantile(hist, 0.5), p95_seconds=quantile(hist, 0.95),
