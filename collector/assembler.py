@@ -473,3 +473,8 @@ class Assembler:
     @property
     def traces_in_flight(self) -> int:
         return len(self._pending)
+
+    @property
+    def spans_buffered(self) -> int:
+        """Spans held now (what admission compares with ``max_buffered_spans``)."""
+        return self._span_count

@@ -5,7 +5,8 @@ is a request with its own tokens, GPU time and dollars. The unit is the call:
 
 - call spans are engine spans (vLLM's ``llm_request``, tokenpath's engine hooks), LLM
   gateway server spans (an HTTP server span on an LLM route, or carrying gen_ai.*), and
-  GenAI client spans (CLIENT spans with ``gen_ai.operation.name`` or a requested model);
+  GenAI client spans (CLIENT spans with ``gen_ai.operation.name`` or a requested model,
+  and OpenInference's LLM spans, INTERNAL, marked ``openinference.span.kind=LLM``);
 - a call is a *maximal* call span: one with no call span above it. Its retries (the SDK's
   attempts, a proxy's fallbacks) and the gateway and engine spans under it are part of it,
   and so are the disaggregated prefill and decode engines of one request;
@@ -79,19 +80,26 @@ def has_gen_ai(span: SpanData) -> bool:
     return any(key.startswith(GEN_AI_PREFIX) for key in span.attributes)
 
 
+def is_client_call_span(span: SpanData) -> bool:
+    """A GenAI client's span of one call: a CLIENT span with ``gen_ai.operation.name`` or a
+    requested model (openai-v2, OpenLLMetry, OpenLIT), or an OpenInference LLM span (kind
+    INTERNAL, ``openinference.span.kind=LLM``)."""
+    attributes = span.attributes
+    if span.kind == SPAN_KIND_CLIENT and (A.GEN_AI_OPERATION_NAME in attributes
+                                          or A.GEN_AI_REQUEST_MODEL in attributes):
+        return True
+    return attributes.get(A.OPENINFERENCE_SPAN_KIND) == A.OPENINFERENCE_KIND_LLM
+
+
 def is_call_span(span: SpanData) -> bool:
     """An engine span, an LLM gateway's server span (a front door's, or an HTTP server span
     on an LLM route or carrying gen_ai.*), or a GenAI client span. Engine and front-door
     spans are tested once: a server span past them is not an engine's."""
     if is_engine_span(span) or span.name in GATEWAY_SPAN_NAMES:
         return True
-    kind = span.kind
-    if kind == SPAN_KIND_CLIENT:
-        attributes = span.attributes
-        return A.GEN_AI_OPERATION_NAME in attributes or A.GEN_AI_REQUEST_MODEL in attributes
-    if kind == SPAN_KIND_SERVER and _has_http_server_marker(span):
+    if span.kind == SPAN_KIND_SERVER and _has_http_server_marker(span):
         return is_llm_route(span) or has_gen_ai(span)
-    return False
+    return is_client_call_span(span)
 
 
 @dataclass(slots=True)

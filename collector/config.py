@@ -18,6 +18,8 @@ from tokenpath.collector.gc_tuning import DEFAULT_GC_YOUNG_THRESHOLD
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.pipeline_worker import DEFAULT_QUEUE_SIZE
 from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
+from tokenpath.collector.store import DEFAULT_BATCH_SIZE as DEFAULT_STORE_BATCH_SIZE
+from tokenpath.collector.store import DEFAULT_QUEUE_SIZE as DEFAULT_STORE_QUEUE_SIZE
 from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
 from tokenpath.config import (
     ConfigError,
@@ -44,7 +46,8 @@ ENV_FORWARD_RECORDS = "TOKENPATH_FORWARD_RECORDS"
 # agent's section of a file both read, which the collector leaves alone.
 FILE_KEYS = frozenset({"http", "grpc", "store", "prices", "retention", "max_buffered_spans",
                        "assembler", "cost", "limits", "tls", "agent", "forward_records",
-                       "pipeline_queue_size", "join", "gc_young_threshold"})
+                       "pipeline_queue_size", "store_queue_size", "store_batch_size",
+                       "join", "gc_young_threshold"})
 
 
 def default_store_path() -> str:
@@ -75,6 +78,11 @@ class CollectorConfig:
     # them here (the second hop of a sharded deployment, docs/deploy.md).
     forward_records: str | None = None
     pipeline_queue_size: int = DEFAULT_QUEUE_SIZE
+    # Records (and idle-cost slices) waiting for the store's writer: past half of it the
+    # receivers shed load; when full, the pipeline worker waits (never a drop).
+    store_queue_size: int = DEFAULT_STORE_QUEUE_SIZE
+    # Records the store's writer commits in one transaction, at most.
+    store_batch_size: int = DEFAULT_STORE_BATCH_SIZE
     join: JoinConfig = field(default_factory=JoinConfig)
     # The garbage collector's young threshold in the collector process (gc_tuning.py);
     # 0 keeps Python's default.
@@ -97,6 +105,10 @@ class CollectorConfig:
             raise ConfigError("prices", f"no such file: {self.prices_path}")
         if self.pipeline_queue_size < 1:
             raise ConfigError("pipeline_queue_size", "must be >= 1")
+        if self.store_queue_size < 1:
+            raise ConfigError("store_queue_size", "must be >= 1")
+        if self.store_batch_size < 1:
+            raise ConfigError("store_batch_size", "must be >= 1")
         if self.gc_young_threshold < 0:
             raise ConfigError("gc_young_threshold", "must be >= 0 (0: Python's default)")
         if self.forwarder is not None:
@@ -153,6 +165,10 @@ class CollectorConfig:
                           str) or None
         queue_size = resolve("pipeline_queue_size", None, None, f, DEFAULT_QUEUE_SIZE,
                              lambda v: typed_value("pipeline_queue_size", "int", v))
+        store_queue = resolve("store_queue_size", None, None, f, DEFAULT_STORE_QUEUE_SIZE,
+                              lambda v: typed_value("store_queue_size", "int", v))
+        store_batch = resolve("store_batch_size", None, None, f, DEFAULT_STORE_BATCH_SIZE,
+                              lambda v: typed_value("store_batch_size", "int", v))
         gc_young = resolve("gc_young_threshold", None, None, f, DEFAULT_GC_YOUNG_THRESHOLD,
                            lambda v: typed_value("gc_young_threshold", "int", v))
         config = cls(
@@ -160,6 +176,7 @@ class CollectorConfig:
             store_path=store_path, prices_path=prices_path, retention_seconds=retention,
             max_buffered_spans=max_buffered, auth_token=token, assembler=assembler, cost=cost,
             limits=limits, tls=tls, forward_records=forward, pipeline_queue_size=queue_size,
+            store_queue_size=store_queue, store_batch_size=store_batch,
             join=join, gc_young_threshold=gc_young,
         )
         config.validate()

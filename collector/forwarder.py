@@ -6,13 +6,17 @@ OTLP/HTTP logs endpoint (``.../v1/logs``, protobuf): the OpenTelemetry Collector
 loadbalancing exporter with ``routing_key: resource`` in front of the tokenpath
 collectors, or one collector directly.
 
-Never a silent loss: records wait in a bounded queue (``max_queue_records``); a batch is
-retried on connection errors, 429, 502, 503 and 504 (honouring ``Retry-After``), with
-exponential backoff, for up to ``max_retry_seconds``; whatever is given up is counted in
-``tokenpath_collector_records_forward_dropped_total{reason}``: ``queue_full`` (the oldest
-records make room), ``retry_expired``, ``rejected`` (a 4xx other than 429, or a partial
-success's rejected log records) and ``shutdown`` (still queued when the flush deadline of
-``shutdown()`` ran out).
+Never a silent loss: records wait in a bounded queue (``max_queue_records``); past half
+of it the receivers shed load (:meth:`RecordForwarder.backlog`, collector/backpressure.py),
+and when it is full the caller (the pipeline worker) waits for room instead of dropping,
+so a slow pricing collector slows this one's intake rather than losing what it accepted.
+A batch is retried on connection errors, 429, 502, 503 and 504 (honouring
+``Retry-After``), with exponential backoff, for up to ``max_retry_seconds``; whatever is
+given up is counted in ``tokenpath_collector_records_forward_dropped_total{reason}``:
+``retry_expired``, ``rejected`` (a 4xx other than 429, or a partial success's rejected log
+records), ``shutdown`` (still queued when the flush deadline ran out) and ``queue_full``
+(the oldest records made room: only once the shutdown deadline has passed, or with the
+sender thread gone).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 import httpx
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 
+from tokenpath.collector.backpressure import Backlog, high_water
 from tokenpath.collector.record_logs import encode_records
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
@@ -44,6 +49,8 @@ INITIAL_BACKOFF_SECONDS = 0.5
 MAX_BACKOFF_SECONDS = 30.0
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
 PROTOBUF = "application/x-protobuf"
+# How long a caller waiting for room sleeps before it checks the sender and the deadline.
+ROOM_WAIT_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,23 +111,44 @@ class RecordForwarder:
         self._stop = threading.Event()  # wakes a backoff wait early
         self._closing = False
         self._abandoned = False
+        self._drain_deadline: float | None = None  # set by begin_shutdown()
         self._thread: threading.Thread | None = None
 
     # --- RecordSink ----------------------------------------------------------------------
 
     def consume_record(self, record: RequestRecord) -> None:
         with self._cond:
-            full = len(self._queue) + self._in_flight >= self._config.max_queue_records
-            if full and self._queue:  # the oldest makes room (all in flight: it waits)
+            while self._full() and self._may_wait():
+                self._cond.wait(ROOM_WAIT_SECONDS)  # a sent batch makes room (notify_all)
+            if self._full() and self._queue:  # no more waiting: the oldest makes room
                 self._queue.popleft()
                 self._stats.records_forward_dropped.inc("queue_full")
             self._queue.append(record)
-            self._cond.notify()
+            self._cond.notify_all()
         if self._thread is None:
             self._drain_inline()
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
         """Nothing is priced here: idle cost is the pricing collector's."""
+
+    def backlog(self) -> Backlog:
+        """Records queued or being sent, as admission sees them: past half of
+        ``max_queue_records`` the receivers shed load."""
+        return Backlog("forwarder queue", self._held, high_water(self._config.max_queue_records))
+
+    def _held(self) -> int:
+        return len(self._queue) + self._in_flight
+
+    def _full(self) -> bool:
+        return len(self._queue) + self._in_flight >= self._config.max_queue_records
+
+    def _may_wait(self) -> bool:
+        """Whether a caller may wait for room (lock held): while the sender runs and the
+        shutdown deadline (begin_shutdown) has not passed."""
+        thread = self._thread
+        if thread is None or not thread.is_alive() or self._abandoned:
+            return False
+        return self._drain_deadline is None or self._clock() < self._drain_deadline
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -131,15 +159,28 @@ class RecordForwarder:
                                         daemon=True)
         self._thread.start()
 
+    def begin_shutdown(self) -> None:
+        """The collector is stopping: from now on the flush deadline (``shutdown_seconds``)
+        runs, for records still handed in (the pipeline draining) and :meth:`shutdown`
+        alike, so a peer that takes nothing cannot hold the shutdown longer."""
+        with self._cond:
+            if self._drain_deadline is None:
+                self._drain_deadline = self._clock() + self._config.shutdown_seconds
+            self._cond.notify_all()
+
     def shutdown(self) -> None:
-        """Send what is queued, for up to ``shutdown_seconds``; count the rest. Idempotent."""
+        """Send what is queued, until the flush deadline (``shutdown_seconds`` from
+        :meth:`begin_shutdown` or from now); count the rest. Idempotent."""
+        self.begin_shutdown()
         with self._cond:
             if self._closing:
                 return
             self._closing = True
             self._cond.notify_all()
+            assert self._drain_deadline is not None
+            left = max(0.0, self._drain_deadline - self._clock())
         if self._thread is not None:
-            self._thread.join(self._config.shutdown_seconds)
+            self._thread.join(left)
             with self._cond:
                 self._abandoned = True  # past the deadline: take no further batch
             self._stop.set()  # cut a backoff short
@@ -209,6 +250,7 @@ class RecordForwarder:
         finally:
             with self._cond:
                 self._in_flight = 0
+                self._cond.notify_all()  # room for a caller waiting in consume_record
 
     def _post(self, body: bytes) -> int:
         """One POST; returns the records the receiver refused (partial success)."""

@@ -30,6 +30,7 @@ from tokenpath.collector.call_join import HOP_CLIENT, HOP_PROXY, add_client_gaps
 from tokenpath.collector.calls import (
     has_gen_ai,
     is_call_span,
+    is_client_call_span,
     is_engine_span,
     is_http_server,
     split_calls,
@@ -51,7 +52,6 @@ from tokenpath.collector.native import (
     UPSTREAM_SPAN_NAMES,
 )
 from tokenpath.collector.spans import (
-    SPAN_KIND_CLIENT,
     STATUS_CODE_ERROR,
     AttrValue,
     SpanData,
@@ -59,7 +59,14 @@ from tokenpath.collector.spans import (
 )
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.identity import ENGINE_KEYS, NODE_KEYS, identity_from
-from tokenpath.records import PhaseShare, RequestRecord, StageTiming
+from tokenpath.records import (
+    CACHE_SOURCE_CLIENT,
+    CACHE_SOURCE_ENGINE,
+    CACHE_SOURCE_GATEWAY,
+    PhaseShare,
+    RequestRecord,
+    StageTiming,
+)
 from tokenpath.stages import (
     API_GATEWAY,
     AUTH_RATELIMIT,
@@ -283,9 +290,8 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.span_count = len(spans)
     record.start_unix = spans[0].start_unix_nano / 1e9
     record.end_unix = max(s.end_unix_nano for s in spans) / 1e9
-    record.model = (look.text(A.GEN_AI_REQUEST_MODEL, A.GEN_AI_RESPONSE_MODEL)
-                    or _first_text([s.attributes for s in engine_spans], DYNAMO_MODEL)
-                    or UNKNOWN_MODEL)
+    client_spans = [s for s in spans if is_client_call_span(s)]
+    record.model = _model(trace.annotations, engine_spans, server_spans, client_spans, look)
     record.request_id = look.text(A.GEN_AI_REQUEST_ID)
     if engine_spans:  # the engine's own spans name its GPUs, never the gateway's host
         identity = identity_from([*trace.annotations,
@@ -314,9 +320,9 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
                                         A.VLLM_USAGE_COMPLETION_TOKENS,
                                         A.OPENINFERENCE_COMPLETION_TOKENS) or _first_count(
         [s.attributes for s in engine_spans], DYNAMO_OUTPUT_TOKENS) or 0
-    record.cache_read_tokens = min(record.input_tokens, _first_count(
-        token_layers, A.CACHED_TOKENS, A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
-        A.GEN_AI_USAGE_CACHED_TOKENS, A.OPENINFERENCE_CACHE_READ_TOKENS) or 0)
+    cached, record.cache_read_source = _cached_tokens(trace.annotations, engine_spans,
+                                                      server_spans, spans)
+    record.cache_read_tokens = min(record.input_tokens, cached)
     scored = next((attribute_number(s.attributes.get(LLMD_SCORE_MAX)) for s in spans
                    if s.name == LLMD_PREFIX_SCORER_SPAN), None)
     if scored is not None:
@@ -324,7 +330,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.response_id = _first_text(token_layers, A.GEN_AI_RESPONSE_ID)
     record.outer_hop = _outer_hop(spans, engine_spans, server_spans, upstream)
     if record.outer_hop == HOP_CLIENT:
-        client_span = next(s for s in spans if s.kind == SPAN_KIND_CLIENT and is_call_span(s))
+        client_span = client_spans[0]
         record.client_start_unix = client_span.start_unix_nano / 1e9
         record.client_end_unix = client_span.end_unix_nano / 1e9
     record.response_bytes = look.count(A.RESPONSE_BYTES) or 0
@@ -347,13 +353,18 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
 
     _map_engine(record, acc, engine_spans)
     _map_gateway(acc, upstream, server_spans, engine_spans)
-    client = next((s for s in spans if s.kind == SPAN_KIND_CLIENT and is_call_span(s)), None)
-    if client is not None and server_spans and client.start_unix_nano <= server_spans[
-            0].start_unix_nano and client.end_unix_nano >= server_spans[0].end_unix_nano:
-        # a GenAI client span around the gateway (not a gateway's own upstream client)
-        add_client_gaps(acc.stages, client.start_unix_nano / 1e9, client.end_unix_nano / 1e9,
-                        server_spans[0].start_unix_nano / 1e9,
-                        server_spans[0].end_unix_nano / 1e9)
+    client = client_spans[0] if client_spans else None
+    # the serving side a GenAI client span may be around: the outermost gateway, else the
+    # engine it called directly (OpenLIT's client propagates to vLLM)
+    serving = server_spans[:1] or engine_spans
+    if client is not None and serving:
+        serving_start = min(s.start_unix_nano for s in serving)
+        serving_end = max(s.end_unix_nano for s in serving)
+        if client.start_unix_nano <= serving_start and client.end_unix_nano >= serving_end:
+            # a GenAI client span around the gateway or engine (not a gateway's own
+            # upstream client)
+            add_client_gaps(acc.stages, client.start_unix_nano / 1e9,
+                            client.end_unix_nano / 1e9, serving_start / 1e9, serving_end / 1e9)
     _split_gpu_time(record, acc)
 
     # TTFT as the user saw it: a shim's measurement, else a GenAI client span's first
@@ -453,6 +464,53 @@ def _overlap_seconds(span: SpanData, others: list[SpanData]) -> float:
                    - max(span.start_unix_nano, o.start_unix_nano)) for o in others) / 1e9
 
 
+# Where a record's model is named, by key within each source (docs/vllm.md
+# "Which model a record names"): the engine's (tokenpath's vLLM plugin annotates the
+# served model name; Dynamo's span), the gateway's request (its server span's
+# gen_ai.request.model, from the request body), the client's call span, any other span.
+_MODEL_KEYS = (A.GEN_AI_REQUEST_MODEL, A.GEN_AI_RESPONSE_MODEL)
+_ENGINE_MODEL_KEYS = (*_MODEL_KEYS, DYNAMO_MODEL)
+_CLIENT_MODEL_KEYS = (*_MODEL_KEYS, A.OPENINFERENCE_MODEL_NAME)
+_CACHED_KEYS = (A.CACHED_TOKENS, A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+                A.GEN_AI_USAGE_CACHED_TOKENS, A.OPENINFERENCE_CACHE_READ_TOKENS)
+_FIRST_CHUNK_EVENTS = frozenset({A.OPENLLMETRY_CHUNK_EVENT, A.OPENINFERENCE_FIRST_TOKEN_EVENT})
+
+
+def _model(annotations: list[dict[str, AttrValue]], engine_spans: list[SpanData],
+           server_spans: list[SpanData], client_spans: list[SpanData],
+           look: _Lookup) -> str:
+    """The model a record names: the first source that names one, the engine first (what
+    ran is what is priced), then the gateway, then the client, then any span; UNKNOWN_MODEL
+    when none does. Within a source the keys in order (the requested model first)."""
+    engine = [*annotations, *[s.attributes for s in engine_spans]]
+    for layers, keys in ((engine, _ENGINE_MODEL_KEYS),
+                         ([s.attributes for s in server_spans], _MODEL_KEYS),
+                         ([s.attributes for s in client_spans], _CLIENT_MODEL_KEYS)):
+        for key in keys:
+            name = _first_text(layers, key)
+            if name is not None:
+                return name
+    return look.text(*_CLIENT_MODEL_KEYS) or UNKNOWN_MODEL
+
+
+def _cached_tokens(annotations: list[dict[str, AttrValue]], engine_spans: list[SpanData],
+                   server_spans: list[SpanData],
+                   spans: list[SpanData]) -> tuple[int, str | None]:
+    """Prompt tokens read from the prefix cache and who said so: the engine's own count
+    (tokenpath's vLLM plugin, an engine span) first, then the gateway's (the usage details
+    of the response it relayed: vLLM's count as it returned it to the call), then any other
+    span (a client's usage, nearest the engine first); (0, None) when none says."""
+    engine = [*annotations, *[s.attributes for s in engine_spans]]
+    for source, layers in (
+            (CACHE_SOURCE_ENGINE, engine),
+            (CACHE_SOURCE_GATEWAY, [s.attributes for s in server_spans]),
+            (CACHE_SOURCE_CLIENT, [s.attributes for s in reversed(spans)])):
+        count = _first_count(layers, *_CACHED_KEYS)
+        if count is not None:
+            return count, source
+    return 0, None
+
+
 def _first_text(layers: list[dict[str, AttrValue]], key: str) -> str | None:
     for layer in layers:
         value = layer.get(key)
@@ -483,20 +541,25 @@ def _outer_hop(spans: list[SpanData], engine_spans: list[SpanData],
     if upstream:
         return None if has_server_under(upstream) else HOP_PROXY
     # a GenAI client span with no server span under it, whatever app server is above it
-    clients = {s.span_id for s in spans if s.kind == SPAN_KIND_CLIENT and is_call_span(s)}
+    clients = {s.span_id for s in spans if is_client_call_span(s)}
     if clients and not has_server_under(clients):
         return HOP_CLIENT
     return None
 
 
 def _client_first_chunk(spans: list[SpanData]) -> float | None:
-    """Seconds from a GenAI client span's start to its first streamed chunk event."""
+    """Seconds from a GenAI client span's start to its first streamed chunk: its event
+    (OpenLLMetry's per-chunk event, OpenInference's first-token event), else the client's
+    own measure (OpenLIT's)."""
     for span in spans:
-        if span.kind != SPAN_KIND_CLIENT:
+        if not is_client_call_span(span):
             continue
         for event in span.events:
-            if event.name == A.OPENLLMETRY_CHUNK_EVENT:
+            if event.name in _FIRST_CHUNK_EVENTS:
                 return max(0.0, (event.time_unix_nano - span.start_unix_nano) / 1e9)
+        measured = _seconds(span.attributes.get(A.OPENLIT_CLIENT_TTFT))
+        if measured is not None:
+            return measured
     return None
 
 

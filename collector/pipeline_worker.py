@@ -7,10 +7,13 @@ bounded queue; one worker thread drains it through the stage mapper, the cost at
 on a single thread: the attributor holds no lock, and the Prometheus sink's counters,
 written by that thread alone, never lose an update.
 
-Backpressure: the receivers answer 429 / RESOURCE_EXHAUSTED while the queue is over its
-high-water mark (``overloaded``), before they read a body. Nothing ever waits on the queue
+Backpressure (collector/backpressure.py): the receivers answer 429 / UNAVAILABLE while
+the queue is at or past its high-water mark (:meth:`PipelineWorker.backlog`), before they
+read a body. Nothing ever waits to put into the queue and nothing is ever refused by it
 (a receiver thread that evicts a trace may be the HTTP event loop), so its depth is
-bounded by the high-water mark plus the traces the assembler already holds.
+bounded by admission: the high-water mark plus the traces the assembler already holds.
+The worker itself may wait: the store's bounded queue makes it wait while the store is
+behind, and the queue then fills past its mark, so the receivers refuse.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from tokenpath.collector.assembler import AssembledTrace, TraceConsumer
+from tokenpath.collector.backpressure import Backlog, high_water
 from tokenpath.collector.stats import PIPELINE_STEP_RECORDS, PIPELINE_STEP_TRACE, CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
@@ -30,7 +34,6 @@ from tokenpath.records import RequestRecord
 log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE_SIZE = 20_000  # assembled traces or record batches
-HIGH_WATER_FRACTION = 0.5  # receivers shed load past this share of the queue
 
 
 class Ticking(Protocol):
@@ -63,7 +66,7 @@ class PipelineWorker:
         self._tickers = tuple(tickers)
         self._stats = stats or CollectorStats()
         self._queue: queue.Queue[object] = queue.Queue()  # bounded by admission, see above
-        self._high_water = max(1, int(queue_size * HIGH_WATER_FRACTION))
+        self._high_water = high_water(queue_size)  # receivers shed load from here on
         self._clock = clock
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -92,6 +95,10 @@ class PipelineWorker:
     @property
     def overloaded(self) -> bool:
         return self._queue.qsize() >= self._high_water
+
+    def backlog(self) -> Backlog:
+        """The queue as admission sees it (traces and record batches waiting)."""
+        return Backlog("pipeline queue", self._queue.qsize, self._high_water)
 
     # --- lifecycle -----------------------------------------------------------------------
 

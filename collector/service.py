@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from tokenpath.build_metrics import BuildInfoCollector
 from tokenpath.collector.assembler import Assembler
+from tokenpath.collector.backpressure import Backlog
 from tokenpath.collector.call_join import CallJoiner
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.attributor import CostAttributor
@@ -61,7 +62,9 @@ class CollectorService:
         self.build = build_state()
         self.registry.register(BuildInfoCollector(self.build))
         self.store = RecordStore(
-            StoreConfig(path=config.store_path, retention_seconds=config.retention_seconds),
+            StoreConfig(path=config.store_path, retention_seconds=config.retention_seconds,
+                        queue_size=config.store_queue_size,
+                        batch_size=config.store_batch_size),
             self.stats,
         )
         self.prometheus = PrometheusSink(self.registry, self.stats,
@@ -87,8 +90,17 @@ class CollectorService:
                                      (self.joiner, self.attributor), self.stats,
                                      config.pipeline_queue_size)
         self.assembler = Assembler(self.worker, config.assembler, self.stats)
+        # Admission (collector/backpressure.py): the receivers refuse while any stage a
+        # span or record still has to pass is past its high-water mark.
+        assembler = self.assembler
+        span_backlogs = [Backlog("assembler buffered spans", lambda: assembler.spans_buffered,
+                                 config.max_buffered_spans)]
+        record_backlogs = [self.worker.backlog(), self.store.backlog()]
+        if self.forwarder is not None:
+            record_backlogs.append(self.forwarder.backlog())
         self.ingest = OtlpIngest(self.assembler, self.node_metrics, config.limits, self.stats,
-                                 config.max_buffered_spans, records=self.worker)
+                                 span_backlogs, records=self.worker,
+                                 record_backlogs=record_backlogs)
         self.app = build_app(self.ingest, self.store, self.prometheus.render, self.stats,
                              self.prices, config.auth_token, config.forward_records,
                              self.node_metrics)
@@ -142,6 +154,8 @@ class CollectorService:
         self.http.shutdown()
         if self.grpc is not None:
             self.grpc.shutdown()
+        if self.forwarder is not None:  # its flush deadline runs from here
+            self.forwarder.begin_shutdown()
         # flushes -> worker -> mapper -> forwarder/attributor -> sinks (store closes)
         self.assembler.shutdown()
 

@@ -35,6 +35,8 @@ class CollectorStats(Telemetry):
         self.spans_unmapped = Count(M.SPANS_UNMAPPED)
         self.records_stored = Count(M.RECORDS_STORED)
         self.store_errors = Count(M.STORE_ERRORS)
+        # records lost after admission (collector/backpressure.py), by reason
+        self.records_dropped = LabelledCount(M.RECORDS_DROPPED)
         self.traces_in_flight = Level(M.TRACES_IN_FLIGHT)
         self.spans_buffered = Level(M.SPANS_BUFFERED)
         self.pipeline_queue_depth = Level(M.PIPELINE_QUEUE_DEPTH)

@@ -34,6 +34,12 @@ import orjson
 
 from tokenpath.collector import store_layout as layout
 from tokenpath.collector import store_sql
+from tokenpath.collector.backpressure import (
+    DROP_STORE_CLOSED,
+    Backlog,
+    DropLog,
+    high_water,
+)
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.pipeline import IdleCost
@@ -49,6 +55,8 @@ DEFAULT_BATCH_SIZE = 500
 # next record or the next retention pass, so an idle collector's store wakes once a minute.
 DEFAULT_RETENTION_CHECK_SECONDS = 60.0
 DEFAULT_QUEUE_SIZE = 100_000
+# How long a put into a full queue waits before it checks that the writer still runs.
+PUT_WAIT_SECONDS = 1.0
 MEMORY = ":memory:"
 
 # The records' tables come from collector/store_layout.py and collector/store_sql.py.
@@ -139,7 +147,10 @@ class RecordStore:
         self._config.validate()
         self._stats = stats or CollectorStats()
         self._clock = clock
+        # Bounded: a put waits while it is full (back-pressure), never drops (_put).
         self._queue: queue.Queue[_Item | None] = queue.Queue(self._config.queue_size)
+        self._drops = DropLog(self._stats, log, "store")
+        self._writer_gone = False
         self._db_lock = threading.Lock()
         self._names = layout.Names()
         self._encoder = layout.RowEncoder(self._names)
@@ -302,14 +313,39 @@ class RecordStore:
         self._put(idle)
 
     def _put(self, item: _Item) -> None:
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
-            self._stats.store_errors.inc()
-            log.warning("store queue full; record dropped")
+        """Queue one item for the writer. Never drops for want of room: while the queue is
+        full the caller (the pipeline worker) waits, which is the store's back-pressure;
+        the receivers see the backlog (:meth:`backlog`, then the worker's queue) and
+        refuse new data meanwhile (collector/backpressure.py)."""
+        if self._closed:
+            self._drops.drop(DROP_STORE_CLOSED)
             return
-        if self._thread is None:
-            self.flush()  # not started: write synchronously (tests, one-shot tools)
+        writer = self._thread
+        if writer is None:  # not started: write synchronously (tests, one-shot tools)
+            self._write([item])
+            return
+        while writer.is_alive():
+            try:
+                self._queue.put(item, timeout=PUT_WAIT_SECONDS)
+                return
+            except queue.Full:
+                continue  # the writer is behind: wait on, while it runs
+        # The writer died (a bug): write here what it left, and this item, rather than lose them.
+        if not self._writer_gone:
+            self._writer_gone = True
+            log.error("store: the writer thread is gone; records are written on the caller's")
+        self.flush()
+        self._write([item])
+
+    @property
+    def queue_depth(self) -> int:
+        """Items waiting for the writer."""
+        return self._queue.qsize()
+
+    def backlog(self) -> Backlog:
+        """The write queue as admission sees it: past half of ``queue_size`` the
+        receivers shed load."""
+        return Backlog("store queue", self._queue.qsize, high_water(self._config.queue_size))
 
     def start(self) -> None:
         if self._thread is None and not self._closed:
@@ -433,10 +469,11 @@ class RecordStore:
         if self._closed:
             return
         self._closed = True
-        if self._thread is not None:
+        if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
         self.flush()
+        self._drops.flush()
         with self._db_lock:
             if not self._config.read_only:
                 try:  # the rollups hold every record written: the next open reads none raw

@@ -15,8 +15,12 @@ events through the hook API:
   response bytes and chunk sizes, see :mod:`tokenpath.instrumentation.network`;
 
 and the attributes TTFT_SECONDS (arrival to the first response body byte), response
-bytes, chunks, packets, small packets and write seconds. :func:`trace_headers` gives the
-``traceparent`` for the engine so gateway and engine spans share one trace.
+bytes, chunks, packets, small packets and write seconds. Of an LLM call it reads, never
+content, the request body's top-level ``model`` (``gen_ai.request.model``) and, from the
+end of the response, the numbers of its ``usage`` and of vLLM's per-request ``metrics``
+(:mod:`tokenpath.instrumentation.llm_payload`; what the app annotates itself wins).
+:func:`trace_headers` gives the ``traceparent`` for the engine so gateway and engine spans
+share one trace.
 
 Every telemetry step is guarded: if tracing fails the request is served untouched.
 """
@@ -37,7 +41,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.engine_trace import get_tracer
-from tokenpath.instrumentation.gateway_span import GatewaySpan, GatewaySpanWriter
+from tokenpath.instrumentation.llm_payload import (
+    MAX_REQUEST_BYTES,
+    ResponseTail,
+    request_model,
+    response_attributes,
+)
 from tokenpath.instrumentation.network import (
     LinkModel,
     ResponseTally,
@@ -57,7 +66,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_EXCLUDED_PATHS = ("/healthz", "/metrics", "/v1/models")
-DEFAULT_DIRECT_SPAN_WRITING = True
 _PROPAGATOR = TraceContextTextMapPropagator()
 # The W3C trace-context headers as ASGI servers pass header names: lowercased bytes. A
 # name of the same length is lowercased before the test, for servers and middleware that
@@ -66,6 +74,9 @@ _TRACE_HEADERS = frozenset(name.encode("latin-1") for name in _PROPAGATOR.fields
 _TRACE_HEADER_LENGTHS = frozenset(len(name) for name in _TRACE_HEADERS)
 _RESPONSE_START = "http.response.start"
 _RESPONSE_BODY = "http.response.body"
+_REQUEST_BODY = "http.request"
+_BODY_METHODS = frozenset({"POST", "PUT"})
+_ERROR_STATUS = Status(StatusCode.ERROR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +84,6 @@ class GatewayConfig:
     link: LinkModel = field(default_factory=LinkModel)
     excluded_paths: tuple[str, ...] = DEFAULT_EXCLUDED_PATHS
     tenants: TenantConfig = field(default_factory=TenantConfig)  # instrumentation/tenants.py
-    # Write the shim's span straight to OTLP where the tracer provider allows it
-    # (instrumentation/gateway_span.py); False keeps the SDK's span in every case.
-    direct_span_writing: bool = DEFAULT_DIRECT_SPAN_WRITING
 
     def validate(self) -> None:
         self.link.validate()
@@ -86,7 +94,7 @@ class GatewayRequest:
     """Telemetry state of one request passing the gateway (see :func:`current_request`)."""
 
     __slots__ = ("_handoff", "_handoff_ns", "extra", "first_write", "last_write", "recorder",
-                 "span", "started", "tally", "write_seconds")
+                 "response_tail", "span", "started", "tally", "write_seconds")
 
     def __init__(self, span: Span) -> None:
         self.span = span
@@ -100,6 +108,7 @@ class GatewayRequest:
         self.first_write: float | None = None
         self.last_write: float | None = None
         self.extra: dict[str, Any] = {}  # attributes set by the app, written at the end
+        self.response_tail = ResponseTail()  # the last body writes: usage and metrics
 
     @property
     def ttft(self) -> float | None:
@@ -250,6 +259,7 @@ class _TracedSend:
             request.last_write = t0
             request.write_seconds += t1 - t0
             request.tally.add_chunk(len(body), self._link)
+            request.response_tail.add(body)
         except Exception as exc:
             telemetry_errors.count("gateway.send", exc)
 
@@ -273,6 +283,56 @@ class _TracedSend:
                     telemetry_errors.count("gateway.send_outside", exc)
 
 
+class _ModelReceive:
+    """The ``receive`` the app gets for a request with a body: hands each message on as it
+    came and, once the body is whole, reads its top-level ``model`` onto the span (bodies
+    over llm_payload.MAX_REQUEST_BYTES are not read)."""
+
+    __slots__ = ("_done", "_parts", "_receive", "_request", "_size")
+
+    def __init__(self, receive: Receive, request: GatewayRequest) -> None:
+        self._receive = receive
+        self._request = request
+        self._parts: list[bytes] | None = None
+        self._size = 0
+        self._done = False
+
+    async def __call__(self) -> Message:
+        message = await self._receive()
+        if not self._done:
+            try:
+                self._see(message)
+            except Exception as exc:
+                self._done = True
+                telemetry_errors.count("gateway.request_model", exc)
+        return message
+
+    def _see(self, message: Message) -> None:
+        if message.get("type") != _REQUEST_BODY:
+            self._done = True  # a disconnect
+            return
+        body = message.get("body") or b""
+        more = bool(message.get("more_body", False))
+        parts = self._parts
+        if parts is None and not more:  # the whole body in one message: the common case
+            whole = body
+        else:
+            if parts is None:
+                parts = self._parts = []
+            self._size += len(body)
+            if self._size > MAX_REQUEST_BYTES:
+                self._done, self._parts = True, None
+                return
+            parts.append(body)
+            if more:
+                return
+            whole = b"".join(parts)
+        self._done, self._parts = True, None
+        model = request_model(whole)
+        if model is not None:
+            self._request.extra.setdefault(attr.GEN_AI_REQUEST_MODEL, model)
+
+
 class TokenpathGatewayMiddleware:
     """ASGI middleware recording the gateway stages of every HTTP request."""
 
@@ -282,9 +342,6 @@ class TokenpathGatewayMiddleware:
         self.config = config or GatewayConfig()
         self.config.validate()
         self._tracer = get_tracer(tracer_provider)
-        # the shim's span written straight to OTLP where the provider allows (gateway_span)
-        self._span_writer = (GatewaySpanWriter.for_tracer(self._tracer)
-                             if self.config.direct_span_writing else None)
         self._tenants = TenantResolver(self.config.tenants)
         wanted = {*_TRACE_HEADERS, *(n.encode("latin-1") for n in self._tenants.header_names)}
         self._wanted_headers = frozenset(wanted)
@@ -301,6 +358,8 @@ class TokenpathGatewayMiddleware:
             return
         request, token, context_token = started
         traced_send = _TracedSend(request, send, self.config.link, outer)
+        if scope.get("method") in _BODY_METHODS:
+            receive = _ModelReceive(receive, request)
         failed = False
         try:
             await self.app(scope, receive, traced_send)
@@ -337,15 +396,8 @@ class TokenpathGatewayMiddleware:
             attributes: dict[str, str] = {attr.HTTP_REQUEST_METHOD: method, attr.URL_PATH: path}
             if tenant is not None:
                 attributes[attr.TENANT] = tenant
-            writer = self._span_writer
-            if writer is not None:
-                span = writer.start_span(f"{method} {path}", parent, SpanKind.SERVER,
-                                         attributes)
-            else:
-                span = self._tracer.start_span(
-                    f"{method} {path}", context=parent, kind=SpanKind.SERVER,
-                    attributes=attributes,
-                )
+            span = self._tracer.start_span(f"{method} {path}", context=parent,
+                                           kind=SpanKind.SERVER, attributes=attributes)
             request = GatewayRequest(span)
             context_token = otel_context.attach(trace.set_span_in_context(span, parent))
             return request, _current.set(request), context_token
@@ -354,7 +406,6 @@ class TokenpathGatewayMiddleware:
             return None
 
     def _finish(self, request: GatewayRequest, status_code: int, failed: bool) -> None:
-        ended = False
         try:
             now = time.perf_counter()
             recorder = request.recorder
@@ -386,23 +437,23 @@ class TokenpathGatewayMiddleware:
             ttft = request.ttft
             if ttft is not None and 0 < status_code < 400:  # not for refusals
                 extra[attr.TTFT_SECONDS] = ttft
-            error = failed or status_code >= 500 or status_code == 0
-            if type(span) is GatewaySpan:
-                span.end_request(recorder.take_entries(), extra, error)
-                ended = True
-            else:
-                set_span_attributes(span, extra)
-                if error:
-                    span.set_status(Status(StatusCode.ERROR))
-                recorder.flush()
+            if 200 <= status_code < 300 and request.response_tail.last is not None:
+                try:
+                    for key, value in response_attributes(request.response_tail.tail()).items():
+                        extra.setdefault(key, value)  # what the app annotated wins
+                except Exception as exc:
+                    telemetry_errors.count("gateway.response_usage", exc)
+            set_span_attributes(span, extra)
+            if failed or status_code >= 500 or status_code == 0:
+                span.set_status(_ERROR_STATUS)
+            recorder.flush()
         except Exception as exc:
             telemetry_errors.count("gateway.finish", exc)
         finally:
-            if not ended:
-                try:
-                    request.span.end()
-                except Exception as exc:
-                    telemetry_errors.count("gateway.end", exc)
+            try:
+                request.span.end()
+            except Exception as exc:
+                telemetry_errors.count("gateway.end", exc)
 
 
 class GatewayInstrumentor:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,6 @@ CACHED_KEY_CHARS: Final = 128
 
 _ONE_BYTE: Final[tuple[bytes, ...]] = tuple(bytes((n,)) for n in range(128))
 _pack_double = struct.Struct("<d").pack
-_pack_fixed64 = struct.Struct("<Q").pack
 
 
 def _tag(field: int, wire_type: int) -> bytes:
@@ -397,102 +396,6 @@ def _span(span: Any) -> bytes:
     parts.append(_status(span.status))
     parts.append(_flags(_SPAN_FLAGS, parent))
     return _EMPTY.join(parts)
-
-
-def _append_plain_attributes(out: list[bytes], attributes: Mapping[str, Any],
-                             max_value_length: int | None) -> bool:
-    """Append a span's attribute fields of ``attributes`` if each is one the SDK keeps as
-    it is (a non-empty ``str`` key; a ``str`` within ``max_value_length``, ``bool``,
-    ``int`` in int64 or ``float`` value); False, part written, at the first that is not."""
-    for key, value in attributes.items():
-        if type(key) is not str or not key:
-            return False
-        codes = _codes(key)
-        kind = type(value)
-        if kind is float:
-            out.append(_SPAN_ATTRIBUTES)
-            out.append(codes.double_start)
-            out.append(_pack_double(value))
-            continue
-        if kind is str:
-            if max_value_length is not None and len(value) > max_value_length:
-                return False
-            if len(value) <= CACHED_STRING_CHARS:
-                out.append(_SPAN_ATTRIBUTES)
-                out.append(_kept_field(codes, codes.strings, value))
-                continue
-        elif kind is int:
-            if not _INT64_MIN <= value <= _INT64_MAX:
-                return False
-            out.append(_SPAN_ATTRIBUTES)
-            out.append(_kept_field(codes, codes.ints, value))
-            continue
-        elif kind is not bool:
-            return False
-        kv = _key_value(codes, value)
-        out.append(_SPAN_ATTRIBUTES)
-        out.append(_varint(len(kv)))
-        out.append(kv)
-    return True
-
-
-TemplateKey = tuple[int, int, int]
-EventTemplate = tuple[bytes, bytes, bytes]
-
-
-def encode_plain_span(context: Any, parent: Any, name: str, kind: Any, start_time: int,
-                      end_time: int, attributes: Sequence[Mapping[str, Any]],
-                      max_value_length: int | None,
-                      events: Sequence[tuple[Any, Any, Any, Any, int]],
-                      templates: dict[TemplateKey, EventTemplate],
-                      template_for: Callable[[Any, Any, Any], EventTemplate],
-                      status: Any) -> bytes | None:
-    """One ``Span`` message (unprefixed) from its fields, for a span kept by its own
-    writer (``gateway_span``): the bytes ``_span`` writes for an SDK span with these
-    fields, no links and nothing dropped; None where the SDK would have changed an
-    attribute (see :func:`_append_plain_attributes`).
-
-    ``attributes``: mappings whose keys appear in no other, in the span's order.
-    ``events``: laid out as tokenpath's stage entries, ``(key0, value, key1, key2, time
-    in ns)``, each the event of the template (:func:`event_template`) ``templates[(id(
-    key0), id(key1), id(key2))]`` with that time and the float ``value``;
-    ``template_for(key0, key1, key2)`` adds a missing template and returns it."""
-    parts = _span_head(context, parent, name, kind, start_time, end_time, None)
-    for mapping in attributes:
-        if not _append_plain_attributes(parts, mapping, max_value_length):
-            return None
-    for key0, value, key1, key2, timestamp in events:
-        template = templates.get((id(key0), id(key1), id(key2)))
-        if template is None:
-            template = template_for(key0, key1, key2)
-        start, head, tail = template
-        if timestamp:
-            parts.append(start)  # tag, length and time tag: the entry's length is known
-            parts.append(_pack_fixed64(timestamp))
-        else:
-            parts.append(_SPAN_EVENTS)
-            parts.append(_varint(len(head) + 8 + len(tail)))
-        parts.append(head)
-        parts.append(_pack_double(float(value)))
-        parts.append(tail)
-    parts.append(_status(status))
-    parts.append(_flags(_SPAN_FLAGS, parent))
-    return _EMPTY.join(parts)
-
-
-def event_template(name: str, head: Mapping[str, Any], double_key: str,
-                   tail: Mapping[str, Any]) -> EventTemplate:
-    """The fixed parts of events that differ only in their time and one float attribute,
-    for :func:`encode_plain_span`: the start of an entry with a time (its tag, length and
-    time tag); the name, the ``head`` attributes and the field start of ``double_key``;
-    the ``tail`` attributes."""
-    out: list[bytes] = [_name(_event_names, _EVENT_NAME, name)]
-    _append_attributes(out, _EVENT_ATTRIBUTES, head)
-    out.append(_EVENT_ATTRIBUTES)
-    out.append(_codes(double_key).double_start)
-    fields, rest = _EMPTY.join(out), _attributes(_EVENT_ATTRIBUTES, tail)
-    size = len(_EVENT_TIME) + 8 + len(fields) + 8 + len(rest)
-    return _SPAN_EVENTS + _varint(size) + _EVENT_TIME, fields, rest
 
 
 def _resource(resource: Any) -> bytes:

@@ -10,9 +10,12 @@ sixth of its CPU (docs/performance.md, seventh A5 run). In a gateway or an engin
 process the exporter's thread shares the interpreter lock with the requests, so its CPU
 is the served requests' CPU.
 
-Where the installed exporter lacks the internals this relies on (another version), or
-the fast encoder fails on a batch, the stock encoding runs instead; a failure is counted
-in ``telemetry_errors`` and logged, never raised. gRPC exporters are not covered: the
+The encoding reads the stock exporter's private internals (its HTTP client, its metrics,
+its size check), so it runs only where the installed SDK and exporter are inside the
+versions it is tested on (``sdk_compat``: elsewhere every export is the stock one,
+counted) and have those internals (the exporter 1.40 and later); where the fast encoder
+fails on a batch, the stock encoding runs instead; a failure is counted in
+``telemetry_errors`` and logged, never raised. gRPC exporters are not covered: the
 gRPC stub takes a protobuf message, not bytes.
 
 :class:`TokenpathBatchSpanProcessor` is the SDK's ``BatchSpanProcessor`` (queue size,
@@ -21,12 +24,14 @@ of a :class:`TokenpathOTLPSpanExporter`, queues each ended span already encoded 
 ``EncodedSpan``: its message bytes and its resource and scope). The span's objects are
 then freed as the request ends; queued whole for up to the schedule delay, they outlive
 the garbage collector's young generation, and the collector runs more often and longer
-for them (docs/performance.md, seventh A5 run). In front of any other exporter it is the
-stock processor.
+for them (docs/performance.md, seventh A5 run). In front of any other exporter, or on an
+SDK without the queue it relies on (the stock processor's ``_batch_processor``) or outside the
+tested versions, it is the stock processor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +44,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.otlp_encoder import EncodedSpan, encode_export_request, encode_span
 from tokenpath.instrumentation.safety import telemetry_errors
+from tokenpath.instrumentation.sdk_compat import EXPORTER_IN_TESTED_RANGE, fast_path
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +52,66 @@ logger = logging.getLogger(__name__)
 # http 1.40 and later); without all of them the stock ``export`` runs.
 _REQUIRED_INTERNALS = ("_metrics", "_client", "_max_request_size", "_shutdown")
 
-try:
-    from opentelemetry.exporter.otlp.proto.http._common import (
-        RequestPayloadTooLargeError,
-        _is_request_too_large,
-    )
-except ImportError:  # pragma: no cover - an exporter version without them
-    RequestPayloadTooLargeError = None  # type: ignore[assignment,misc]
-    _is_request_too_large = None  # type: ignore[assignment]
+# a private module of the exporter (1.40 and later): its request size check and error
+_exporter_common: Any = None
+if EXPORTER_IN_TESTED_RANGE:
+    with contextlib.suppress(ImportError):  # an exporter version without it: None
+        from opentelemetry.exporter.otlp.proto.http import _common as _exporter_common
+
+
+def _no_fast_encoding(exporter: OTLPSpanExporter) -> bool:
+    return False
+
+
+@fast_path("otlp_exporter.fast_encoding", _no_fast_encoding, exporter=True)
+def _has_fast_encoding(exporter: OTLPSpanExporter) -> bool:
+    """Whether ``exporter`` has the internals :func:`_export` reads."""
+    common = _exporter_common
+    return (callable(getattr(common, "_is_request_too_large", None))
+            and isinstance(getattr(common, "RequestPayloadTooLargeError", None), type)
+            and all(hasattr(exporter, name) for name in _REQUIRED_INTERNALS)
+            and callable(getattr(exporter._client, "export", None)))
+
+
+def _stock_export(exporter: TokenpathOTLPSpanExporter,
+                  spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    return OTLPSpanExporter.export(exporter, spans)
+
+
+@fast_path("otlp_exporter.export", _stock_export, exporter=True)
+def _export(exporter: TokenpathOTLPSpanExporter,
+            spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    """``exporter.export(spans)`` with tokenpath's encoder, on the stock exporter's
+    internals, as its ``export`` does the rest (shutdown, metrics, size limit, sending)."""
+    internals: Any = exporter  # the stock exporter's private attributes are untyped
+    if not exporter.fast_encoding:
+        return OTLPSpanExporter.export(exporter, spans)
+    if internals._shutdown:
+        logger.warning("Exporter already shutdown, ignoring batch")
+        return SpanExportResult.FAILURE
+    limit = internals._max_request_size
+    with internals._metrics.export_operation(len(spans)) as result:
+        try:
+            data = _encode(spans)
+        except Exception as error:  # the stock encoder failed too: as the stock export
+            logger.error("Failed to encode span batch: %s", error)
+            result.error = error
+            return SpanExportResult.FAILURE
+        if _exporter_common._is_request_too_large(data, limit):
+            logger.warning("Dropping span batch: serialized size %d bytes exceeds "
+                           "max_request_size %d bytes.", len(data), limit)
+            result.error = _exporter_common.RequestPayloadTooLargeError(
+                f"Serialized span request size {len(data)} bytes exceeds "
+                f"max_request_size {limit} bytes.")
+            return SpanExportResult.FAILURE
+        sent = internals._client.export(data)
+        if not sent.success:
+            result.error = sent.error
+            status = getattr(sent, "status_code", None)
+            result.error_attrs = (None if status is None
+                                  else {attr.HTTP_RESPONSE_STATUS_CODE: status})
+            return SpanExportResult.FAILURE
+    return SpanExportResult.SUCCESS
 
 
 class TokenpathOTLPSpanExporter(OTLPSpanExporter):
@@ -61,11 +119,7 @@ class TokenpathOTLPSpanExporter(OTLPSpanExporter):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fast_encoding = (
-            _is_request_too_large is not None
-            and all(hasattr(self, name) for name in _REQUIRED_INTERNALS)
-            and callable(getattr(self._client, "export", None))
-        )
+        self.fast_encoding = _has_fast_encoding(self)
         if not self.fast_encoding:
             logger.info("tokenpath: this OTLP/HTTP exporter version is not the one the "
                         "fast span encoding was built on; spans are encoded by the stock "
@@ -73,33 +127,41 @@ class TokenpathOTLPSpanExporter(OTLPSpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Export ``spans`` (and :class:`TokenpathBatchSpanProcessor`'s encoded spans)."""
-        if not self.fast_encoding:
-            return super().export(spans)
-        if self._shutdown:
-            logger.warning("Exporter already shutdown, ignoring batch")
-            return SpanExportResult.FAILURE
-        with self._metrics.export_operation(len(spans)) as result:
-            try:
-                data = _encode(spans)
-            except Exception as error:  # the stock encoder failed too: as the stock export
-                logger.error("Failed to encode span batch: %s", error)
-                result.error = error
-                return SpanExportResult.FAILURE
-            if _is_request_too_large(data, self._max_request_size):
-                logger.warning("Dropping span batch: serialized size %d bytes exceeds "
-                               "max_request_size %d bytes.", len(data), self._max_request_size)
-                result.error = RequestPayloadTooLargeError(
-                    f"Serialized span request size {len(data)} bytes exceeds "
-                    f"max_request_size {self._max_request_size} bytes.")
-                return SpanExportResult.FAILURE
-            sent = self._client.export(data)
-            if not sent.success:
-                result.error = sent.error
-                status = getattr(sent, "status_code", None)
-                result.error_attrs = (None if status is None
-                                      else {attr.HTTP_RESPONSE_STATUS_CODE: status})
-                return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
+        return _export(self, spans)
+
+
+def _no_queue(processor: BatchSpanProcessor) -> Any:
+    return None
+
+
+@fast_path("otlp_exporter.queue", _no_queue)
+def _queue(processor: BatchSpanProcessor) -> Any:
+    """The stock processor's queue, where it takes any item (``emit``), or None."""
+    queue = getattr(processor, "_batch_processor", None)
+    return queue if callable(getattr(queue, "emit", None)) else None
+
+
+def _stock_on_end(processor: TokenpathBatchSpanProcessor, span: ReadableSpan) -> None:
+    BatchSpanProcessor.on_end(processor, span)
+
+
+@fast_path("otlp_exporter.on_end", _stock_on_end)
+def _on_end(processor: TokenpathBatchSpanProcessor, span: ReadableSpan) -> None:
+    """``processor.on_end(span)``, queueing the span encoded where it can."""
+    queue = processor._tokenpath_queue
+    if queue is None:
+        BatchSpanProcessor.on_end(processor, span)
+        return
+    context = span.context
+    if not (context and context.trace_flags.sampled):
+        return
+    item: ReadableSpan | EncodedSpan
+    try:
+        item = encode_span(span)
+    except Exception as exc:  # queued as it is: the exporter encodes it, or falls back
+        telemetry_errors.count("otlp_exporter.encode_span", exc)
+        item = span
+    queue.emit(item)
 
 
 class TokenpathBatchSpanProcessor(BatchSpanProcessor):
@@ -107,33 +169,15 @@ class TokenpathBatchSpanProcessor(BatchSpanProcessor):
 
     def __init__(self, span_exporter: SpanExporter, *args: Any, **kwargs: Any) -> None:
         super().__init__(span_exporter, *args, **kwargs)
-        queue = getattr(self, "_batch_processor", None)
-        self.encodes_at_end = (
-            isinstance(span_exporter, TokenpathOTLPSpanExporter)
-            and span_exporter.fast_encoding
-            and callable(getattr(queue, "emit", None))
-        )
+        queue = (_queue(self) if isinstance(span_exporter, TokenpathOTLPSpanExporter)
+                 and span_exporter.fast_encoding else None)
+        # the stock processor's queue, while spans are queued encoded; else None (a name
+        # of tokenpath's own: the stock processor's attributes differ between versions)
+        self._tokenpath_queue = queue
+        self.encodes_at_end = queue is not None
 
     def on_end(self, span: ReadableSpan) -> None:
-        if not self.encodes_at_end:
-            super().on_end(span)
-            return
-        context = span.context
-        if not (context and context.trace_flags.sampled):
-            return
-        item: ReadableSpan | EncodedSpan
-        try:
-            item = encode_span(span)
-        except Exception as exc:  # queued as it is: the exporter encodes it, or falls back
-            telemetry_errors.count("otlp_exporter.encode_span", exc)
-            item = span
-        self._batch_processor.emit(item)  # type: ignore[arg-type]
-
-    def on_end_encoded(self, span: EncodedSpan) -> None:
-        """Queue a sampled span its writer encoded itself (the gateway's, see
-        ``gateway_span``), as ``on_end`` queues the spans it encodes. Only where
-        ``encodes_at_end``: the exporter behind it must take encoded spans."""
-        self._batch_processor.emit(span)  # type: ignore[arg-type]
+        _on_end(self, span)
 
 
 def _encode(spans: Sequence[ReadableSpan | EncodedSpan]) -> bytes:

@@ -53,6 +53,39 @@ class TelemetryErrors:
 telemetry_errors = TelemetryErrors()
 
 
+class TelemetryCounts:
+    """Counts events per place that are no failure (nothing logged); thread-safe, never
+    raises."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def count(self, where: str) -> None:
+        try:
+            with self._lock:
+                self._counts[where] = self._counts.get(where, 0) + 1
+        except Exception:  # pragma: no cover - nothing here raises
+            pass
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+    def by_place(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+# Calls that took the public OpenTelemetry API path because the installed SDK is outside
+# the range its fast path is tested on, by fast path (instrumentation/sdk_compat.py).
+sdk_version_fallbacks = TelemetryCounts()
+
+
 def guarded(where: str, default: R) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorate a telemetry function so any exception is counted and ``default`` returned."""
 

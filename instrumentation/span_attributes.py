@@ -15,6 +15,10 @@ for all of them under the attribute count limit (so nothing is evicted or counte
 dropped). Anything else (an ended span, a tuple value, a full span, another SDK or a
 no-op span) gets the public ``set_attributes``. Measured in docs/instrumentation.md and
 docs/performance.md (the gateway shim).
+
+The fast path reads the SDK's private internals, so it runs only on the OpenTelemetry
+versions it is tested on (``sdk_compat``); on any other every call is the public
+``set_attributes``, counted.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import Any
 from opentelemetry.attributes import BoundedAttributes as _SdkBoundedAttributes
 from opentelemetry.sdk.trace import Span as _SdkSpan  # the SDK is a dependency
 from opentelemetry.trace import Span
+
+from tokenpath.instrumentation.sdk_compat import fast_path
 
 _PLAIN_TYPES = frozenset((str, bool, int, float))
 
@@ -40,6 +46,11 @@ def _plain(attributes: Mapping[str, Any], max_value_length: int | None) -> bool:
     return True
 
 
+def _public_set_attributes(span: Span, attributes: Mapping[str, Any]) -> None:
+    span.set_attributes(attributes)
+
+
+@fast_path("span_attributes.set_span_attributes", _public_set_attributes)
 def set_span_attributes(span: Span, attributes: Mapping[str, Any]) -> None:
     """``span.set_attributes(attributes)``, by the SDK fast path where it gives the same."""
     store = getattr(span, "_attributes", None)

@@ -14,7 +14,9 @@ values, so the attribute limits could never apply) and the two lock round trips 
 ``Span.add_event``; the span's lock is taken once, as the SDK's event methods take it. A
 span that has ended takes no events, as with ``add_event``. Any other span (a no-op span,
 another SDK) gets the public ``add_event``. Every failure is caught and counted, never
-raised.
+raised. The fast path reads the SDK's private internals, so it runs only on the
+OpenTelemetry versions it is tested on (``sdk_compat``); on any other every flush takes
+``add_event``, counted.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from opentelemetry.trace import Span
 
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.safety import telemetry_errors
+from tokenpath.instrumentation.sdk_compat import fast_path
 from tokenpath.stages import PLAIN_VALUES, Phase, Provenance, StageId
 
 try:  # the SDK's event and bounded-list classes, for the fast path
@@ -104,14 +107,6 @@ class StageRecorder:
                 total += entry[1]
         return total
 
-    def take_entries(self) -> list[StageEntry]:
-        """The recorded entries, for a span that writes them itself, as :meth:`flush`
-        would write them: none once flushed; a later :meth:`flush` writes nothing."""
-        if self._flushed:
-            return []
-        self._flushed = True
-        return self._entries
-
     def flush(self) -> None:
         """Write the recorded stages as span events. Idempotent; never raises."""
         if self._flushed:
@@ -123,6 +118,15 @@ class StageRecorder:
             telemetry_errors.count("stage_recorder.flush", exc)
 
 
+def add_stage_events(span: Span, entries: list[StageEntry]) -> None:
+    """Append one ``STAGE_EVENT`` per entry to ``span`` by the public ``add_event``."""
+    for stage, seconds, phase, provenance, end_ns in entries:
+        span.add_event(
+            attr.STAGE_EVENT, stage_event_attributes(stage, seconds, phase, provenance), end_ns
+        )
+
+
+@fast_path("stage_recorder.write_stage_events", add_stage_events)
 def write_stage_events(span: Span, entries: list[StageEntry]) -> None:
     """Append one ``STAGE_EVENT`` per entry to ``span`` (SDK fast path when available)."""
     sdk_events = getattr(span, "_events", None)
@@ -142,7 +146,4 @@ def write_stage_events(span: Span, entries: list[StageEntry]) -> None:
                 return
         logger.warning("tokenpath: %d stage events not added to an ended span", len(events))
         return
-    for stage, seconds, phase, provenance, end_ns in entries:
-        span.add_event(
-            attr.STAGE_EVENT, stage_event_attributes(stage, seconds, phase, provenance), end_ns
-        )
+    add_stage_events(span, entries)

@@ -16,20 +16,38 @@ GEN_AI_REQUEST_ID: Final = "gen_ai.request.id"
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"  # "chat", "text_completion", ...
 # Seconds from the client issuing the request to the first streamed chunk (client spans).
 GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+# OpenLIT's time to first token on its CLIENT span, as the client measured it (first chunk
+# less the call's start; a whole call's duration when not streamed), despite the name.
+OPENLIT_CLIENT_TTFT: Final = "gen_ai.server.time_to_first_token"
 # OpenLLMetry's event per streamed chunk on its client span (opentelemetry-instrumentation-
 # openai, shared/chat_wrappers.py): the first one is the client's first token.
 OPENLLMETRY_CHUNK_EVENT: Final = "gen_ai.content.completion.chunk"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+# Prompt tokens written to the cache (vLLM's usage.prompt_tokens_details.created_cache_tokens).
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
 # Other spellings of the cached input tokens: SGLang's spans, OpenInference's.
 GEN_AI_USAGE_CACHED_TOKENS: Final = "gen_ai.usage.cached_tokens"
 OPENINFERENCE_CACHE_READ_TOKENS: Final = "llm.token_count.prompt_details.cache_read"
 OPENINFERENCE_PROMPT_TOKENS: Final = "llm.token_count.prompt"
 OPENINFERENCE_COMPLETION_TOKENS: Final = "llm.token_count.completion"
+OPENINFERENCE_TOTAL_TOKENS: Final = "llm.token_count.total"
+# OpenInference (openinference-instrumentation-openai): a call is one INTERNAL span named
+# after the API (``ChatCompletion``) whose span kind attribute is OPENINFERENCE_KIND_LLM; it
+# names the model (the response's) and the provider, never a response id.
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+OPENINFERENCE_KIND_LLM: Final = "LLM"  # the value of OPENINFERENCE_SPAN_KIND on a call
+OPENINFERENCE_MODEL_NAME: Final = "llm.model_name"
+OPENINFERENCE_SYSTEM: Final = "llm.system"  # "openai", ...
+OPENINFERENCE_INVOCATION_PARAMETERS: Final = "llm.invocation_parameters"  # JSON, no messages
+# OpenInference's event on a streamed call's span when the first chunk arrived.
+OPENINFERENCE_FIRST_TOKEN_EVENT: Final = "First Token Stream Event"
 HTTP_STATUS_CODE_OLD: Final = "http.status_code"  # pre-1.21 HTTP semantic conventions
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+# A response's usage.completion_tokens_details.reasoning_tokens (no GenAI name yet).
+USAGE_REASONING_TOKENS: Final = "tokenpath.usage.reasoning_tokens"
 
 # Content-bearing GenAI attributes: dropped on ingest unless explicitly opted in.
 GEN_AI_CONTENT_PREFIXES: Final = (
@@ -74,6 +92,13 @@ VLLM_LATENCY_TIME_IN_MODEL_EXECUTE: Final = "gen_ai.latency.time_in_model_execut
 VLLM_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"
 VLLM_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"
 VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
+# vLLM's per-request ``metrics`` of a response (``--enable-per-request-metrics``), read by
+# the gateway shim and the vLLM proxy onto their server span; queue_time_ms,
+# time_to_first_token_ms (first token less scheduling: the prefill) and generation_time_ms
+# go under the three gen_ai.latency names above in seconds. Its mean_itl_ms, in seconds:
+VLLM_MEAN_ITL_SECONDS: Final = "tokenpath.engine.mean_itl_seconds"
+# Its tokens_per_second (generated tokens over the time from scheduling to the last token).
+VLLM_TOKENS_PER_SECOND: Final = "tokenpath.engine.tokens_per_second"
 # Also on llm_request in vLLM 0.32 (seen live, docs/vllm.md), when the request set them.
 VLLM_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
 VLLM_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"

@@ -213,11 +213,19 @@ HTTP_CALLS_NOT_LLM = _m("collector_http_calls_not_llm", "counter", (LABEL_REASON
                         "pages, 4xx/5xx on other routes): not requests.")
 CALLS_JOINED = _m("collector_calls_joined", "counter", (LABEL_OUTCOME,),
                   "Client or proxy records of a call traced apart from its serving side, "
-                  "by outcome: joined, late (its serving side already counted) or alone.")
+                  "by outcome: joined, late (its serving side already counted), alone, "
+                  "ambiguous (no response id and several serving records fit: joined "
+                  "none, dropped) or serving_after_alone (a serving side after its client "
+                  "went alone: counted twice).")
 PIPELINE_QUEUE_DEPTH = _m("collector_pipeline_queue_depth", "gauge", (),
                           "Traces and record batches waiting for the pipeline worker.")
 RECORDS_FORWARDED = _m("collector_records_forwarded", "counter", (),
                        "Records exported to the pricing collector (--forward-records).")
+RECORDS_DROPPED = _m("collector_records_dropped", "counter", (LABEL_REASON,),
+                     "Request records lost after the export that carried them was "
+                     "accepted, by reason (store_closed: the store had shut down). "
+                     "Admission refuses exports before a backed-up stage would drop: "
+                     "any count here is a bug or a shutdown race (docs/reliability.md).")
 RECORDS_FORWARD_DROPPED = _m("collector_records_forward_dropped", "counter", (LABEL_REASON,),
                              "Records the forwarder gave up on, by reason.")
 RECORDS_RECEIVED = _m("collector_records_received", "counter", (LABEL_RECEIVER,),

@@ -157,6 +157,9 @@ FIELDS: Final[tuple[RecordField, ...]] = (
     F("router_predicted_cache_hit", OPT_FLOAT, "None",
       "The router's predicted prefix-cache hit (0-1 of the prompt), beside the engine's\n"
       "actual one (cache_read_tokens / input_tokens): llm-d's prefix-cache scorer."),
+    F("cache_read_source", OPT_STR, "None",
+      "Where cache_read_tokens came from (CACHE_SOURCE_*); None: nothing on the path said.",
+      storage=NAME),
 )
 
 # JSON keys that are not fields: (the field they follow, key, expression on ``self``).

@@ -12,6 +12,13 @@ from typing import Any
 from tokenpath.metric_names import UNKNOWN
 from tokenpath.stages import MEASURED, PLAIN_VALUES, STAGE_IDS, Phase, Provenance, StageId
 
+# Who said how many prompt tokens came from the prefix cache (``cache_read_source``): the
+# engine itself (tokenpath's vLLM plugin, an engine span), the gateway (the usage details
+# of the engine's response as the gateway relayed it), or a client span's usage.
+CACHE_SOURCE_ENGINE = "engine"
+CACHE_SOURCE_GATEWAY = "gateway"
+CACHE_SOURCE_CLIENT = "client"
+
 
 # The classes built per record or per slice write their own ``__init__``
 # (``init=False``): mypyc compiles a written one, while a dataclass's generated
@@ -166,6 +173,8 @@ class RequestRecord:
     # The router's predicted prefix-cache hit (0-1 of the prompt), beside the engine's
     # actual one (cache_read_tokens / input_tokens): llm-d's prefix-cache scorer.
     router_predicted_cache_hit: float | None = None
+    # Where cache_read_tokens came from (CACHE_SOURCE_*); None: nothing on the path said.
+    cache_read_source: str | None = None
 
     def __init__(
         self,
@@ -221,6 +230,7 @@ class RequestRecord:
         energy_joules: float = 0.0,
         energy_provenance: str | None = None,
         router_predicted_cache_hit: float | None = None,
+        cache_read_source: str | None = None,
     ) -> None:
         """Every field, in declaration order, by position or by name."""
         self.trace_id = trace_id
@@ -275,6 +285,7 @@ class RequestRecord:
         self.energy_joules = energy_joules
         self.energy_provenance = energy_provenance
         self.router_predicted_cache_hit = router_predicted_cache_hit
+        self.cache_read_source = cache_read_source
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -331,6 +342,7 @@ class RequestRecord:
             "energy_joules": self.energy_joules,
             "energy_provenance": self.energy_provenance,
             "router_predicted_cache_hit": self.router_predicted_cache_hit,
+            "cache_read_source": self.cache_read_source,
         }
 
     @classmethod
@@ -390,6 +402,7 @@ class RequestRecord:
             energy_joules=float(data.get("energy_joules") or 0.0),
             energy_provenance=data.get("energy_provenance"),
             router_predicted_cache_hit=_opt_float(data.get("router_predicted_cache_hit")),
+            cache_read_source=data.get("cache_read_source"),
         )
     # --- end of the generated part ---
 

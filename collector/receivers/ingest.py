@@ -1,12 +1,13 @@
 """What both transports do with a decoded export request: limits, counting, hand-off.
 
 The HTTP and gRPC receivers call :class:`OtlpIngest`; it decodes, counts accepted and
-rejected spans by receiver, sheds load when the assembler is full, and passes spans on.
+rejected spans by receiver, sheds load while a stage behind it is backed up (admission,
+collector/backpressure.py), and passes spans on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
@@ -19,6 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from tokenpath.collector.backpressure import Backlog, first_over
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.receivers.otlp_decode import (
     DECODER_REFERENCE,
@@ -38,11 +40,20 @@ RETRY_AFTER_SECONDS = 2
 
 
 class Overloaded(Exception):
-    """The buffer is full: the client should retry after ``retry_after`` seconds."""
+    """A stage is backed up: the client should retry after ``retry_after`` seconds."""
 
-    def __init__(self, retry_after: int = RETRY_AFTER_SECONDS) -> None:
-        super().__init__("collector is shedding load")
+    def __init__(self, retry_after: int = RETRY_AFTER_SECONDS, why: str | None = None
+                 ) -> None:
+        super().__init__("collector is shedding load" + (f": {why}" if why else ""))
         self.retry_after = retry_after
+
+
+def admit(backlogs: Sequence[Backlog]) -> None:
+    """The admission decision: raise :class:`Overloaded` (naming the backlog) when any of
+    ``backlogs`` is at or past its high-water mark."""
+    over = first_over(backlogs)
+    if over is not None:
+        raise Overloaded(why=over.describe())
 
 
 class SpanConsumer(Protocol):
@@ -58,41 +69,50 @@ class MetricsConsumer(Protocol):
 class RecordBatchConsumer(Protocol):
     """The pipeline worker's side for forwarded records (records to price)."""
 
-    @property
-    def overloaded(self) -> bool: ...
-
     def offer_records(self, records: list[RequestRecord]) -> bool: ...
 
 
 class OtlpIngest:
+    """``span_backlogs``: what spans fill before they are records (the assembler's
+    buffered spans); ``record_backlogs``: the stages every record passes (the pipeline
+    queue, the store's write queue). Traces are refused while any of both is at its
+    high-water mark, forwarded records while a record backlog is."""
+
     def __init__(
         self,
         spans: SpanConsumer,
         metrics: MetricsConsumer,
         limits: IngestLimits,
         stats: CollectorStats,
-        max_buffered_spans: int = DEFAULT_MAX_BUFFERED_SPANS,
+        span_backlogs: Sequence[Backlog] = (),
         records: RecordBatchConsumer | None = None,
+        record_backlogs: Sequence[Backlog] = (),
     ) -> None:
         self._spans = spans
         self._metrics = metrics
         self._records = records
         self.limits = limits
         self._stats = stats
-        self._max_buffered_spans = max_buffered_spans
+        self._trace_backlogs = (*span_backlogs, *record_backlogs)
+        self._record_backlogs = tuple(record_backlogs)
+
+    @property
+    def trace_backlogs(self) -> tuple[Backlog, ...]:
+        """What an export of traces is admitted against."""
+        return self._trace_backlogs
+
+    @property
+    def record_backlogs(self) -> tuple[Backlog, ...]:
+        """What an export of forwarded records is admitted against."""
+        return self._record_backlogs
 
     def admit_traces(self) -> None:
-        """Raise :class:`Overloaded` when the buffer is full or the pipeline behind it is
-        backed up: receivers call this before reading a body, so shedding costs no
-        parsing."""
-        if self._stats.spans_buffered.value >= self._max_buffered_spans:
-            raise Overloaded()
-        if self._records is not None and self._records.overloaded:
-            raise Overloaded()
+        """Raise :class:`Overloaded` while a stage behind the receivers is backed up:
+        receivers call this before reading a body, so shedding costs no parsing."""
+        admit(self._trace_backlogs)
 
     def admit_logs(self) -> None:
-        if self._records is not None and self._records.overloaded:
-            raise Overloaded()
+        admit(self._record_backlogs)
 
     def export_logs(self, message: ExportLogsServiceRequest, receiver: str
                     ) -> ExportLogsServiceResponse:

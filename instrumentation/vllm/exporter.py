@@ -79,6 +79,15 @@ def build_span_exporter(config: PluginConfig) -> SpanExporter:
     return GrpcSpanExporter(endpoint=config.endpoint, insecure=True, headers=headers)
 
 
+def served_model_name(vllm_config: Any) -> str | None:
+    """The name vLLM serves its model under (``--served-model-name``, else the model path):
+    the first of several, as vLLM's own metrics label it (``model_name``)."""
+    name = getattr(getattr(vllm_config, "model_config", None), "served_model_name", None)
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else None
+    return name if isinstance(name, str) and name else None
+
+
 class AnnotationExporter:
     """Bounded hand-off from vLLM's engine loop to an export thread."""
 
@@ -87,6 +96,7 @@ class AnnotationExporter:
         config: PluginConfig,
         span_exporter: SpanExporter,
         clock: Callable[[], float] = time.time,
+        served_model_name: str | None = None,
     ) -> None:
         self._config = config
         self._span_exporter = span_exporter
@@ -99,6 +109,11 @@ class AnnotationExporter:
             self._common[attr.NODE] = config.node
         if config.pool:
             self._common[attr.POOL] = config.pool
+        # the engine's served model name on each request annotation: the records name
+        # their model even where no other hop does (docs/vllm.md)
+        self._request_common = dict(self._common)
+        if served_model_name:
+            self._request_common[attr.GEN_AI_RESPONSE_MODEL] = served_model_name
         self._tracer = TracerProvider(
             resource=Resource.create(resource), shutdown_on_exit=False
         ).get_tracer(SCOPE_NAME)
@@ -208,7 +223,7 @@ class AnnotationExporter:
         start = request.finished_unix - request.inference_seconds - STEP_MATCH_SLACK_SECONDS
         summary = self._window.summarize(start, request.finished_unix)
         attributes: dict[str, Any] = {
-            **self._common,
+            **self._request_common,
             attr.GEN_AI_REQUEST_ID: request.request_id,
             attr.CACHED_TOKENS: request.cached_tokens,
             attr.PREEMPTIONS: request.preemptions,

@@ -24,7 +24,11 @@ from typing import Any
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from tokenpath.instrumentation.vllm.config import PluginConfig
-from tokenpath.instrumentation.vllm.exporter import AnnotationExporter, build_span_exporter
+from tokenpath.instrumentation.vllm.exporter import (
+    AnnotationExporter,
+    build_span_exporter,
+    served_model_name,
+)
 from tokenpath.instrumentation.vllm.stats_adapter import (
     engine_step_from_stats,
     finished_requests_from_stats,
@@ -44,7 +48,9 @@ class TokenpathStatLogger(StatLoggerBase):  # type: ignore[misc]
         try:
             config = PluginConfig.from_env()
             if config.enabled:
-                self._exporter = AnnotationExporter(config, build_span_exporter(config)).start()
+                self._exporter = AnnotationExporter(
+                    config, build_span_exporter(config),
+                    served_model_name=served_model_name(vllm_config)).start()
                 atexit.register(self._exporter.shutdown)
                 log.info("tokenpath vLLM plugin exporting to %s", config.endpoint)
         except Exception:

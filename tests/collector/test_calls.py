@@ -12,6 +12,7 @@ from tests.support.otlp import export_request, make_span
 from tests.support.otlp import new_trace_id as new_trace_bytes
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
+from tokenpath.collector.call_join import JoinConfig
 from tokenpath.collector.mapping import map_calls
 from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, SpanData
 
@@ -94,7 +95,8 @@ def test_prefill_and_decode_engines_of_one_request_are_one_record() -> None:
 
 def test_a_collector_stores_each_call_and_groups_them_by_trace(
         make_service: ServiceFactory) -> None:
-    service = make_service()
+    # client calls with no serving side here: each waits join.wait_seconds for one
+    service = make_service(join=JoinConfig(wait_seconds=0.5))
     trace_id = new_trace_bytes()
     root = make_span(trace_id, name="workflow", duration_ns=5_000_000_000)
     spans = [root]

@@ -29,6 +29,9 @@ def _load(tmp_path: Path, file: dict[str, Any]) -> CollectorConfig:
     ({"retention": True}, "retention"),
     ({"max_buffered_spans": True}, "max_buffered_spans"),
     ({"gc_young_threshold": -1}, "gc_young_threshold"),
+    ({"store_queue_size": 0}, "store_queue_size"),
+    ({"store_queue_size": "64"}, "store_queue_size"),
+    ({"store_batch_size": 0}, "store_batch_size"),
     ({"gc_young_threshold": "lots"}, "gc_young_threshold"),
 ])
 def test_a_wrong_key_or_value_names_the_key(tmp_path: Path, file: dict[str, Any],

@@ -165,20 +165,54 @@ def test_a_dead_peer_is_retried_then_counted(peer_factory: type[_Peer]) -> None:
     assert stats.records_forwarded.value == 0
 
 
-def test_a_full_queue_drops_the_oldest_and_counts_them(peer_factory: type[_Peer]) -> None:
+def test_a_full_queue_makes_the_caller_wait_and_drops_nothing(
+        peer_factory: type[_Peer]) -> None:
     release = threading.Event()
     peer = peer_factory([], release)
     stats = CollectorStats()
     forwarder = RecordForwarder(ForwarderConfig(peer.url, max_queue_records=2,
                                                 batch_records=1), stats)
     forwarder.start()
+    backlog = forwarder.backlog()
+    assert backlog.high_water == 1
+    done = threading.Event()
+
+    def produce() -> None:
+        for record in _records(6):
+            forwarder.consume_record(record)
+        done.set()
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    # one record held by the stalled peer, one queued: full, so the producer waits
+    wait_for(lambda: backlog.depth() == 2)
+    assert backlog.over()
+    assert producer.is_alive() and not done.is_set()
+    release.set()
+    assert done.wait(30)
+    forwarder.shutdown()
+    assert stats.records_forward_dropped.total() == 0
+    assert stats.records_forwarded.value == 6
+    assert len(peer.records()) == 6
+
+
+def test_past_the_shutdown_deadline_a_full_queue_drops_the_oldest(
+        peer_factory: type[_Peer]) -> None:
+    release = threading.Event()
+    peer = peer_factory([], release)
+    stats = CollectorStats()
+    forwarder = RecordForwarder(ForwarderConfig(peer.url, max_queue_records=2,
+                                                batch_records=1, shutdown_seconds=0), stats)
+    forwarder.start()
+    forwarder.begin_shutdown()  # the deadline is now: nobody waits for room any more
     for record in _records(6):
         forwarder.consume_record(record)
     release.set()
     forwarder.shutdown()
     dropped = stats.records_forward_dropped["queue_full"]
     assert dropped >= 4
-    assert stats.records_forwarded.value + dropped == 6
+    assert (stats.records_forwarded.value + dropped
+            + stats.records_forward_dropped["shutdown"]) == 6
     assert len(peer.records()) == stats.records_forwarded.value
 
 

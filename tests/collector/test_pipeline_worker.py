@@ -131,7 +131,7 @@ def test_a_backed_up_worker_sheds_load_at_the_receivers() -> None:
     stats = CollectorStats()
     worker = PipelineWorker(blocked, RecordingSink(), (), stats, queue_size=4)
     ingest = OtlpIngest(Assembler(worker), NodeMetricsState(), IngestLimits(), stats,
-                        records=worker)
+                        records=worker, record_backlogs=[worker.backlog()])
     worker.start()
     rng = random.Random(3)
     for i in range(3):  # one held by the worker, two queued: the high-water mark

@@ -1,5 +1,6 @@
 """A finished request's telemetry is freed when the request ends, not kept alive by the
-server: served by a real uvicorn over a kept-alive connection, on both span paths.
+server: served by a real uvicorn over a kept-alive connection, with spans exported by
+the SDK's processor to memory and by tokenpath's processor and OTLP/HTTP exporter.
 
 uvicorn schedules the connection's keep-alive timeout inside the send of a response's
 last message; a callback keeps a copy of the context it was scheduled in, so the shim
@@ -40,7 +41,6 @@ from tokenpath.instrumentation.gateway import (
     mark_engine_handoff,
     trace_headers,
 )
-from tokenpath.instrumentation.gateway_span import GatewaySpanWriter
 from tokenpath.instrumentation.otlp_exporter import (
     TokenpathBatchSpanProcessor,
     TokenpathOTLPSpanExporter,
@@ -111,23 +111,21 @@ def _wait_until_freed() -> int:
     return live
 
 
-@pytest.fixture(params=["sdk_span", "written_span"])
+@pytest.fixture(params=["in_memory", "tokenpath_exporter"])
 def provider(request: pytest.FixtureRequest) -> Iterator[TracerProvider]:
-    if request.param == "sdk_span":
+    if request.param == "in_memory":
         sink = SpanSink()
         yield sink.provider
         sink.shutdown()
         return
     receiver = OtlpHttpReceiver()
-    written = TracerProvider(shutdown_on_exit=False)
-    written.add_span_processor(TokenpathBatchSpanProcessor(
+    exporting = TracerProvider(shutdown_on_exit=False)
+    exporting.add_span_processor(TokenpathBatchSpanProcessor(
         TokenpathOTLPSpanExporter(endpoint=receiver.url)))
-    writer = GatewaySpanWriter.for_tracer(written.get_tracer("test"))
-    assert writer is not None and writer.processor() is not None  # the shim writes its span
-    yield written
-    assert written.force_flush()
-    assert receiver.bodies  # the written spans went out
-    written.shutdown()
+    yield exporting
+    assert exporting.force_flush()
+    assert receiver.bodies  # the spans went out
+    exporting.shutdown()
     receiver.close()
 
 

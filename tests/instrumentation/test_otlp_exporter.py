@@ -27,7 +27,30 @@ from tokenpath.instrumentation.otlp_exporter import (
     TokenpathBatchSpanProcessor,
     TokenpathOTLPSpanExporter,
 )
-from tokenpath.instrumentation.safety import telemetry_errors
+from tokenpath.instrumentation.safety import sdk_version_fallbacks, telemetry_errors
+from tokenpath.instrumentation.sdk_compat import (
+    EXPORTER_IN_TESTED_RANGE,
+    TESTED_MAX,
+    installed_version,
+)
+
+
+def _fast_encoding() -> tuple[bool, bool]:
+    """Whether the installed exporter takes tokenpath's encoding, and its batch processor
+    queues spans encoded (the exporter's and the SDK's internals as they are now)."""
+    exporter = TokenpathOTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
+    processor = TokenpathBatchSpanProcessor(exporter)
+    try:
+        return exporter.fast_encoding, processor.encodes_at_end
+    finally:
+        processor.shutdown()
+
+
+FAST_ENCODING, ENCODES_AT_END = _fast_encoding()
+needs_fast_encoding = pytest.mark.skipif(
+    not FAST_ENCODING, reason="this exporter version takes the stock encoding")
+needs_encoding_at_end = pytest.mark.skipif(
+    not ENCODES_AT_END, reason="this SDK version's batch processor is the stock one")
 
 
 @pytest.fixture
@@ -55,7 +78,6 @@ def test_request_bodies_equal_the_stock_exporters(
 ) -> None:
     stock = OTLPSpanExporter(endpoint=receiver.url, compression=compression)
     ours = TokenpathOTLPSpanExporter(endpoint=receiver.url, compression=compression)
-    assert ours.fast_encoding
     assert stock.export(spans) is SpanExportResult.SUCCESS
     assert ours.export(spans) is SpanExportResult.SUCCESS
     assert len(receiver.bodies) == 2
@@ -75,6 +97,30 @@ def test_a_refused_batch_is_a_failure_not_an_exception(
     assert len(receiver.bodies) == 1
 
 
+def test_the_newest_tested_versions_take_the_fast_encoding() -> None:
+    """Inside the tested range the fast paths run where the internals are there (the
+    newest tested version has them all); outside it never."""
+    version = installed_version("opentelemetry-exporter-otlp-proto-http")
+    if not EXPORTER_IN_TESTED_RANGE:
+        assert not FAST_ENCODING and not ENCODES_AT_END
+    elif version == ".".join(map(str, TESTED_MAX)):
+        assert FAST_ENCODING and ENCODES_AT_END
+    else:
+        pytest.skip(f"exporter {version}: the fast encoding as its internals allow")
+
+
+def test_outside_the_tested_versions_exports_are_the_stock_ones_counted(
+    receiver: OtlpHttpReceiver, spans: list[ReadableSpan],
+) -> None:
+    if EXPORTER_IN_TESTED_RANGE:
+        pytest.skip("the installed versions are tested: the fast paths run")
+    before = sdk_version_fallbacks.by_place().get("otlp_exporter.export", 0)
+    exporter = TokenpathOTLPSpanExporter(endpoint=receiver.url)
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    assert sdk_version_fallbacks.by_place()["otlp_exporter.export"] == before + 1
+
+
+@needs_fast_encoding
 def test_a_batch_over_the_size_limit_is_dropped_unsent(
     receiver: OtlpHttpReceiver, spans: list[ReadableSpan],
 ) -> None:
@@ -92,6 +138,7 @@ def test_after_shutdown_batches_are_refused(receiver: OtlpHttpReceiver,
     assert receiver.bodies == []
 
 
+@needs_fast_encoding
 def test_an_encoder_failure_falls_back_to_the_stock_encoding_and_is_counted(
     receiver: OtlpHttpReceiver, spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -138,6 +185,7 @@ def _spans_received(receiver: OtlpHttpReceiver) -> list[int]:
     return sorted(out)
 
 
+@needs_encoding_at_end
 def test_the_batch_processor_queues_encoded_spans_and_exports_them_all(
     receiver: OtlpHttpReceiver,
 ) -> None:
@@ -145,8 +193,9 @@ def test_the_batch_processor_queues_encoded_spans_and_exports_them_all(
     processor = TokenpathBatchSpanProcessor(exporter, max_export_batch_size=16)
     assert processor.encodes_at_end
     queued: list[object] = []
-    emit = processor._batch_processor.emit
-    processor._batch_processor.emit = lambda item: (queued.append(type(item)), emit(item))
+    queue = processor._tokenpath_queue
+    emit = queue.emit
+    queue.emit = lambda item: (queued.append(type(item)), emit(item))
     provider = _traced_with(processor, 40)
     provider.shutdown()  # flushes
     assert set(queued) == {EncodedSpan}
@@ -162,6 +211,7 @@ def test_the_batch_processor_in_front_of_another_exporter_is_the_stock_one() -> 
     assert sorted(s.attributes["index"] for s in memory.get_finished_spans()) == list(range(5))
 
 
+@needs_encoding_at_end
 def test_a_span_the_processor_cannot_encode_is_queued_as_it_is_and_still_exported(
     receiver: OtlpHttpReceiver, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -182,6 +232,7 @@ def test_a_span_the_processor_cannot_encode_is_queued_as_it_is_and_still_exporte
     assert _spans_received(receiver) == list(range(10))
 
 
+@needs_fast_encoding
 def test_a_mixed_batch_falls_back_to_the_stock_encoder_for_its_raw_spans(
     receiver: OtlpHttpReceiver, spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch,
 ) -> None:

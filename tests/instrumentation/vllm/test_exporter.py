@@ -130,3 +130,30 @@ def test_failing_span_exporter_is_counted_not_raised() -> None:
     # the annotation batch, then the final health summary that reports the failure
     assert exporter.failed_batches == 2
     assert exporter.exported_spans == 0
+
+
+def test_request_annotations_name_the_engines_served_model() -> None:
+    sink = InMemorySpanExporter()
+    exporter = AnnotationExporter(PluginConfig(), sink, clock=lambda: 100.0,
+                                  served_model_name="tiny-llama")
+    exporter.submit(finished("chatcmpl-1", at=100.0))
+    exporter.shutdown()
+    (span,) = by_name(sink.get_finished_spans(), attr.SPAN_REQUEST_ANNOTATION)
+    assert (span.attributes or {})[attr.GEN_AI_RESPONSE_MODEL] == "tiny-llama"
+    steps = by_name(sink.get_finished_spans(), attr.SPAN_ENGINE_STEPS)
+    assert all(attr.GEN_AI_RESPONSE_MODEL not in (s.attributes or {}) for s in steps)
+
+
+def test_the_served_model_name_is_read_from_vllms_config_duck_typed() -> None:
+    from types import SimpleNamespace
+
+    from tokenpath.instrumentation.vllm.exporter import served_model_name
+
+    def config(name: object) -> object:
+        return SimpleNamespace(model_config=SimpleNamespace(served_model_name=name))
+
+    assert served_model_name(config("tiny-llama")) == "tiny-llama"
+    assert served_model_name(config(["a", "b"])) == "a"  # vLLM's metrics label the first
+    assert served_model_name(config(None)) is None
+    assert served_model_name(config("")) is None
+    assert served_model_name(object()) is None
