@@ -108,6 +108,11 @@ class Source:
         finally:
             store.shutdown()
 
+    def open_store(self) -> RecordStore:
+        """The store, read-only, for the views (tokenpath/views.py); the caller shuts it
+        down."""
+        return self._open()
+
     def _open(self) -> RecordStore:
         from tokenpath.collector.config import default_store_path
         from tokenpath.collector.store import open_store_readonly
@@ -116,6 +121,11 @@ class Source:
             return open_store_readonly(self.store or default_store_path())
         except ConfigError as exc:
             fail(f"--store: {exc.message}")
+
+
+def since_unix(since: str | None) -> float | None:
+    """``--since DURATION`` as a unix time (None: no bound)."""
+    return _since_unix(since)
 
 
 def _since_unix(since: str | None) -> float | None:

@@ -16,6 +16,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from tokenpath import views
 from tokenpath.cli.client import Source
 from tokenpath.cli.common import console, fail
 from tokenpath.collector.cost.prices import load_price_sheet
@@ -32,9 +33,12 @@ from tokenpath.collector.cost.whatif import (
 from tokenpath.collector.cost.whatif_rules import check_rules_of_thumb
 from tokenpath.config import ConfigError
 from tokenpath.endpoints import COLLECTOR_URL
+from tokenpath.query import Window
 from tokenpath.records import RequestRecord
 
-RECORDS_LIMIT = 100_000
+# The newest records a collector is asked for (a store gives its newest
+# tokenpath.views.WHATIF_SAMPLE_LIMIT): the calibration reads a bounded sample.
+RECORDS_LIMIT = 20_000
 
 
 class OutputFormat(StrEnum):
@@ -69,7 +73,14 @@ def _load_records(store: str | None, collector: str | None,
             return [RequestRecord.from_json(item) for item in data]
         except (KeyError, TypeError, ValueError) as exc:
             fail(f"--records: not a request record: {exc}")
-    return Source(store, collector).records(RECORDS_LIMIT, None)
+    source = Source(store, collector)
+    if source.collectors:
+        return source.records(RECORDS_LIMIT, None)
+    opened = source.open_store()
+    try:
+        return views.whatif_sample(opened, Window()).records
+    finally:
+        opened.shutdown()
 
 
 def _row(name: str, base: Any, projected: Any, fmt: str) -> list[str]:
