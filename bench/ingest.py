@@ -388,11 +388,10 @@ def _measure(payloads: list[bytes], workers: int, repeats: int,
 
 def rebased(payloads: list[bytes], now_ns: int) -> list[bytes]:
     """The payloads with every span and event time moved by one offset, so that the last
-    span ends at ``now_ns``: the spans arrive as if just sent by their engines. Without it
-    every run but the first would replay older traces, and the cost attributor, which
-    waits for each engine's timeline as far behind the clock as spans arrive late (up to
-    ``cost.max_delay_seconds``), would hold their records for different times, or not at
-    all, from one run to the next."""
+    span ends at ``now_ns``: the spans arrive as if just sent by their engines, and every
+    run sees the same traffic (without it every run but the first would replay older
+    traces; the cost attributor prices those by their engines' own time, but their
+    timestamps, stored and exposed, would differ from run to run)."""
     messages = _parsed(payloads)
     offset = now_ns - max(span.end_time_unix_nano for message in messages
                           for span in _spans(message))

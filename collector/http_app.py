@@ -26,9 +26,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenpath import metric_names as M
+from tokenpath import views
 from tokenpath.auth import bearer_matches
 from tokenpath.collector import api_views
-from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
+from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.collector.node_metrics import NodeMetricsState, nic_last_mile
 from tokenpath.collector.receivers.http import (
@@ -48,7 +49,7 @@ from tokenpath.collector.whatif_view import (
 )
 from tokenpath.config import ConfigError, parse_duration
 from tokenpath.last_mile import DEFAULT_PACKETS_PER_TOKEN_THRESHOLD
-from tokenpath.report import build_report
+from tokenpath.query import Window
 from tokenpath.tls import TlsConfig
 
 log = logging.getLogger(__name__)
@@ -155,10 +156,7 @@ def build_app(
 
     @app.get("/api/summary")
     def summary(since: str | None = None) -> dict[str, Any]:
-        since_unix = _since(since)
-        report = build_report(store.records(since_unix=since_unix),
-                              store.idle_cost_dollars(since_unix),
-                              store.idle_energy_joules(since_unix))
+        report = views.report_view(store, Window(_since(since)))
         # Which records these are: a replica holds the records it priced; with
         # forward_records the ones it maps are priced (and shown) elsewhere.
         return {**report.to_json(), "collector": {"forward_records": forward_records}}
@@ -167,12 +165,11 @@ def build_app(
     def chargeback_view(since: str | None = None,
                         idle: IdlePolicy = IdlePolicy.PROPORTIONAL) -> dict[str, Any]:
         """Dollars by tenant: attributed plus idle by ``idle`` (collector/cost/chargeback)."""
-        since_unix = _since(since)
-        rows = chargeback(store.records(since_unix=since_unix),
-                          store.idle_cost_dollars(since_unix), idle,
-                          idle_energy_joules=store.idle_energy_joules(since_unix))
+        window = Window(_since(since))
+        rows = views.chargeback_view(store, window, idle)
         return {"idle_policy": idle.value, "rows": [r.to_json() for r in rows],
-                "total_dollars": sum(r.total_dollars for r in rows)}
+                "total_dollars": sum(r.total_dollars for r in rows),
+                "window": views.window_json(store, window)}
 
     @app.get("/api/stages")
     def stages() -> list[dict[str, Any]]:
@@ -182,7 +179,7 @@ def build_app(
     def timeseries(since: str | None = None,
                    buckets: int = Query(api_views.DEFAULT_TIMESERIES_BUCKETS, ge=1,
                                         le=api_views.MAX_TIMESERIES_BUCKETS)) -> dict[str, Any]:
-        return api_views.timeseries_view(store.records(since_unix=_since(since)), buckets)
+        return views.timeseries_view(store, Window(_since(since)), buckets)
 
     @app.get("/api/leaks")
     def leaks(since: str | None = None, limit: int = Query(api_views.DEFAULT_LEAK_LIMIT, ge=1,
@@ -190,10 +187,9 @@ def build_app(
               long_context_tokens: int = Query(api_views.DEFAULT_LONG_CONTEXT_TOKENS, ge=1),
               packets_per_token_threshold: float = Query(
                   DEFAULT_PACKETS_PER_TOKEN_THRESHOLD, gt=0, le=1000)) -> dict[str, Any]:
-        view = api_views.leaks_view(store.records(since_unix=_since(since)), limit,
-                                    long_context_tokens,
-                                    packets_per_token_threshold=packets_per_token_threshold,
-                                    network_dollars_per_byte=prices.network_dollars_per_byte)
+        view = views.leaks_view(store, Window(_since(since)), limit, long_context_tokens,
+                                packets_per_token_threshold=packets_per_token_threshold,
+                                network_dollars_per_byte=prices.network_dollars_per_byte)
         view["last_mile"]["nodes"] = [] if node_metrics is None else nic_last_mile(
             node_metrics, M.NODE_NET_TX_BYTES.name, M.NODE_NET_TX_PACKETS.name,
             M.LABEL_DEVICE)
@@ -204,16 +200,16 @@ def build_app(
                since: str | None = None, until: float | None = None) -> dict[str, Any]:
         request = WhatIfRequest.from_json(body)
         window = WhatIfWindow.resolve(since, until)
-        return whatif_view(store.records(since_unix=window.since_unix,
-                                         until_unix=window.until_unix),
-                           prices, request, window)
+        sample = views.whatif_sample(store, Window(window.since_unix, window.until_unix))
+        return {**whatif_view(sample.records, prices, request, window),
+                "sample": sample.to_json()}
 
     @app.get("/api/whatif")
     def whatif_page(since: str | None = None, until: float | None = None) -> dict[str, Any]:
         """The what-if page's opening projections (collector/whatif_view.py)."""
         window = WhatIfWindow.resolve(since, until)
-        return whatif_page_view(store.records(since_unix=window.since_unix,
-                                              until_unix=window.until_unix), prices, window)
+        sample = views.whatif_sample(store, Window(window.since_unix, window.until_unix))
+        return {**whatif_page_view(sample.records, prices, window), "sample": sample.to_json()}
 
     @app.get(UI_ASSET_PREFIX + "{name}")
     def ui_asset(name: str) -> Response:

@@ -4,11 +4,16 @@ SQLite (stdlib, one file, WAL journal): it needs no server and no extra dependen
 node, and each batch commits in one transaction, so a crash or SIGKILL leaves every
 committed record intact and nothing half-written. Records are written in batches by a
 writer thread, off the ingest path; old rows are deleted after ``retention_seconds``.
-A record's body is its JSON (``RequestRecord.to_json``), encoded with orjson: the stdlib
-encoder spent about 46 µs per record on it, orjson about 3 µs (docs/performance.md). A
-non-finite float, which no record should hold, is written as ``null`` (valid JSON) and
-read back as 0. A record that cannot be encoded at all is counted in ``store_errors`` and
-the rest of its batch is written; the writer thread never stops on a bad record.
+
+A record is one row of typed columns (collector/store_layout.py: the stages wide, the
+names coded, the lists packed), and the writer adds it to rollups per 10 minutes
+(collector/store_sql.py), so the views (tokenpath/views.py) are SQL aggregates and never
+load a window's records into Python. A store written in the first layout (a JSON body per
+row in ``requests``) is moved to this one when the collector opens it, with a log line; a
+read-only reader of such a store reads a temporary copy. A non-finite float, which no
+record should hold, is stored as NULL and read back as 0 (None where the field is
+optional). A record that cannot be encoded at all is counted in ``store_errors`` and the
+rest of its batch is written; the writer thread never stops on a bad record.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from tokenpath.collector import store_layout as layout
+from tokenpath.collector import store_sql
 from tokenpath.collector.backpressure import (
     DROP_STORE_CLOSED,
     Backlog,
@@ -36,6 +43,8 @@ from tokenpath.collector.backpressure import (
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.pipeline import IdleCost
+from tokenpath.query import DEFAULT_PARAMS as _DEFAULT_PARAMS
+from tokenpath.query import Aggregates, Coverage, GroupBy, Params, Sample, Window
 from tokenpath.records import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -50,18 +59,8 @@ DEFAULT_QUEUE_SIZE = 100_000
 PUT_WAIT_SECONDS = 1.0
 MEMORY = ":memory:"
 
-# The requests table's key column, named trace_id in the first schema, holds the record id
-# (the trace id itself for a trace with one LLM call, "<trace id>-<span id>" per call of a
-# trace with several), so stores written before records were per call read unchanged.
+# The records' tables come from collector/store_layout.py and collector/store_sql.py.
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS requests (
-    trace_id TEXT PRIMARY KEY,
-    end_unix REAL NOT NULL,
-    model TEXT NOT NULL,
-    complete INTEGER NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS requests_end ON requests(end_unix);
 CREATE TABLE IF NOT EXISTS idle_cost (
     pool TEXT NOT NULL,
     start_unix REAL NOT NULL,
@@ -79,9 +78,15 @@ CREATE INDEX IF NOT EXISTS joined_traces_trace ON joined_traces(trace_id);
 """
 
 
+# The first layout: one JSON body per record in ``requests`` (its key column, named
+# trace_id, held the record id). Read only to move its records to the column layout.
+LEGACY_TABLE = "requests"
+MIGRATION_CHUNK = 5_000
+
+
 def encode_body(record: RequestRecord) -> str:
-    """A record's row body: its JSON, by orjson; by the stdlib encoder for what orjson
-    refuses (an integer past 64 bits, from a garbled token count)."""
+    """A record's JSON (the first layout's row body), by orjson; by the stdlib encoder
+    for what orjson refuses (an integer past 64 bits, from a garbled token count)."""
     body = record.to_json()
     try:
         return orjson.dumps(body).decode()
@@ -147,7 +152,15 @@ class RecordStore:
         self._drops = DropLog(self._stats, log, "store")
         self._writer_gone = False
         self._db_lock = threading.Lock()
+        self._names = layout.Names()
+        self._encoder = layout.RowEncoder(self._names)
+        self._rolled_rid = 0  # the rollups' watermark: they hold the records up to it
+        self._rolled_at = time.monotonic()
         self._db = self._connect()
+        self._reader_db, self._reader_lock, reader_names = self._open_reader()
+        self.queries = store_sql.SqliteQueries(
+            self._reader_db, self._reader_lock, reader_names,
+            None if self._config.read_only else self._config.retention_seconds)
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last_retention = 0.0
@@ -158,17 +171,138 @@ class RecordStore:
             path = str(Path(path).expanduser())
         if self._config.read_only and path != MEMORY:
             uri = Path(path).resolve().as_uri() + "?mode=ro"
-            return sqlite3.connect(uri, uri=True, check_same_thread=False,
-                                   isolation_level=None)
+            db = sqlite3.connect(uri, uri=True, check_same_thread=False,
+                                 isolation_level=None)
+            _ensure_math(db)
+            self._prepare_read_only(db)
+            return db
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        _ensure_math(db)
         if path != MEMORY:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(f"PRAGMA cache_size=-{store_sql.WRITER_CACHE_KIB}")
         db.executescript(_SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(idle_cost)")}
         if "energy_joules" not in columns:  # a store written before energy was kept
             db.execute("ALTER TABLE idle_cost ADD COLUMN energy_joules REAL NOT NULL DEFAULT 0")
+        db.executescript(layout.schema_sql())
+        self._names.load(db)
+        if _has_table(db, "main", LEGACY_TABLE):
+            store_sql.ensure_rollups(db)
+            self._rolled_rid = store_sql.rollup_watermark(db)
+            self._migrate_legacy(db, path)
+        store_sql.ensure_rollups(db)
+        self._rolled_rid = store_sql.rollup_watermark(db)
+        db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                   ("retention_seconds", repr(float(self._config.retention_seconds))))
+        db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                   ("layout", str(layout.LAYOUT_VERSION)))
         return db
+
+    def _prepare_read_only(self, db: sqlite3.Connection) -> None:
+        """A reader of a store in the first layout (or of one no collector has written
+        yet) reads a temporary copy in the column layout; the file is never changed."""
+        if _has_table(db, "main", "records"):
+            return
+        db.executescript(layout.schema_sql("temp"))
+        db.executescript(store_sql.rollup_schema().replace(
+            "CREATE TABLE IF NOT EXISTS ", "CREATE TABLE IF NOT EXISTS temp."))
+        if not _has_table(db, "main", "joined_traces"):
+            db.execute("CREATE TEMP TABLE joined_traces (trace_id TEXT NOT NULL, "
+                       "record_id TEXT NOT NULL, end_unix REAL NOT NULL)")
+        if not _has_table(db, "main", "idle_cost"):
+            db.execute("CREATE TEMP TABLE idle_cost (pool TEXT NOT NULL, start_unix REAL "
+                       "NOT NULL, end_unix REAL NOT NULL, dollars REAL NOT NULL, "
+                       "energy_joules REAL NOT NULL DEFAULT 0)")
+        db.execute("INSERT INTO temp.meta(key, value) VALUES ('rollup', ?)",
+                   (store_sql.ROLLUP_SIGNATURE,))
+        self._rolled_rid = 0
+        if _has_table(db, "main", LEGACY_TABLE):
+            log.warning("store %s is in the first layout (a JSON body per record): reading "
+                        "a temporary copy; the collector moves it to the column layout when "
+                        "it next opens it", self._config.path)
+            self._migrate_legacy(db, self._config.path, drop=False)
+
+    def _migrate_legacy(self, db: sqlite3.Connection, path: str, drop: bool = True) -> None:
+        """Move the first layout's records (``requests``) into ``records``, a chunk a
+        transaction (a crash resumes where it stopped); then drop ``requests``. With
+        ``drop`` False (a read-only reader) they are copied, the file left as it is."""
+        (total,) = db.execute(f"SELECT count(*) FROM {LEGACY_TABLE}").fetchone()
+        log.warning("store %s: moving %d records from the JSON layout (table %s) to the "
+                    "column layout (table records)", path, total, LEGACY_TABLE)
+        after = -1
+        moved = 0
+        while True:
+            rows = db.execute(f"SELECT rowid, body FROM {LEGACY_TABLE} WHERE rowid > ? "
+                              "ORDER BY rowid LIMIT ?", (after, MIGRATION_CHUNK)).fetchall()
+            if not rows:
+                break
+            records = []
+            for _, body in rows:
+                try:
+                    records.append(RequestRecord.from_json(decode_body(body)))
+                except (KeyError, TypeError, ValueError):
+                    log.exception("store: a row of %s could not be read; skipped",
+                                  LEGACY_TABLE)
+            db.execute("BEGIN")
+            self._insert_records(db, records)
+            after = rows[-1][0]
+            if drop:
+                db.execute(f"DELETE FROM {LEGACY_TABLE} WHERE rowid <= ?", (after,))
+            db.execute("COMMIT")
+            moved += len(records)
+        db.execute("BEGIN")
+        (newest,) = db.execute("SELECT coalesce(max(rid), 0) FROM records").fetchone()
+        self._roll_up(db, newest, now=True)
+        db.execute("COMMIT")
+        if drop:
+            db.execute(f"DROP TABLE {LEGACY_TABLE}")
+        log.warning("store %s: %d records now in the column layout", path, moved)
+
+    def _insert_records(self, db: sqlite3.Connection, records: list[RequestRecord]) -> int:
+        """Insert records (inside the caller's transaction) and add them to the rollups;
+        returns how many were encoded. A record that cannot be encoded loses itself only."""
+        rows = []
+        for r in records:
+            try:
+                rows.append(encode_row(self._encoder, db, r))
+            except (TypeError, ValueError, OverflowError, KeyError, AttributeError):
+                log.exception("store: record %s could not be encoded", r.trace_id)
+                self._stats.store_errors.inc()
+        try:
+            db.executemany(layout.INSERT_SQL, rows)
+        except OverflowError:  # an integer past 64 bits: stored as a REAL
+            db.executemany(layout.INSERT_SQL, [layout.sanitize(row) for row in rows])
+        (after,) = db.execute("SELECT coalesce(max(rid), 0) FROM records").fetchone()
+        self._roll_up(db, after)
+        return len(rows)
+
+    def _roll_up(self, db: sqlite3.Connection, newest: int, now: bool = False) -> None:
+        """Add the records past the rollups' watermark to them when a run is due
+        (collector/store_sql.py), inside the caller's transaction."""
+        rolled = self._rolled_rid
+        if newest <= rolled:
+            return
+        clock = time.monotonic()
+        if (now or newest - rolled >= store_sql.ROLLUP_EVERY_RECORDS
+                or clock - self._rolled_at >= store_sql.ROLLUP_EVERY_SECONDS):
+            store_sql.add_to_rollups(db, rolled, newest)
+            self._rolled_rid = newest
+            self._rolled_at = clock
+
+    def _open_reader(self) -> tuple[sqlite3.Connection, threading.Lock, layout.Names]:
+        """The connection the views read on: its own for a file the collector writes
+        (WAL lets it read while the writer commits), else the writer's."""
+        path = self._config.path
+        if self._config.read_only or path == MEMORY:
+            return self._db, self._db_lock, self._names
+        uri = Path(path).expanduser().resolve().as_uri() + "?mode=ro"
+        db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+        _ensure_math(db)
+        names = layout.Names()
+        names.load(db)
+        return db, threading.Lock(), names
 
     # --- sink ------------------------------------------------------------------------------
 
@@ -273,21 +407,11 @@ class RecordStore:
             else:  # loses this slice only, not the batch it came in
                 log.error("store: idle cost slice of pool %s is not finite", i.pool)
                 self._stats.store_errors.inc()
-        rows = []
-        for r in records:
-            try:
-                rows.append((r.record_id, r.end_unix, r.model, int(r.complete), encode_body(r)))
-            except (TypeError, ValueError, OverflowError):  # loses this record only
-                log.exception("store: record %s could not be encoded", r.trace_id)
-                self._stats.store_errors.inc()
+        stored = 0
         try:
             with self._db_lock:
                 self._db.execute("BEGIN")
-                self._db.executemany(
-                    "INSERT OR IGNORE INTO requests(trace_id, end_unix, model, complete, body)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    rows,
-                )
+                stored = self._insert_records(self._db, records)
                 self._db.executemany(  # a client's or proxy's trace joined to the record
                     "INSERT INTO joined_traces(trace_id, record_id, end_unix) VALUES (?,?,?)",
                     [(t, r.record_id, r.end_unix) for r in records for t in r.joined_trace_ids],
@@ -301,16 +425,19 @@ class RecordStore:
                 )
                 self._db.execute("COMMIT")
         except sqlite3.Error:
-            log.exception("store write failed (%d items)", len(rows) + len(idle))
-            self._stats.store_errors.inc(len(rows) + len(idle))
+            log.exception("store write failed (%d items)", len(records) + len(idle))
+            self._stats.store_errors.inc(len(records) + len(idle))
             try:
                 with self._db_lock:
                     if self._db.in_transaction:
                         self._db.execute("ROLLBACK")
+                    self._names.forget()  # names the batch added are gone with it
+                    self._names.load(self._db)
+                    self._rolled_rid = store_sql.rollup_watermark(self._db)
             except sqlite3.Error:
                 pass
             return
-        self._stats.records_stored.inc(len(rows))
+        self._stats.records_stored.inc(stored)
 
     def _maybe_apply_retention(self) -> None:
         now = self._clock()
@@ -325,9 +452,16 @@ class RecordStore:
     def apply_retention(self, now: float | None = None) -> int:
         cutoff = (self._clock() if now is None else now) - self._config.retention_seconds
         with self._db_lock:
-            cur = self._db.execute("DELETE FROM requests WHERE end_unix < ?", (cutoff,))
-            self._db.execute("DELETE FROM idle_cost WHERE end_unix < ?", (cutoff,))
-            self._db.execute("DELETE FROM joined_traces WHERE end_unix < ?", (cutoff,))
+            self._db.execute("BEGIN")
+            try:
+                cur = self._db.execute("DELETE FROM records WHERE end_unix < ?", (cutoff,))
+                self._db.execute("DELETE FROM idle_cost WHERE end_unix < ?", (cutoff,))
+                self._db.execute("DELETE FROM joined_traces WHERE end_unix < ?", (cutoff,))
+                store_sql.apply_rollup_retention(self._db, cutoff)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
         return cur.rowcount
 
     def shutdown(self) -> None:
@@ -341,7 +475,21 @@ class RecordStore:
         self.flush()
         self._drops.flush()
         with self._db_lock:
+            if not self._config.read_only:
+                try:  # the rollups hold every record written: the next open reads none raw
+                    self._db.execute("BEGIN")
+                    (newest,) = self._db.execute(
+                        "SELECT coalesce(max(rid), 0) FROM records").fetchone()
+                    self._roll_up(self._db, newest, now=True)
+                    self._db.execute("COMMIT")
+                except sqlite3.Error:
+                    log.exception("store: the last rollup run failed")
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
             self._db.close()
+        if self._reader_db is not self._db:
+            with self._reader_lock:
+                self._reader_db.close()
 
     # --- reader ------------------------------------------------------------------------------
 
@@ -350,33 +498,14 @@ class RecordStore:
         until_unix: float | None = None,
     ) -> list[RequestRecord]:
         """Newest first: those that ended at or after ``since_unix`` and at or before
-        ``until_unix``."""
-        sql = "SELECT body FROM requests"
-        conditions: list[str] = []
-        args: list[object] = []
-        if since_unix is not None:
-            conditions.append("end_unix >= ?")
-            args.append(since_unix)
-        if until_unix is not None:
-            conditions.append("end_unix <= ?")
-            args.append(until_unix)
-        if conditions:
-            sql += " WHERE " + " AND ".join(conditions)
-        sql += " ORDER BY end_unix DESC"
-        if limit is not None:
-            sql += " LIMIT ?"
-            args.append(limit)
-        with self._db_lock:
-            rows = self._db.execute(sql, args).fetchall()
-        return [RequestRecord.from_json(decode_body(body)) for (body,) in rows]
+        ``until_unix`` (a bounded page: views over a window use :meth:`aggregate`)."""
+        return self.queries.records(limit, since_unix, until_unix)
 
     def record(self, record_id: str) -> RequestRecord | None:
         """The record with this id; given a trace id of several calls, its first."""
-        with self._db_lock:
-            row = self._db.execute("SELECT body FROM requests WHERE trace_id = ?",
-                                   (record_id,)).fetchone()
-        if row is not None:
-            return RequestRecord.from_json(decode_body(row[0]))
+        found = self.queries.record(record_id)
+        if found is not None:
+            return found
         calls = self.records_of_trace(record_id)
         return calls[0] if calls else None
 
@@ -385,40 +514,63 @@ class RecordStore:
         and those it was joined to (a client traced apart from its serving side)."""
         if not trace_id or "-" in trace_id or "%" in trace_id or "_" in trace_id:
             return []
-        with self._db_lock:
-            rows = self._db.execute(
-                "SELECT body FROM requests WHERE trace_id = ? OR trace_id LIKE ? OR trace_id IN "
-                "(SELECT record_id FROM joined_traces WHERE trace_id = ?) ORDER BY end_unix",
-                (trace_id, trace_id + "-%", trace_id)).fetchall()
-        records = [RequestRecord.from_json(decode_body(body)) for (body,) in rows]
-        return sorted(records, key=lambda r: r.start_unix)
+        return self.queries.records_of_trace(trace_id)
+
+    # tokenpath.query.RecordQueries: the views' interface (tokenpath/views.py)
+
+    def aggregate(self, window: Window, measures: Sequence[str],
+                  histograms: Sequence[str] = (), group_by: GroupBy = None,
+                  params: Params = _DEFAULT_PARAMS) -> dict[Any, Aggregates]:
+        return self.queries.aggregate(window, measures, histograms, group_by, params)
+
+    def end_range(self, window: Window) -> tuple[float, float] | None:
+        return self.queries.end_range(window)
+
+    def sample(self, window: Window, limit: int, fingerprinted: bool = False) -> Sample:
+        return self.queries.sample(window, limit, fingerprinted)
+
+    def coverage(self) -> Coverage:
+        return self.queries.coverage(self._clock())
 
     def idle_cost_dollars(self, since_unix: float | None = None) -> float:
-        return self._idle_sum("dollars", since_unix)
+        return self.queries.idle_cost_dollars(since_unix)
 
     def idle_energy_joules(self, since_unix: float | None = None) -> float:
-        return self._idle_sum("energy_joules", since_unix)
-
-    def _idle_sum(self, column: str, since_unix: float | None) -> float:
-        assert column in ("dollars", "energy_joules")
-        sql = f"SELECT COALESCE(SUM({column}), 0) FROM idle_cost"
-        args: list[object] = []
-        if since_unix is not None:
-            sql += " WHERE end_unix >= ?"
-            args.append(since_unix)
-        try:
-            with self._db_lock:
-                (total,) = self._db.execute(sql, args).fetchone()
-        except sqlite3.OperationalError:  # a store written before the column, read-only
-            if column == "dollars":
-                raise
-            return 0.0
-        return float(total)
+        return self.queries.idle_energy_joules(since_unix)
 
     def count(self) -> int:
-        with self._db_lock:
-            (n,) = self._db.execute("SELECT COUNT(*) FROM requests").fetchone()
-        return int(n)
+        return self.queries.count()
+
+
+def encode_row(encoder: layout.RowEncoder, db: sqlite3.Connection,
+               record: RequestRecord) -> list[Any]:
+    """A record's row in the column layout (collector/store_layout.py)."""
+    return encoder.encode(db, record)
+
+
+def _has_table(db: sqlite3.Connection, schema: str, name: str) -> bool:
+    return db.execute(f"SELECT 1 FROM {schema}.sqlite_master WHERE type = 'table' AND name = ?",
+                      (name,)).fetchone() is not None
+
+
+def _ensure_math(db: sqlite3.Connection) -> None:
+    """The SQL math functions the histograms use (``ln``, ``ceil``): built into SQLite
+    3.35+ when compiled with them; else the same functions from Python's math module."""
+    try:
+        db.execute("SELECT ln(2.0), ceil(1.5)").fetchone()
+    except sqlite3.OperationalError:
+        db.create_function("ln", 1, _ln, deterministic=True)
+        db.create_function("ceil", 1, _ceil, deterministic=True)
+
+
+def _ln(value: float | None) -> float | None:
+    if value is None or value <= 0:
+        return None
+    return math.log(value)
+
+
+def _ceil(value: float | None) -> float | None:
+    return None if value is None else float(math.ceil(value))
 
 
 def open_store_readonly(path: str) -> RecordStore:

@@ -184,6 +184,9 @@ def json_section() -> list[str]:
         "A request record (`tokenpath requests --format json`, `/api/requests`, the store):",
         "", _keys(record.to_json()), "",
         "A report (`tokenpath report --format json`, `/api/report`):", "", _keys(report), "",
+        "From a store also `window`: `since_unix`, `until_unix`, `retention_seconds`, "
+        "`oldest_record_end_unix`, `note` (when the window reaches back past the retention), "
+        "`quantile_relative_error` (tokenpath/views.py).", "",
         "A chargeback row (`tokenpath chargeback --format json`, `/api/chargeback`):", "",
         _keys(ChargebackRow("tenant").to_json()), "",
         *whatif_shapes(),

@@ -91,7 +91,9 @@ class StageTiming:
 class RequestRecord:
     """Everything tokenpath knows about one request, joined from all its spans."""
 
-    trace_id: str  # 32 lowercase hex
+    # --- generated from tokenpath/record_fields.py: do not edit by hand ---
+    # 32 lowercase hex
+    trace_id: str
     # Unique per record: the trace id for a trace with one LLM call, else
     # "<trace id>-<span id of the call's top span>" (a trace with N calls gives N records).
     record_id: str = ""
@@ -102,7 +104,8 @@ class RequestRecord:
     pool: str | None = None
     # Who it was for (tokenpath.tenant): the chargeback unit; None: unattributed.
     tenant: str | None = None
-    engine: str | None = None  # the engine's kind: "vllm", "simulated", ...
+    # The engine's kind: "vllm", "simulated", ...
+    engine: str | None = None
     # The engine (GPU set) on its node that served it (tokenpath.identity); with ``node``
     # it is the pricing unit.
     engine_id: str | None = None
@@ -173,38 +176,63 @@ class RequestRecord:
     # Where cache_read_tokens came from (CACHE_SOURCE_*); None: nothing on the path said.
     cache_read_source: str | None = None
 
-    def __init__(self, trace_id: str, record_id: str = "", model: str = UNKNOWN,
-                 request_id: str | None = None, status: str = "ok",
-                 node: str | None = None, pool: str | None = None,
-                 tenant: str | None = None, engine: str | None = None,
-                 engine_id: str | None = None, gpu_inventory: bool | None = None,
-                 gpu_type: str | None = None, tensor_parallel: int = 1,
-                 simulated: bool = False, start_unix: float = 0.0, end_unix: float = 0.0,
-                 input_tokens: int = 0, cache_read_tokens: int = 0, output_tokens: int = 0,
-                 ttft_seconds: float | None = None, tpot_seconds: float | None = None,
-                 queue_seconds: float | None = None, prefill_seconds: float | None = None,
-                 decode_seconds: float | None = None,
-                 prefill_start_unix: float | None = None,
-                 decode_start_unix: float | None = None,
-                 engine_end_unix: float | None = None, response_bytes: int = 0,
-                 response_chunks: int = 0, small_chunks: int = 0,
-                 response_packets: int = 0, prefix_fingerprints: tuple[str, ...] = (),
-                 prefix_block_tokens: int = 0,
-                 stages: dict[StageId, StageTiming] | None = None,
-                 cost_dollars: float = 0.0, naive_cost_dollars: float = 0.0,
-                 cache_miss_waste_dollars: float = 0.0, complete: bool = True,
-                 span_count: int = 0, engine_start_unix: float | None = None,
-                 engine_step_seconds: float | None = None, engine_steps: int | None = None,
-                 response_id: str | None = None, outer_hop: str | None = None,
-                 joined_trace_ids: tuple[str, ...] = (),
-                 client_start_unix: float | None = None,
-                 client_end_unix: float | None = None,
-                 miss_tokens: dict[str, int] | None = None,
-                 miss_dollars: dict[str, float] | None = None, energy_joules: float = 0.0,
-                 energy_provenance: str | None = None,
-                 router_predicted_cache_hit: float | None = None,
-                 cache_read_source: str | None = None) -> None:
-        """The fields in their order, as the generated ``__init__`` took them."""
+    def __init__(
+        self,
+        trace_id: str,
+        record_id: str = "",
+        model: str = UNKNOWN,
+        request_id: str | None = None,
+        status: str = "ok",
+        node: str | None = None,
+        pool: str | None = None,
+        tenant: str | None = None,
+        engine: str | None = None,
+        engine_id: str | None = None,
+        gpu_inventory: bool | None = None,
+        gpu_type: str | None = None,
+        tensor_parallel: int = 1,
+        simulated: bool = False,
+        start_unix: float = 0.0,
+        end_unix: float = 0.0,
+        input_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        output_tokens: int = 0,
+        ttft_seconds: float | None = None,
+        tpot_seconds: float | None = None,
+        queue_seconds: float | None = None,
+        prefill_seconds: float | None = None,
+        decode_seconds: float | None = None,
+        prefill_start_unix: float | None = None,
+        decode_start_unix: float | None = None,
+        engine_end_unix: float | None = None,
+        response_bytes: int = 0,
+        response_chunks: int = 0,
+        small_chunks: int = 0,
+        response_packets: int = 0,
+        prefix_fingerprints: tuple[str, ...] = (),
+        prefix_block_tokens: int = 0,
+        stages: dict[StageId, StageTiming] | None = None,
+        cost_dollars: float = 0.0,
+        naive_cost_dollars: float = 0.0,
+        cache_miss_waste_dollars: float = 0.0,
+        complete: bool = True,
+        span_count: int = 0,
+        engine_start_unix: float | None = None,
+        engine_step_seconds: float | None = None,
+        engine_steps: int | None = None,
+        response_id: str | None = None,
+        outer_hop: str | None = None,
+        joined_trace_ids: tuple[str, ...] = (),
+        client_start_unix: float | None = None,
+        client_end_unix: float | None = None,
+        miss_tokens: dict[str, int] | None = None,
+        miss_dollars: dict[str, float] | None = None,
+        energy_joules: float = 0.0,
+        energy_provenance: str | None = None,
+        router_predicted_cache_hit: float | None = None,
+        cache_read_source: str | None = None,
+    ) -> None:
+        """Every field, in declaration order, by position or by name."""
         self.trace_id = trace_id
         self.record_id = record_id or trace_id
         self.model = model
@@ -259,26 +287,12 @@ class RequestRecord:
         self.router_predicted_cache_hit = router_predicted_cache_hit
         self.cache_read_source = cache_read_source
 
-    @property
-    def duration_seconds(self) -> float:
-        return max(0.0, self.end_unix - self.start_unix)
-
-    @property
-    def gpu_cost_dollars(self) -> float:
-        from tokenpath.stages import GPU_STAGES
-
-        return sum(self.stages[s].cost_dollars for s in GPU_STAGES if s in self.stages)
-
-    def ordered_stages(self) -> list[StageTiming]:
-        """Stage timings in path order."""
-        return [self.stages[s] for s in STAGE_IDS if s in self.stages]
-
     def to_json(self) -> dict[str, Any]:
         return {
             "trace_id": self.trace_id,
             "record_id": self.record_id,
-            "request_id": self.request_id,
             "model": self.model,
+            "request_id": self.request_id,
             "status": self.status,
             "node": self.node,
             "pool": self.pool,
@@ -294,7 +308,6 @@ class RequestRecord:
             "duration_seconds": self.duration_seconds,
             "input_tokens": self.input_tokens,
             "cache_read_tokens": self.cache_read_tokens,
-            "cache_read_source": self.cache_read_source,
             "output_tokens": self.output_tokens,
             "ttft_seconds": self.ttft_seconds,
             "tpot_seconds": self.tpot_seconds,
@@ -324,24 +337,16 @@ class RequestRecord:
             "joined_trace_ids": list(self.joined_trace_ids),
             "client_start_unix": self.client_start_unix,
             "client_end_unix": self.client_end_unix,
-            "router_predicted_cache_hit": self.router_predicted_cache_hit,
-            "energy_joules": self.energy_joules,
-            "energy_provenance": self.energy_provenance,
             "miss_tokens": dict(self.miss_tokens),
             "miss_dollars": dict(self.miss_dollars),
+            "energy_joules": self.energy_joules,
+            "energy_provenance": self.energy_provenance,
+            "router_predicted_cache_hit": self.router_predicted_cache_hit,
+            "cache_read_source": self.cache_read_source,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RequestRecord:
-        stages = {
-            StageId(name): StageTiming.from_json(StageId(name), value)
-            for name, value in (data.get("stages") or {}).items()
-        }
-
-        def opt_float(key: str) -> float | None:
-            value = data.get(key)
-            return None if value is None else float(value)
-
         return cls(
             trace_id=str(data["trace_id"]),
             record_id=str(data.get("record_id") or data["trace_id"]),
@@ -359,42 +364,66 @@ class RequestRecord:
             simulated=bool(data.get("simulated", False)),
             start_unix=float(data.get("start_unix") or 0.0),
             end_unix=float(data.get("end_unix") or 0.0),
-            input_tokens=int(data.get("input_tokens", 0)),
-            cache_read_tokens=int(data.get("cache_read_tokens", 0)),
-            cache_read_source=data.get("cache_read_source"),
-            output_tokens=int(data.get("output_tokens", 0)),
-            ttft_seconds=opt_float("ttft_seconds"),
-            tpot_seconds=opt_float("tpot_seconds"),
-            queue_seconds=opt_float("queue_seconds"),
-            prefill_seconds=opt_float("prefill_seconds"),
-            decode_seconds=opt_float("decode_seconds"),
-            prefill_start_unix=opt_float("prefill_start_unix"),
-            decode_start_unix=opt_float("decode_start_unix"),
-            engine_end_unix=opt_float("engine_end_unix"),
-            response_bytes=int(data.get("response_bytes", 0)),
-            response_chunks=int(data.get("response_chunks", 0)),
-            small_chunks=int(data.get("small_chunks", 0)),
+            input_tokens=int(data.get("input_tokens") or 0),
+            cache_read_tokens=int(data.get("cache_read_tokens") or 0),
+            output_tokens=int(data.get("output_tokens") or 0),
+            ttft_seconds=_opt_float(data.get("ttft_seconds")),
+            tpot_seconds=_opt_float(data.get("tpot_seconds")),
+            queue_seconds=_opt_float(data.get("queue_seconds")),
+            prefill_seconds=_opt_float(data.get("prefill_seconds")),
+            decode_seconds=_opt_float(data.get("decode_seconds")),
+            prefill_start_unix=_opt_float(data.get("prefill_start_unix")),
+            decode_start_unix=_opt_float(data.get("decode_start_unix")),
+            engine_end_unix=_opt_float(data.get("engine_end_unix")),
+            response_bytes=int(data.get("response_bytes") or 0),
+            response_chunks=int(data.get("response_chunks") or 0),
+            small_chunks=int(data.get("small_chunks") or 0),
             response_packets=int(data.get("response_packets") or 0),
-            prefix_fingerprints=tuple(data.get("prefix_fingerprints") or ()),
+            prefix_fingerprints=tuple(str(t) for t in data.get("prefix_fingerprints") or ()),
             prefix_block_tokens=int(data.get("prefix_block_tokens") or 0),
-            stages=stages,
+            stages={StageId(name): StageTiming.from_json(StageId(name), value)
+                    for name, value in (data.get("stages") or {}).items()},
             cost_dollars=float(data.get("cost_dollars") or 0.0),
             naive_cost_dollars=float(data.get("naive_cost_dollars") or 0.0),
             cache_miss_waste_dollars=float(data.get("cache_miss_waste_dollars") or 0.0),
             complete=bool(data.get("complete", True)),
-            span_count=int(data.get("span_count", 0)),
-            engine_start_unix=opt_float("engine_start_unix"),
-            engine_step_seconds=opt_float("engine_step_seconds"),
-            engine_steps=None if data.get("engine_steps") is None else int(data["engine_steps"]),
+            span_count=int(data.get("span_count") or 0),
+            engine_start_unix=_opt_float(data.get("engine_start_unix")),
+            engine_step_seconds=_opt_float(data.get("engine_step_seconds")),
+            engine_steps=_opt_int(data.get("engine_steps")),
             response_id=data.get("response_id"),
             outer_hop=data.get("outer_hop"),
             joined_trace_ids=tuple(str(t) for t in data.get("joined_trace_ids") or ()),
-            client_start_unix=opt_float("client_start_unix"),
-            client_end_unix=opt_float("client_end_unix"),
-            router_predicted_cache_hit=opt_float("router_predicted_cache_hit"),
-            energy_joules=float(data.get("energy_joules") or 0.0),
-            energy_provenance=data.get("energy_provenance"),
+            client_start_unix=_opt_float(data.get("client_start_unix")),
+            client_end_unix=_opt_float(data.get("client_end_unix")),
             miss_tokens={str(k): int(v) for k, v in (data.get("miss_tokens") or {}).items()},
             miss_dollars={str(k): float(v or 0.0)
-                          for k, v in (data.get("miss_dollars") or {}).items()},
+                    for k, v in (data.get("miss_dollars") or {}).items()},
+            energy_joules=float(data.get("energy_joules") or 0.0),
+            energy_provenance=data.get("energy_provenance"),
+            router_predicted_cache_hit=_opt_float(data.get("router_predicted_cache_hit")),
+            cache_read_source=data.get("cache_read_source"),
         )
+    # --- end of the generated part ---
+
+    @property
+    def duration_seconds(self) -> float:
+        return max(0.0, self.end_unix - self.start_unix)
+
+    @property
+    def gpu_cost_dollars(self) -> float:
+        from tokenpath.stages import GPU_STAGES
+
+        return sum(self.stages[s].cost_dollars for s in GPU_STAGES if s in self.stages)
+
+    def ordered_stages(self) -> list[StageTiming]:
+        """Stage timings in path order."""
+        return [self.stages[s] for s in STAGE_IDS if s in self.stages]
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -119,9 +119,11 @@ class Report:
     energy_joules: float = 0.0
     idle_energy_joules: float = 0.0
     energy_provenance: str | None = None
+    # The window a store's view covers and what the store keeps (tokenpath/views.py).
+    window: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "requests": self.requests,
             "complete_requests": self.complete_requests,
             "window_seconds": self.window_seconds,
@@ -160,6 +162,9 @@ class Report:
             "energy_joules_per_output_token": (self.energy_joules / self.output_tokens
                                                if self.output_tokens else None),
         }
+        if self.window is not None:
+            out["window"] = self.window
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -455,6 +455,18 @@ class NodeTimeline:
         return self.fixed_gpu_count is None and not self._active and not self._events and (
             self.gpus_at(self.closed_until) == 0)
 
+    def closed_after(self, t: float) -> list[ClosedSlice]:
+        """The kept closed slices that end after ``t``, in time order: all a late record
+        that started at ``t`` can be priced from (walked from the newest, so a record
+        that missed its window by seconds does not walk the whole horizon)."""
+        out: list[ClosedSlice] = []
+        for piece in reversed(self.closed):
+            if piece.end <= t:
+                break
+            out.append(piece)
+        out.reverse()
+        return out
+
     def add(self, iv: EngineInterval) -> bool:
         """Schedule ``iv``; False when all of it lies in slices already closed (the caller
         prices it from the closed slices and it needs nothing more here)."""
@@ -633,8 +645,10 @@ def price_late_interval(
 ) -> float:
     """Charge a record that arrived after its node's slices closed for its part before
     ``until``: its modeled share of each closed slice it was active in (as if it had been
-    there), or the full rate of its GPUs where its group was idle. Returns the dollars,
-    which the other members of those slices have already been charged too."""
+    there), or the full rate of its GPUs where its group was idle. ``closed``: the kept
+    closed slices in time order, at least those ending after its start
+    (:meth:`NodeTimeline.closed_after`). Returns the dollars, which the other members of
+    those slices have already been charged too."""
     charged = 0.0
     stop = min(until, iv.end)
     # before the oldest slice still kept: its GPUs' full rate, phase by phase

@@ -4,16 +4,23 @@ Sits between the stage mapper and the sinks (``tokenpath.pipeline``), called fro
 thread only (the pipeline's worker, :mod:`tokenpath.collector.pipeline_worker`), so it
 holds no lock. A record arrives only after its request ended, so a node's slice can be
 apportioned once every request active in it has arrived. Each pricing unit (a node, else
-an engine: :mod:`tokenpath.identity`) keeps its own timeline (:mod:`.apportion`), held
-open until its own watermark ``clock() - delay`` passes, where the delay adapts to that
-unit's traffic: the longest recent arrival lag (arrival minus engine start) plus a margin,
-bounded by ``min_delay_seconds`` and ``max_delay_seconds``; a busy node never holds back
-another's records. Finished records get their stage dollars and go downstream, and unused
-GPU time goes downstream as :class:`tokenpath.pipeline.IdleCost`. ``shutdown()`` closes
-every node and flushes.
+an engine: :mod:`tokenpath.identity`) keeps its own timeline (:mod:`.apportion`), closed
+up to its own event-time watermark: the newest engine time its records have shown
+(their latest engine end) less its allowed lateness, the longest recent event-time lag
+(that newest engine time minus an arriving record's engine start) plus a margin, bounded
+by ``min_delay_seconds`` and ``max_delay_seconds``. Only the unit's own records move it,
+so a backlog replayed at full speed is apportioned against the engine timeline it belongs
+to, as it was live, and a busy node never holds back another's records. The wall clock
+only bounds how long a quiet unit holds its open slices: once a unit has received nothing
+for ``min_delay_seconds``, its watermark runs on with the wall clock (its last records
+come out and its idle time is closed; ``tick``). Finished records get their stage dollars
+and go downstream, and unused GPU time goes downstream as
+:class:`tokenpath.pipeline.IdleCost`. ``shutdown()`` closes every node and flushes.
 
-A record that still arrives after its slices closed is priced from kept summaries of those
-slices (``late_records``, ``late_dollars``): the others in them have already paid.
+A record that still arrives after its unit's watermark passed its engine start (it lagged
+its unit's newest engine time by more than the allowed lateness, or its unit had gone
+quiet) is priced from kept summaries of the closed slices (``late_records``,
+``late_dollars``): the others in them have already paid.
 
 Conservation: per node, the attributed GPU dollars of the records plus the idle dollars
 equal gpu_count x $/GPU-second x the window (see ``ledger``).
@@ -67,9 +74,11 @@ from tokenpath.telemetry import Count, Level, Telemetry
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MIN_DELAY_SECONDS = 5.0  # above the assembler's root grace
+# bounds of a unit's allowed lateness (event-time seconds); the minimum is also how long
+# a unit receives nothing before the wall clock moves its watermark on
+DEFAULT_MIN_DELAY_SECONDS = 5.0
 DEFAULT_MAX_DELAY_SECONDS = 300.0
-DEFAULT_LAG_WINDOW = 2048  # recent records whose arrival lag sets the delay
+DEFAULT_LAG_WINDOW = 2048  # recent records whose event-time lag sets the allowed lateness
 DEFAULT_LAG_MARGIN_SECONDS = 2.0
 DEFAULT_LATE_HORIZON_SECONDS = 120.0  # closed slices kept this long to price late records
 MAX_CLOSED_SLICES_PER_NODE = 50_000  # bounds memory: a few hundred bytes each
@@ -78,7 +87,7 @@ DEFAULT_TICK_SECONDS = 1.0
 # this far since that unit's last such close (the tick closes regardless): a close has a
 # fixed cost (the timeline's advance, the ledger, the idle rows) whether it finishes one
 # record or a hundred, and closing on every record paid it per record (about a tenth of
-# pricing, docs/performance.md). Records wait for the watermark (cost.min_delay_seconds)
+# pricing, docs/performance.md). Records wait for the watermark (the allowed lateness)
 # anyway; slices are cut at engine events, so no dollar depends on when closes happen.
 DEFAULT_CLOSE_STEP_SECONDS = 0.1
 # a node whose agent reports GPU energy is closed no further than its readings reach, for
@@ -206,7 +215,7 @@ class _Pending:
 
 
 class _LagWindow:
-    """Sliding-window maximum of a unit's recent arrival lags."""
+    """Sliding-window maximum of a unit's recent event-time lags."""
 
     __slots__ = ("_lags", "_sequence", "_window")
 
@@ -237,6 +246,10 @@ class _Node:
     pending: dict[int, _Pending] = field(default_factory=dict)
     # a record's close waits until the watermark reaches this (cost.close_step_seconds)
     next_close: float = -math.inf
+    # the newest engine time its records have shown (their latest engine end), and the
+    # wall clock when its last record arrived
+    frontier: float = -math.inf
+    last_arrival: float = 0.0
 
 
 class CostAttributor:
@@ -314,7 +327,8 @@ class CostAttributor:
                 record.cost_dollars = sum(t.cost_dollars for t in record.stages.values())
                 out_records.append(record)
         else:
-            stop = self._watermark(node)
+            # the unit has just received a record: its event-time watermark
+            stop = node.frontier - self._lateness(node)
             if stop >= node.next_close:
                 node.next_close = stop + self._config.close_step_seconds
                 self._close_node(node, stop, out_records, out_idle)
@@ -327,37 +341,48 @@ class CostAttributor:
 
     def tick(self) -> None:
         """Close whatever each unit's watermark allows; the pipeline worker calls it while
-        traffic is sparse."""
+        traffic is sparse (a quiet unit's watermark moves with the wall clock only here)."""
         if self._closed:
             return
         out_records: list[RequestRecord] = []
         out_idle: list[IdleCost] = []
+        now = self._clock()
         for node in self._nodes.values():
-            self._close_node(node, self._watermark(node), out_records, out_idle)
+            self._close_node(node, self._watermark(node, now), out_records, out_idle)
         for name in [n for n, node in self._nodes.items()
                      if not node.pending and node.timeline.retired]:
             del self._nodes[name]  # every engine of it gone: no idle, no memory
         self._emit(out_records, out_idle)
 
-    def delay_for(self, unit: str) -> float:
-        """How far behind the clock ``unit``'s slices are closed now."""
+    def lateness_for(self, unit: str) -> float:
+        """How far (engine seconds) behind its newest engine time ``unit``'s records may
+        start and still be apportioned with the others (its allowed lateness now)."""
         node = self._nodes.get(unit)
-        return self._delay(node) if node is not None else self._config.min_delay_seconds
+        return self._lateness(node) if node is not None else self._config.min_delay_seconds
 
     @property
-    def delay_seconds(self) -> float:
-        """The longest delay of any unit now."""
-        return max((self._delay(n) for n in self._nodes.values()),
+    def lateness_seconds(self) -> float:
+        """The longest allowed lateness of any unit now."""
+        return max((self._lateness(n) for n in self._nodes.values()),
                    default=self._config.min_delay_seconds)
 
-    def _delay(self, node: _Node) -> float:
+    def watermark_for(self, unit: str) -> float | None:
+        """Where ``unit``'s slices may be closed now (engine time); None: unknown unit."""
+        node = self._nodes.get(unit)
+        return None if node is None else self._watermark(node, self._clock())
+
+    def _lateness(self, node: _Node) -> float:
         cfg = self._config
         lag = node.lags.maximum
         lag = 0.0 if lag is None else lag + cfg.lag_margin_seconds
         return min(cfg.max_delay_seconds, max(cfg.min_delay_seconds, lag))
 
-    def _watermark(self, node: _Node) -> float:
-        return self._clock() - self._delay(node)
+    def _watermark(self, node: _Node, now: float) -> float:
+        """The unit's newest engine time less its allowed lateness; once it has received
+        nothing for ``min_delay_seconds`` (quiet), plus the wall time since then."""
+        stop = node.frontier - self._lateness(node)
+        quiet = now - node.last_arrival - self._config.min_delay_seconds
+        return stop + quiet if quiet > 0.0 else stop
 
     @property
     def pending_records(self) -> int:
@@ -419,7 +444,14 @@ class CostAttributor:
         ledger = node.ledger
         record.gpu_inventory = ledger.in_inventory
         roofline = roofline_for_record(record, ledger.gpu_type)
-        node.lags.observe(self._clock() - ps)
+        now = self._clock()
+        node.last_arrival = now
+        # event time: its engine end, but never ahead of this collector's clock (a bogus
+        # timestamp cannot close the unit's window far ahead of its records)
+        seen = end if end < now else now
+        if seen > node.frontier:
+            node.frontier = seen
+        node.lags.observe(node.frontier - ps)
         gpus = max(1, record.tensor_parallel)
         interval = EngineInterval(
             key=self._next_key,
@@ -477,11 +509,12 @@ class CostAttributor:
         share of them (counted in ``late_dollars``); apportion only the rest normally."""
         self.stats.late_records.inc()
         if self.stats.late_records.value == 1:
-            log.warning("cost: record %s arrived after its node's slices closed; priced from "
-                        "the closed slices (cost.max_delay_seconds bounds the wait); "
-                        "further ones are only counted", trace_id)
+            log.warning("cost: record %s arrived after its unit's watermark passed its engine "
+                        "start; priced from the closed slices (cost.max_delay_seconds bounds "
+                        "the allowed lateness); further ones are only counted", trace_id)
         interval.late_dollars = price_late_interval(
-            interval, list(node.timeline.closed), closed, node.timeline.dollars_per_gpu_second)
+            interval, node.timeline.closed_after(interval.prefill_start), closed,
+            node.timeline.dollars_per_gpu_second)
         self.stats.late_dollars.inc(interval.late_dollars)
 
     def _force_if_over_capacity(self, out_records: list[RequestRecord],
@@ -494,9 +527,10 @@ class CostAttributor:
         ends = heapq.nsmallest(excess, (p.interval.end for node in self._nodes.values()
                                         for p in node.pending.values()))
         stop = ends[-1]
+        now = self._clock()
         for node in self._nodes.values():
-            self._close_node(node, max(stop, self._watermark(node)), out_records, out_idle,
-                             wait_for_energy=False)
+            self._close_node(node, max(stop, self._watermark(node, now)), out_records,
+                             out_idle, wait_for_energy=False)
 
     def _energy_stop(self, node: _Node, stop: float) -> float:
         """``stop``, held back to where the node's energy readings reach (for at most

@@ -84,9 +84,18 @@ def chargeback(records: Iterable[RequestRecord], idle_dollars: float,
         kinds.setdefault(tenant, set()).add(record.energy_provenance)
     for tenant, row in rows.items():
         row.energy_provenance = combined_energy_provenance(kinds[tenant])
+    return allocate_idle(list(rows.values()), idle_dollars, policy, idle_energy_joules)
+
+
+def allocate_idle(rows: list[ChargebackRow], idle_dollars: float,
+                  policy: IdlePolicy = IdlePolicy.PROPORTIONAL,
+                  idle_energy_joules: float = 0.0) -> list[ChargebackRow]:
+    """The rows (their attributed figures summed), costliest first, with the idle dollars
+    and joules allocated by ``policy``."""
+    by_name = {row.tenant: row for row in rows}
     idle = max(0.0, idle_dollars)
     idle_joules = max(0.0, idle_energy_joules)
-    ordered = sorted(rows.values(), key=lambda r: (-r.cost_dollars, r.tenant))
+    ordered = sorted(rows, key=lambda r: (-r.cost_dollars, r.tenant))
     if policy is IdlePolicy.PLATFORM:
         if idle > 0 or idle_joules > 0 or not ordered:
             ordered.append(ChargebackRow(PLATFORM_ROW, idle_dollars=idle,
@@ -95,7 +104,7 @@ def chargeback(records: Iterable[RequestRecord], idle_dollars: float,
     attributed = sum(r.cost_dollars for r in ordered)
     if attributed <= 0:
         if idle > 0 or idle_joules > 0:
-            row = rows.get(TENANT_UNATTRIBUTED)
+            row = by_name.get(TENANT_UNATTRIBUTED)
             if row is None:
                 row = ChargebackRow(TENANT_UNATTRIBUTED)
                 ordered.append(row)

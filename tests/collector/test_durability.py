@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import sqlite3
 import threading
@@ -13,7 +12,7 @@ import httpx
 
 from tests.support.otlp import PROTOBUF_HEADERS, export_request, request_span
 from tests.support.processes import collector_process, start_collector
-from tokenpath.records import RequestRecord
+from tokenpath.collector.store import open_store_readonly
 
 FAST = "assembler:\n  root_grace_seconds: 0\n  tick_seconds: 0.02\n"
 KILL_AFTER_RECORDS = 60
@@ -55,7 +54,7 @@ class _Reader(threading.Thread):
         while not self.stop.is_set():
             try:
                 with sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=1) as db:
-                    rows = db.execute("SELECT trace_id FROM requests").fetchall()
+                    rows = db.execute("SELECT record_id FROM records").fetchall()
                 self.seen.update(trace_id for (trace_id,) in rows)
             except sqlite3.Error:
                 pass  # the file may not exist yet, or be busy for a moment
@@ -91,13 +90,14 @@ def test_sigkill_mid_stream_keeps_every_committed_record(tmp_path: Path) -> None
 
     with sqlite3.connect(store) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        rows = db.execute("SELECT trace_id, model, complete, body FROM requests").fetchall()
-    stored = {}
-    for trace_id, model, complete, body in rows:
-        record = RequestRecord.from_json(json.loads(body))  # every body parses whole
-        assert (record.trace_id, record.model, int(record.complete)) == (trace_id, model,
-                                                                         complete)
-        stored[trace_id] = record
+        (count,) = db.execute("SELECT count(*) FROM records").fetchone()
+    db.close()
+    reader = open_store_readonly(str(store))
+    try:
+        stored = {r.trace_id: r for r in reader.records()}  # every row reads whole
+    finally:
+        reader.shutdown()
+    assert len(stored) == count
     assert seen_before_kill <= stored.keys()
 
     # A new collector opens the same store and serves every record.
@@ -129,5 +129,5 @@ def test_200_means_buffered_and_shutdown_writes_it(tmp_path: Path) -> None:
     finally:
         service.shutdown()
     with sqlite3.connect(store) as db:
-        stored = {trace_id for (trace_id,) in db.execute("SELECT trace_id FROM requests")}
+        stored = {trace_id for (trace_id,) in db.execute("SELECT record_id FROM records")}
     assert stored == {span.trace_id.hex() for span in spans}

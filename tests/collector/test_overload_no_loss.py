@@ -74,7 +74,7 @@ class _Client(threading.Thread):
 def _stored(store: Path) -> int:
     try:
         with sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=5) as db:
-            (n,) = db.execute("SELECT COUNT(*) FROM requests").fetchone()
+            (n,) = db.execute("SELECT COUNT(*) FROM records").fetchone()
     except sqlite3.Error:
         return 0  # not created yet, or busy for a moment
     return int(n)

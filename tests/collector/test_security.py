@@ -193,7 +193,8 @@ def test_genai_content_never_reaches_store_metrics_or_logs(tmp_path: Path) -> No
     assert sample(metrics, M.SPAN_EVENTS_DROPPED.series, reason="genai_content") == 2 * 3
     stored = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("store"))
     with sqlite3.connect(store) as db:
-        rows = " ".join(body for (body,) in db.execute("SELECT body FROM requests"))
+        rows = " ".join(str(row) for table in ("records", "names")
+                        for row in db.execute(f"SELECT * FROM {table}"))
     for text in (str(records), metrics, summary, output, rows):
         assert PROMPT not in text and COMPLETION not in text
     assert PROMPT.encode() not in stored and COMPLETION.encode() not in stored

@@ -26,7 +26,7 @@ from tests.deploy.engine_traffic import engine_traffic, peak_in_flight
 from tests.deploy.hash_ring import HashRing
 from tests.deploy.router import LoadBalancingRouter
 from tokenpath import metric_names as mn
-from tokenpath.collector.store import decode_body
+from tokenpath.collector.store import open_store_readonly
 from tokenpath.records import RequestRecord
 
 pytestmark = pytest.mark.integration
@@ -66,15 +66,15 @@ def _post(url: str, body: bytes) -> None:
 
 
 def _stored(store: Path) -> tuple[dict[str, RequestRecord], list[tuple[float, float, float]]]:
+    reader = open_store_readonly(str(store))
     db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
     try:
-        records = {r.trace_id: r for r in (
-            RequestRecord.from_json(decode_body(body))
-            for (body,) in db.execute("SELECT body FROM requests"))}
+        records = {r.trace_id: r for r in reader.records()}
         idle = [tuple(row) for row in db.execute(
             "SELECT start_unix, end_unix, dollars FROM idle_cost")]
     finally:
         db.close()
+        reader.shutdown()
     return records, idle  # type: ignore[return-value]
 
 

@@ -81,8 +81,9 @@ class Source:
                 since_unix: float | None) -> list[RequestRecord]:
         merged: dict[str, dict[str, Any]] = {}
         for base in self.collectors:
-            for r in self._collector_records(base, None if since_unix is not None else limit,
-                                             since, until_unix):
+            # newest first: what the slack adds is older than the window, so the newest
+            # ``limit`` asked for hold the newest ``limit`` of the window
+            for r in self._collector_records(base, limit, since, until_unix):
                 if since_unix is None or (r.get("end_unix") or 0.0) >= since_unix:
                     merged.setdefault(r.get("record_id") or r["trace_id"], r)
         newest = sorted(merged.values(), key=lambda r: r.get("end_unix") or 0.0,
@@ -137,6 +138,11 @@ class Source:
         finally:
             store.shutdown()
 
+    def open_store(self) -> RecordStore:
+        """The store, read-only, for the views (tokenpath/views.py); the caller shuts it
+        down."""
+        return self._open()
+
     def _open(self) -> RecordStore:
         from tokenpath.collector.config import default_store_path
         from tokenpath.collector.store import open_store_readonly
@@ -145,6 +151,11 @@ class Source:
             return open_store_readonly(self.store or default_store_path())
         except ConfigError as exc:
             fail(f"--store: {exc.message}")
+
+
+def since_unix(since: str | None) -> float | None:
+    """``--since DURATION`` as a unix time (None: no bound)."""
+    return _since_unix(since)
 
 
 def _since_unix(since: str | None) -> float | None:

@@ -392,33 +392,33 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
                      started_unix: float) -> DemoResult:
     """Flush the collector and print the report of this run's requests (the store may
     hold earlier runs too)."""
+    from tokenpath import views
     from tokenpath.cli.chargeback_cmd import render_chargeback
     from tokenpath.cli.render import render_leak_ranking, render_report
-    from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
-    from tokenpath.collector.cost.leak_ranking import rank_leaks
+    from tokenpath.collector.cost.chargeback import IdlePolicy
     from tokenpath.collector.cost.prices import load_price_sheet
     from tokenpath.collector.store import open_store_readonly
-    from tokenpath.report import build_report
+    from tokenpath.query import Window
 
     time.sleep(0.2)  # let the last OTLP export land
     collector.shutdown()  # flushes every buffered trace through the attributor to the store
     store = open_store_readonly(str(Path(config.store_path).expanduser()))
+    window = Window(started_unix)
     try:
-        records = store.records(since_unix=started_unix)
-        report = build_report(records, store.idle_cost_dollars(started_unix),
-                              store.idle_energy_joules(started_unix))
+        records = store.records(since_unix=started_unix)  # this run's: the demo's own few
+        report = views.report_view(store, window)
+        ranked = views.rank_leaks_view(store, window, load_price_sheet(
+            config.prices_path).network_dollars_per_byte) if report.requests else []
+        rows = views.chargeback_view(store, window, IdlePolicy.PROPORTIONAL)
     finally:
         store.shutdown()
     out.print()
     render_report(report, out)
-    if records:
+    if report.requests:
         out.print()
-        render_leak_ranking(rank_leaks(records, load_price_sheet(
-            config.prices_path).network_dollars_per_byte), out)
+        render_leak_ranking(ranked, out)
         out.print()
-        render_chargeback(chargeback(records, report.idle_cost_dollars,
-                                     idle_energy_joules=report.idle_energy_joules),
-                          IdlePolicy.PROPORTIONAL)
+        render_chargeback(rows, IdlePolicy.PROPORTIONAL)
     out.print()
     out.print(f"This run: {report.requests} request records, stored in {config.store_path}.")
     # The collector suggested here listens where the demo's did, unless that was a free

@@ -8,13 +8,15 @@ from enum import StrEnum
 
 import typer
 
-from tokenpath.cli.client import Source
+from tokenpath import views
+from tokenpath.cli.client import Source, since_unix
 from tokenpath.cli.common import console
 from tokenpath.cli.render import render_leak_ranking, render_report, render_requests
 from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
 from tokenpath.collector.cost.leak_ranking import rank_leaks
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.endpoints import COLLECTOR_URL
+from tokenpath.query import Window
 from tokenpath.records import RequestRecord
 from tokenpath.report import build_report
 
@@ -54,12 +56,25 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Per-stage latency and cost over the recorded requests."""
         source = Source(store, collector)
-        records = source.records(None, since)
-        idle, idle_joules = source.idle_cost(since), source.idle_energy(since)
-        result = build_report(records, idle, idle_joules)
-        ranked = rank_leaks(records, load_price_sheet(None).network_dollars_per_byte)
-        groups = None if by is None else chargeback(records, idle, IdlePolicy.PROPORTIONAL,
-                                                    GROUP_KEYS[by], idle_joules)
+        dollars_per_byte = load_price_sheet(None).network_dollars_per_byte
+        if source.collectors:  # the replicas' records, merged here
+            records = source.records(None, since)
+            idle, idle_joules = source.idle_cost(since), source.idle_energy(since)
+            result = build_report(records, idle, idle_joules)
+            ranked = rank_leaks(records, dollars_per_byte) if records else []
+            groups = None if by is None else chargeback(
+                records, idle, IdlePolicy.PROPORTIONAL, GROUP_KEYS[by], idle_joules)
+        else:  # the store answers in SQL aggregates (tokenpath/views.py)
+            opened = source.open_store()
+            try:
+                window = Window(since_unix(since))
+                result = views.report_view(opened, window)
+                ranked = (views.rank_leaks_view(opened, window, dollars_per_byte)
+                          if result.requests else [])
+                groups = None if by is None else views.chargeback_view(
+                    opened, window, IdlePolicy.PROPORTIONAL, by.value)
+            finally:
+                opened.shutdown()
         if format is OutputFormat.JSON:
             out = result.to_json()
             out["leaks_ranked"] = [leak.to_json() for leak in ranked]
@@ -69,7 +84,7 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(out, indent=2))
         else:
             render_report(result, console)
-            if records:
+            if result.requests:
                 render_leak_ranking(ranked, console)
             if by is not None and groups is not None:
                 from tokenpath.cli.chargeback_cmd import render_chargeback

@@ -19,6 +19,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from tokenpath import views
 from tokenpath.cli.client import Source
 from tokenpath.cli.common import console, fail
 from tokenpath.collector.cost.prices import load_price_sheet
@@ -34,9 +35,12 @@ from tokenpath.collector.cost.whatif_overview import Window, run_whatif
 from tokenpath.collector.cost.whatif_rules import check_rules_of_thumb
 from tokenpath.config import ConfigError
 from tokenpath.endpoints import COLLECTOR_URL
+from tokenpath.query import Window as QueryWindow
 from tokenpath.records import RequestRecord
 
-RECORDS_LIMIT = 100_000
+# The newest records a collector is asked for (a store gives its newest
+# tokenpath.views.WHATIF_SAMPLE_LIMIT): the calibration reads a bounded sample.
+RECORDS_LIMIT = 20_000
 
 
 class OutputFormat(StrEnum):
@@ -73,8 +77,15 @@ def _load_records(store: str | None, collector: str | None, records_file: Path |
             fail(f"--records: not a request record: {exc}")
         return [r for r in loaded if r.end_unix <= window.until_unix
                 and (window.since_unix is None or r.end_unix >= window.since_unix)]
-    return Source(store, collector).records_between(RECORDS_LIMIT, window.since_unix,
-                                                    window.until_unix)
+    source = Source(store, collector)
+    if source.collectors:  # the newest of the window, as a store's sample takes them
+        return source.records_between(RECORDS_LIMIT, window.since_unix, window.until_unix)
+    opened = source.open_store()
+    try:
+        return views.whatif_sample(opened, QueryWindow(window.since_unix,
+                                                       window.until_unix)).records
+    finally:
+        opened.shutdown()
 
 
 # (label, key, format, kind): "pp" ratios change in percentage points, "rel" relatively

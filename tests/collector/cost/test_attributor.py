@@ -120,15 +120,16 @@ def test_late_record_is_priced_from_closed_slices_and_counted() -> None:
     sink = RecordingSink()
     clock = FakeClock(1000.0)
     cost = attributor(sink, clock, NO_DELAY)
-    cost.consume_record(engine_record(0, 900.0, 0.1, 50.0))  # closes up to 1000
-    cost.consume_record(engine_record(1, 920.0, 0.1, 10.0))  # ended before the watermark
-    cost.consume_record(engine_record(2, 960.0, 0.1, 10.0))  # in a slice that was idle
+    cost.consume_record(engine_record(0, 900.0, 0.1, 50.0))  # its unit's events to 950.1
+    cost.consume_record(engine_record(1, 980.0, 0.1, 10.0))  # to 990.1: closed up to there
+    cost.consume_record(engine_record(2, 920.0, 0.1, 10.0))  # ended before the watermark
+    cost.consume_record(engine_record(3, 960.0, 0.1, 10.0))  # in a slice that was idle
     cost.shutdown()
     assert cost.stats.late_records.value == 2
     late = {r.trace_id: r for r in sink.records}
-    assert late[f"{2:032x}"].gpu_cost_dollars > 0
+    assert late[f"{3:032x}"].gpu_cost_dollars > 0
     # alone on the node (the slice was idle): the full rate of its GPU
-    assert math.isclose(late[f"{3:032x}"].gpu_cost_dollars, 10.1 * H100_PER_SECOND, rel_tol=1e-9)
+    assert math.isclose(late[f"{4:032x}"].gpu_cost_dollars, 10.1 * H100_PER_SECOND, rel_tol=1e-9)
     ledger = cost.ledger["node-a"]
     attributed = sum(r.gpu_cost_dollars for r in sink.records)
     assert math.isclose(attributed + sink.idle_dollars,
@@ -242,15 +243,16 @@ def test_engine_step_gaps_reported_out_of_model_become_idle() -> None:
 
 
 def test_a_busy_node_never_holds_back_another_nodes_records() -> None:
-    """Each pricing unit waits out its own arrival lag: node-a's long requests (a 200 s
-    lag) do not hold node-b's short one past node-b's own watermark."""
+    """Each pricing unit waits out its own lateness: node-a's long requests (a 196 s
+    event-time lag) do not hold node-b's short one past node-b's own watermark."""
     sink = RecordingSink()
     clock = FakeClock(1000.0)
     cost = attributor(sink, clock, AttributorConfig(tick_seconds=0))
-    cost.consume_record(engine_record(0, 800.0, 1.0, 195.0, node="node-a"))  # lag 200 s
-    cost.consume_record(engine_record(1, 996.0, 0.1, 1.0, node="node-b"))  # lag 4 s
-    assert cost.delay_for("node-a") > 200 and cost.delay_for("node-b") < 10
-    clock.now = 1000.0 + cost.delay_for("node-b") + 1.0
+    cost.consume_record(engine_record(0, 800.0, 1.0, 195.0, node="node-a"))  # lag 196 s
+    cost.consume_record(engine_record(1, 996.0, 0.1, 1.0, node="node-b"))  # lag 1.1 s
+    assert cost.lateness_for("node-a") > 196 and cost.lateness_for("node-b") < 10
+    # both quiet since: their watermarks move with the wall clock after min_delay_seconds
+    clock.now = 1000.0 + cost.lateness_for("node-b") + AttributorConfig().min_delay_seconds + 1
     cost.tick()
     assert [r.node for r in sink.records] == ["node-b"]
     cost.shutdown()

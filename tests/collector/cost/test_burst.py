@@ -48,7 +48,7 @@ def test_a_burst_of_3000_in_flight_is_priced_within_the_watermark(
             assert response.status == 200
     wait_for(lambda: service.attributor.pending_records == BURST or
              service.attributor.stats.records_out.value > 0, timeout=GENEROUS_SECONDS)
-    delay = service.attributor.delay_seconds
+    delay = service.attributor.lateness_seconds
     wait_for(lambda: _requests_total(service.http_url) == BURST,
              timeout=delay + GENEROUS_SECONDS)
     wait_for(lambda: service.store.count() == BURST, timeout=GENEROUS_SECONDS)

@@ -104,10 +104,11 @@ def test_a_record_held_by_the_step_comes_out_at_the_next_tick() -> None:
                           config=AttributorConfig(tick_seconds=0, min_delay_seconds=0,
                                                   max_delay_seconds=0, lag_margin_seconds=0,
                                                   close_step_seconds=10.0))
-    cost.consume_record(engine_record(0, 10.0, 0.1, 1.0))  # closes to 100: out
+    cost.consume_record(engine_record(0, 10.0, 0.1, 1.0))  # closes to 11.1: out
     assert len(sink.records) == 1
     clock.now = 101.0
-    cost.consume_record(engine_record(1, 100.2, 0.1, 0.5))  # ends at 100.8 < 101, held
+    # its unit's watermark moves to 12.6, short of the step (21.1): held
+    cost.consume_record(engine_record(1, 12.0, 0.1, 0.5))
     assert len(sink.records) == 1 and cost.pending_records == 1
     cost.tick()
     assert len(sink.records) == 2 and cost.pending_records == 0

@@ -50,7 +50,7 @@ def test_json_views_over_real_spans(collector: CollectorService) -> None:
     assert leaks["priced"] is True  # the cost attributor priced them
     assert len(leaks["cache"]["top_prefixes"]) <= 2
     assert set(leaks) == {"requests", "priced", "cache", "long_context",
-                          "small_packets", "last_mile", "ranked"}
+                          "small_packets", "last_mile", "ranked", "window"}
     assert [leak["leak"] for leak in leaks["ranked"]] and len(leaks["ranked"]) == 3
     out = httpx.post(f"{url}/api/whatif", json={"spec_decode_speedup": 2.0}, timeout=5).json()
     for side in ("baseline", "projected"):
