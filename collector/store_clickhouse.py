@@ -421,7 +421,7 @@ def ensure_schema(conn: Connection, retention_seconds: float) -> None:
             conn.command(f"ALTER TABLE records ADD COLUMN IF NOT EXISTS `{name}` {kind}")
     kept = _meta(conn, "retention_seconds")
     if kept is not None and float(kept) != float(retention_seconds):
-        for table, _ in (("records", 0), ("idle_cost", 0), ("joined_traces", 0)):
+        for table in ("records", "idle_cost", "joined_traces"):
             conn.command(f"ALTER TABLE {table} MODIFY {_ttl(retention_seconds)} "
                          "SETTINGS materialize_ttl_after_modify = 0")
     now = time.time()

@@ -181,6 +181,14 @@ def test_the_schema_follows_the_layout(pair: tuple[RecordStore, RecordStore]) ->
     # opened again: nothing added, the same version row
     ch.ensure_schema(conn, RETENTION)
     assert len(conn.rows("SELECT * FROM schema_version FINAL")) == 1
+    # another retention: the TTL follows it
+    for retention in (RETENTION + 3600, RETENTION):
+        ch.ensure_schema(conn, retention)
+        for table in ("records", "idle_cost", "joined_traces"):
+            ((create,),) = conn.rows("SELECT create_table_query FROM system.tables WHERE "
+                                     f"database = currentDatabase() AND name = '{table}'")
+            assert f"toIntervalSecond({int(retention)})" in create, create
+    assert clickhouse.count() == 4000
 
 
 class _Flaky:
