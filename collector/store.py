@@ -636,12 +636,11 @@ class ClickHouseStore(RecordStore):
         self._last_retention = 0.0
         target = ch.parse_url(config.path)
         self.target = target
+        if config.read_only and target.chdb and not (Path(target.path) / "metadata").is_dir():
+            raise ConfigError("store", f"no store at {target.describe()}")
         self._owner = (ch.Owner(target.path, exclusive=not config.read_only)
                        if target.chdb else None)
         try:
-            if config.read_only and target.chdb and not (
-                    Path(target.path) / "metadata").is_dir():
-                raise ConfigError("store", f"no store at {target.describe()}")
             self._conn = ch.Connection(ch.connect(target))
             if config.read_only:
                 if not self._conn.rows("EXISTS TABLE records")[0][0]:

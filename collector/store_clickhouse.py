@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, cast
 from urllib.parse import unquote, urlsplit
@@ -373,7 +374,10 @@ def connect(target: Target) -> Any:
     secure = target.scheme == "clickhouses"
     client = clickhouse_connect.get_client(
         host=target.host, port=target.port or (8443 if secure else 8123),
-        username=target.user, password=password(), secure=secure, database="default")
+        username=target.user, password=password(), secure=secure, database="default",
+        # the writer and the readers share the client under a lock; no server session,
+        # which would refuse a second query while one runs
+        autogenerate_session_id=False)
     client.command(f"CREATE DATABASE IF NOT EXISTS `{target.database}`")
     client.database = target.database
     return client
@@ -613,19 +617,24 @@ class ClickHouseWriter:
         idle_rows = [[i.pool, i.start_unix, i.end_unix, i.dollars,
                       i.energy_joules if math.isfinite(i.energy_joules) else 0.0]
                      for i in idle]
-        steps: list[Callable[[], None]] = [
-            lambda: self._conn.insert("records", rows, L.COLUMNS,
-                                      _batch_token("records", ids)),
-            lambda: self._conn.insert("joined_traces", joined,
-                                      ("trace_id", "record_id", "end_unix"),
-                                      _batch_token("joined", [f"{a}/{b}" for a, b, _ in joined])),
-            lambda: self._conn.insert("idle_cost", idle_rows,
-                                      ("pool", "start_unix", "end_unix", "dollars",
-                                       "energy_joules"),
-                                      _batch_token("idle", [repr(r) for r in idle_rows])),
+        self._retry(lambda: self._conn.insert("records", rows, L.COLUMNS,
+                                              _batch_token("records", ids)))
+        # The records are in: what fails past here loses itself only (counted in
+        # store_errors), not the records.
+        extras: list[tuple[str, list[list[Any]], tuple[str, ...], str]] = [
+            ("joined_traces", joined, ("trace_id", "record_id", "end_unix"),
+             _batch_token("joined", [f"{a}/{b}" for a, b, _ in joined])),
+            ("idle_cost", idle_rows,
+             ("pool", "start_unix", "end_unix", "dollars", "energy_joules"),
+             _batch_token("idle", [repr(r) for r in idle_rows])),
         ]
-        for step in steps:
-            self._retry(step)
+        for table, table_rows, columns, token in extras:
+            try:
+                self._retry(partial(self._conn.insert, table, table_rows, columns, token))
+            except Exception:
+                log.exception("store: %d rows of %s could not be written", len(table_rows),
+                              table)
+                self._stats.store_errors.inc(len(table_rows))
         return len(rows)
 
     def _retry(self, step: Callable[[], None]) -> None:

@@ -228,6 +228,76 @@ def test_records_past_the_retries_are_counted_as_dropped(tmp_path: Path) -> None
     assert stats.records_stored.value == 0
 
 
+class _Table(_Flaky):
+    """Inserts into ``failing`` always fail."""
+
+    def __init__(self, failing: str) -> None:
+        super().__init__(0)
+        self.failing = failing
+
+    def insert(self, table: str, rows: list[list[Any]], columns: Any, token: str) -> None:
+        if table == self.failing and rows:
+            raise ConnectionError("no")
+        super().insert(table, rows, columns, token)
+
+
+def test_a_failed_idle_insert_does_not_drop_the_records() -> None:
+    stats = CollectorStats()
+    writer = ch.ClickHouseWriter(_Table("idle_cost"), stats, 0.0)  # type: ignore[arg-type]
+    records = list(synthetic_records(5, END, span_seconds=60.0))
+    assert writer.write(records, [IdleCost("p", END - 60, END, 1.0, 0.0)]) == 5
+    assert stats.store_errors.value == 1
+
+
+def _queued_store(stats: CollectorStats, queue_size: int) -> ClickHouseStore:
+    store = ClickHouseStore.__new__(ClickHouseStore)
+    RecordStore.__init__(store, StoreConfig(queue_size=queue_size, batch_size=1), stats)
+    return store
+
+
+def test_a_full_queue_makes_the_caller_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SQLite store's back-pressure, unchanged: while the writer is stuck (retrying),
+    a put into the full queue waits, and nothing is dropped."""
+    import threading
+
+    stats = CollectorStats()
+    store = _queued_store(stats, 2)
+    release = threading.Event()
+    written: list[int] = []
+
+    class _Stuck:
+        retry_seconds = 60.0
+
+        def write(self, records: list[Any], idle: list[Any]) -> int:
+            release.wait(30)
+            written.append(len(records))
+            return len(records)
+
+    store._writer = _Stuck()  # type: ignore[assignment]
+    monkeypatch.setattr("tokenpath.collector.store.PUT_WAIT_SECONDS", 0.05)
+    store.start()
+    records = list(synthetic_records(6, END, span_seconds=60.0))
+    done = threading.Event()
+
+    def produce() -> None:
+        for r in records:
+            store.consume_record(r)
+        done.set()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    assert not done.wait(0.5)  # one in the writer, two queued, the producer waits
+    release.set()
+    assert done.wait(30)
+    producer.join()
+    store._closed = True
+    store._queue.put(None)
+    assert store._thread is not None
+    store._thread.join(30)
+    assert sum(written) == 6
+    assert stats.records_dropped.total() == 0
+
+
 def test_urls_and_passwords(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = ch.parse_url("clickhouses://reader@db.example:9440/usage")
     assert (target.scheme, target.host, target.port, target.user, target.database) == (
