@@ -368,7 +368,8 @@ def connect(target: Target) -> Any:
         import clickhouse_connect
     except ImportError:
         raise ConfigError("store", "the ClickHouse store needs clickhouse-connect (pip "
-                          "install 'tokenpath[clickhouse]')") from None
+                          "install 'tokenpath[clickhouse]'; for chdb:// "
+                          "'tokenpath[chdb]')") from None
     if target.chdb:
         return clickhouse_connect.get_client(dsn=f"chdb://{target.path}")
     secure = target.scheme == "clickhouses"
