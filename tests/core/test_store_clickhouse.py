@@ -87,6 +87,14 @@ def test_the_records_read_back_as_written(pair: tuple[RecordStore, RecordStore])
         assert [r.end_unix for r in a.records] == [r.end_unix for r in b.records]
 
 
+def test_a_trace_s_records_match(pair: tuple[RecordStore, RecordStore]) -> None:
+    sqlite, clickhouse = pair
+    for record in sqlite.records(limit=20):
+        mine = [r.to_json() for r in clickhouse.records_of_trace(record.trace_id)]
+        assert mine == [r.to_json() for r in sqlite.records_of_trace(record.trace_id)]
+        assert mine
+
+
 @pytest.mark.parametrize("name", list(WINDOWS))
 def test_the_report_matches_the_sqlite_store(pair: tuple[RecordStore, RecordStore],
                                              name: str) -> None:
