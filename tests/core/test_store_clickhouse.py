@@ -87,6 +87,17 @@ def test_the_records_read_back_as_written(pair: tuple[RecordStore, RecordStore])
         assert [r.end_unix for r in a.records] == [r.end_unix for r in b.records]
 
 
+def test_a_batch_written_again_is_not_written_twice(pair: tuple[RecordStore, RecordStore]
+                                                     ) -> None:
+    """A retry after a lost answer sends the batch again with the same token: the table
+    keeps one copy."""
+    _, clickhouse = pair
+    assert isinstance(clickhouse, ClickHouseStore)
+    records = list(synthetic_records(4000, END, span_seconds=6 * 3600.0, seed=3))[:500]
+    ch.ClickHouseWriter(clickhouse._conn, CollectorStats()).write(records, [])
+    assert clickhouse.count() == 4000
+
+
 def test_a_trace_s_records_match(pair: tuple[RecordStore, RecordStore]) -> None:
     sqlite, clickhouse = pair
     for record in sqlite.records(limit=20):
