@@ -36,7 +36,7 @@ from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.collector.receivers.grpc import GrpcReceiver
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store import RecordStore, StoreConfig
+from tokenpath.collector.store import StoreConfig, make_store
 from tokenpath.compiled import describe as describe_compiled_core
 from tokenpath.install_check import build_state, log_fallbacks
 from tokenpath.pipeline import FanOut, IdleCost, RecordSink
@@ -61,7 +61,7 @@ class CollectorService:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.build = build_state()
         self.registry.register(BuildInfoCollector(self.build))
-        self.store = RecordStore(
+        self.store = make_store(
             StoreConfig(path=config.store_path, retention_seconds=config.retention_seconds,
                         queue_size=config.store_queue_size,
                         batch_size=config.store_batch_size),
@@ -138,6 +138,7 @@ class CollectorService:
             if self.grpc is not None:
                 self.grpc.start()
             self.http.start()
+            self.store.announce_api(self.http_url)
         except BaseException:  # a listener could not start: stop what did, then report
             self.shutdown()
             raise

@@ -28,10 +28,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
+from tokenpath.collector import store_clickhouse as ch
 from tokenpath.collector import store_layout as layout
 from tokenpath.collector import store_sql
 from tokenpath.collector.backpressure import (
@@ -114,6 +115,8 @@ class StoreConfig:
     retention_check_seconds: float = DEFAULT_RETENTION_CHECK_SECONDS
     queue_size: int = DEFAULT_QUEUE_SIZE
     read_only: bool = False  # a reader (CLI): the file is opened read-only, never changed
+    # ClickHouse: how long a failed insert is retried before its records count as dropped
+    write_retry_seconds: float = ch.DEFAULT_WRITE_RETRY_SECONDS
 
     def validate(self) -> None:
         if self.retention_seconds <= 0:
@@ -125,13 +128,46 @@ class StoreConfig:
             raise ConfigError("store.retention_check_seconds", "must be a finite number > 0")
         if self.queue_size < 1:
             raise ConfigError("store.queue_size", "must be >= 1")
-        if self.path != MEMORY:
+        if ch.is_clickhouse_url(self.path):
+            target = ch.parse_url(self.path)
+            if target.chdb:
+                parent = Path(target.path).resolve().parent
+                if not parent.is_dir():
+                    raise ConfigError("store.path", f"folder {parent} does not exist")
+        elif self.path != MEMORY:
             parent = Path(self.path).expanduser().resolve().parent
             if not parent.is_dir():
                 raise ConfigError("store.path", f"folder {parent} does not exist")
 
 
 _Item = RequestRecord | IdleCost
+
+
+class StoreQueries(Protocol):
+    """What a store's reader answers: the views' interface and the record lookups."""
+
+    def aggregate(self, window: Window, measures: Sequence[str],
+                  histograms: Sequence[str] = (), group_by: GroupBy = None,
+                  params: Params = _DEFAULT_PARAMS) -> dict[Any, Aggregates]: ...
+
+    def end_range(self, window: Window) -> tuple[float, float] | None: ...
+
+    def sample(self, window: Window, limit: int, fingerprinted: bool = False) -> Sample: ...
+
+    def records(self, limit: int | None = None, since_unix: float | None = None,
+                until_unix: float | None = None) -> list[RequestRecord]: ...
+
+    def record(self, record_id: str) -> RequestRecord | None: ...
+
+    def records_of_trace(self, trace_id: str) -> list[RequestRecord]: ...
+
+    def idle_cost_dollars(self, since_unix: float | None = None) -> float: ...
+
+    def idle_energy_joules(self, since_unix: float | None = None) -> float: ...
+
+    def coverage(self, now_unix: float | None = None) -> Coverage: ...
+
+    def count(self, window: Window = Window()) -> int: ...
 
 
 class RecordStore:
@@ -158,7 +194,7 @@ class RecordStore:
         self._rolled_at = time.monotonic()
         self._db = self._connect()
         self._reader_db, self._reader_lock, reader_names = self._open_reader()
-        self.queries = store_sql.SqliteQueries(
+        self.queries: StoreQueries = store_sql.SqliteQueries(
             self._reader_db, self._reader_lock, reader_names,
             None if self._config.read_only else self._config.retention_seconds)
         self._thread: threading.Thread | None = None
@@ -303,6 +339,9 @@ class RecordStore:
         names = layout.Names()
         names.load(db)
         return db, threading.Lock(), names
+
+    def announce_api(self, url: str) -> None:
+        """The collector's API URL, once it listens (a chDB store names it to readers)."""
 
     # --- sink ------------------------------------------------------------------------------
 
@@ -573,9 +612,119 @@ def _ceil(value: float | None) -> float | None:
     return None if value is None else float(math.ceil(value))
 
 
+class ClickHouseStore(RecordStore):
+    """The store in ClickHouse (collector/store_clickhouse.py): the same queue, writer
+    thread and back-pressure as the SQLite store; batches written by clickhouse-connect
+    with retries; the views' queries in ClickHouse SQL; retention by the tables' TTL."""
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        stats: CollectorStats | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        # The queue and writer thread of RecordStore; none of its SQLite.
+        self._config = config
+        self._config.validate()
+        self._stats = stats or CollectorStats()
+        self._clock = clock
+        self._queue = queue.Queue(self._config.queue_size)
+        self._drops = DropLog(self._stats, log, "store")
+        self._writer_gone = False
+        self._thread = None
+        self._closed = False
+        self._last_retention = 0.0
+        target = ch.parse_url(config.path)
+        self.target = target
+        if config.read_only and target.chdb and not (Path(target.path) / "metadata").is_dir():
+            raise ConfigError("store", f"no store at {target.describe()}")
+        self._owner = (ch.Owner(target.path, exclusive=not config.read_only)
+                       if target.chdb else None)
+        try:
+            self._conn = ch.Connection(ch.connect(target))
+            if config.read_only:
+                if not self._conn.rows("EXISTS TABLE records")[0][0]:
+                    raise ConfigError("store", f"no store at {target.describe()}")
+            else:
+                ch.ensure_schema(self._conn, config.retention_seconds)
+        except ConfigError:
+            self._release()
+            raise
+        except Exception as exc:
+            self._release()
+            raise ConfigError("store", f"cannot open {target.describe()}: "
+                              f"{type(exc).__name__}: {str(exc)[:300]}") from None
+        self._writer = ch.ClickHouseWriter(self._conn, self._stats, config.write_retry_seconds)
+        self.queries = ch.ClickHouseQueries(
+            self._conn, None if config.read_only else config.retention_seconds)
+        log.info("store: %s", target.describe())
+
+    def _release(self) -> None:
+        if self._owner is not None:
+            self._owner.release()
+            self._owner = None
+
+    def announce_api(self, url: str) -> None:
+        if self._owner is not None:
+            self._owner.announce(url)
+
+    def _write(self, batch: list[_Item]) -> None:
+        records = [i for i in batch if isinstance(i, RequestRecord)]
+        idle = []
+        for i in batch:
+            if not isinstance(i, IdleCost):
+                continue
+            if math.isfinite(i.dollars) and math.isfinite(i.start_unix) and math.isfinite(
+                    i.end_unix):
+                idle.append(i)
+            else:
+                log.error("store: idle cost slice of pool %s is not finite", i.pool)
+                self._stats.store_errors.inc()
+        try:
+            stored = self._writer.write(records, idle)
+        except Exception:
+            log.exception("store write failed after %.0f s of retries (%d items)",
+                          self._writer.retry_seconds, len(records) + len(idle))
+            self._stats.store_errors.inc(len(records) + len(idle))
+            self._drops.drop(ch.DROP_STORE_WRITE_FAILED, len(records))
+            return
+        self._stats.records_stored.inc(stored)
+
+    def _maybe_apply_retention(self) -> None:
+        """The tables' TTL drops what is past the retention."""
+
+    def apply_retention(self, now: float | None = None) -> int:
+        return 0
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self.flush()
+        self._drops.flush()
+        try:
+            self._conn.close()
+        finally:
+            self._release()
+
+
+def make_store(config: StoreConfig, stats: CollectorStats | None = None,
+               clock: Callable[[], float] = time.time) -> RecordStore:
+    """The store ``config.path`` names: a SQLite file (or ``:memory:``), or a ClickHouse
+    URL (``chdb:///PATH``, ``clickhouse://``, ``clickhouses://``)."""
+    if ch.is_clickhouse_url(config.path):
+        return ClickHouseStore(config, stats, clock)
+    return RecordStore(config, stats, clock)
+
+
 def open_store_readonly(path: str) -> RecordStore:
     """A store for reading (CLI), opened read-only (nothing in the file changes, not even
     its schema); errors name the path when it does not exist."""
+    if ch.is_clickhouse_url(path):
+        return ClickHouseStore(StoreConfig(path=path, read_only=True))
     if not Path(path).expanduser().exists():
         raise ConfigError("store", f"no store at {path}")
     return RecordStore(StoreConfig(path=path, read_only=True))

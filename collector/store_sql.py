@@ -34,6 +34,7 @@ import threading
 from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tokenpath.collector import store_layout as L
@@ -77,124 +78,188 @@ def _name_id(text: str) -> str:
     return f"coalesce((SELECT id FROM names WHERE text = '{text}'), -1)"
 
 
-_MEASURED = _name_id("measured")
-_EMPTY = _name_id("")
-# Per-row values several measures use, computed once a row in the subquery every measure
-# reads from (:func:`source_sql`; LIMIT keeps SQLite from inlining them back into each
-# measure).
+def _quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """Where a store's SQL differs: SQLite (names coded as ids, ``total``, the scalar
+    two-argument ``max``/``min``, integer ``/``) or ClickHouse (names as text,
+    ``greatest``/``least``, ``intDiv``). The measures are written once, against this."""
+
+    name: str
+
+    @property
+    def clickhouse(self) -> bool:
+        return self.name == "clickhouse"
+
+    def greatest(self, *args: str) -> str:
+        return f"{'greatest' if self.clickhouse else 'max'}({', '.join(args)})"
+
+    def least(self, *args: str) -> str:
+        return f"{'least' if self.clickhouse else 'min'}({', '.join(args)})"
+
+    def total(self, expr: str) -> str:
+        """The sum of the non-NULL values as a float; 0.0 over none."""
+        return f"coalesce(sum(toFloat64({expr})), 0.0)" if self.clickhouse else f"total({expr})"
+
+    def idiv(self, expr: str, by: str) -> str:
+        return f"intDiv({expr}, {by})" if self.clickhouse else f"{expr} / {by}"
+
+    def name_value(self, text: str) -> str:
+        """A name as the records' name columns hold it (an id in SQLite, text here)."""
+        return _quote(text) if self.clickhouse else _name_id(text)
+
+    def context(self) -> str:
+        return (f"({self.greatest('0', 'input_tokens')} + {self.greatest('0', 'output_tokens')})"
+                if self.clickhouse else L.CONTEXT_SQL)
+
+
+SQLITE = Dialect("sqlite")
+CLICKHOUSE = Dialect("clickhouse")
+
+
+def derived_sql(d: Dialect) -> dict[str, str]:
+    """Per-row values several measures use, computed once a row in the subquery every
+    measure reads from (:func:`source_sql`; in SQLite LIMIT keeps it from inlining them
+    back into each measure)."""
+    context = d.context()
+    cached = d.greatest("0", d.least("cache_read_tokens", "input_tokens - 1"))
+    new = d.greatest("1", f"input_tokens - {cached}")
+    return {
+        "d_ctx": context,
+        "d_cb": "(CASE " + " ".join(f"WHEN {context} < {bound} THEN {i}"
+                                    for i, bound in enumerate(CONTEXT_BUCKET_BOUNDS))
+                + f" ELSE {len(CONTEXT_BUCKET_BOUNDS)} END)",
+        "d_cached": cached,
+        "d_new": new,
+        "d_q": f"({new} * {cached} + {new} * ({new} + 1) / 2.0)",
+        "d_pfd": "(" + " + ".join(f"coalesce({L.phase_column(s, 'prefill', 'c')}, 0.0)"
+                                  for s in STAGE_VALUES) + ")",
+        "d_stream": "(response_chunks > 1 AND output_tokens > 0)",
+        "d_pk": ("(CASE WHEN response_packets != 0 THEN response_packets "
+                 "ELSE response_chunks END)"),
+    }
+
+
 _CONTEXT_SQL = L.CONTEXT_SQL
-_CACHED_SQL = "max(0, min(cache_read_tokens, input_tokens - 1))"
-_NEW_SQL = f"max(1, input_tokens - {_CACHED_SQL})"
-DERIVED: dict[str, str] = {
-    "d_ctx": _CONTEXT_SQL,
-    "d_cb": "(CASE " + " ".join(f"WHEN {_CONTEXT_SQL} < {bound} THEN {i}"
-                                for i, bound in enumerate(CONTEXT_BUCKET_BOUNDS))
-            + f" ELSE {len(CONTEXT_BUCKET_BOUNDS)} END)",
-    "d_cached": _CACHED_SQL,
-    "d_new": _NEW_SQL,
-    "d_q": f"({_NEW_SQL} * {_CACHED_SQL} + {_NEW_SQL} * ({_NEW_SQL} + 1) / 2.0)",
-    "d_pfd": "(" + " + ".join(f"coalesce({L.phase_column(s, 'prefill', 'c')}, 0.0)"
-                              for s in STAGE_VALUES) + ")",
-    "d_stream": "(response_chunks > 1 AND output_tokens > 0)",
-    "d_pk": "(CASE WHEN response_packets != 0 THEN response_packets ELSE response_chunks END)",
-}
+DERIVED: dict[str, str] = derived_sql(SQLITE)
 _CTX, _BUCKET, _CACHED, _NEW, _Q = "d_ctx", "d_cb", "d_cached", "d_new", "d_q"
 _PREFILL_DOLLARS, _STREAM, _PACKETS = "d_pfd", "d_stream", "d_pk"
 
 
-def source_sql(where: str, uses: str = "", table: str = "records") -> str:
+def source_sql(where: str, uses: str = "", table: str = "records",
+               d: Dialect = SQLITE) -> str:
     """The rows measures read: ``records`` rows matching ``where``, with the values of
     :data:`DERIVED` that ``uses`` (the measures' SQL) names."""
-    derived = "".join(f", {expr} AS {name}" for name, expr in DERIVED.items()
+    derived = "".join(f", {expr} AS {name}" for name, expr in derived_sql(d).items()
                       if re.search(rf"\b{name}\b", uses))
     if not derived:
         return f"{table} WHERE {where}"
-    return f"(SELECT *{derived} FROM {table} WHERE {where} LIMIT -1)"
+    limit = "" if d.clickhouse else " LIMIT -1"
+    return f"(SELECT *{derived} FROM {table} WHERE {where}{limit})"
 
 
-def _ceil_div(expr: str, by: int) -> str:
-    return f"(CASE WHEN {expr} >= 0 THEN ({expr} + {by - 1}) / {by} ELSE -((-{expr}) / {by}) END)"
+def _ceil_div(expr: str, by: int, d: Dialect = SQLITE) -> str:
+    return (f"(CASE WHEN {expr} >= 0 THEN {d.idiv(f'({expr} + {by - 1})', str(by))} "
+            f"ELSE -({d.idiv(f'(-{expr})', str(by))}) END)")
 
 
-def bucket_key_sql(value: str) -> str:
-    """tokenpath.query.bucket_key in SQL (the same libm ``log``, so the same bucket)."""
+def bucket_key_sql(value: str, d: Dialect = SQLITE) -> str:
+    """tokenpath.query.bucket_key in SQL (in SQLite the same libm ``log``, so the same
+    bucket; ClickHouse's ``log`` may differ in the last bit at a bucket's edge, which moves
+    a value to the next bucket: still within the quantiles' bound)."""
     lg = repr(LOG_GAMMA)
+    if d.clickhouse:  # toInt64 of a NaN fails even in a branch not taken: log of |v| > 0
+        safe = f"greatest(abs({value}), 1e-300)"
+        return (f"(CASE WHEN {value} > 0 THEN toInt64(ceil(log({safe}) / {lg})) "
+                f"WHEN {value} < 0 THEN {NEGATIVE_BASE} - toInt64(ceil(log({safe}) / {lg})) "
+                f"ELSE {ZERO_KEY} END)")
     return (f"(CASE WHEN {value} > 0 THEN CAST(ceil(ln({value}) / {lg}) AS INTEGER) "
             f"WHEN {value} < 0 THEN {NEGATIVE_BASE} - CAST(ceil(ln(-({value})) / {lg}) AS INTEGER) "
             f"ELSE {ZERO_KEY} END)")
 
 
-def _coalesced(tokens_per_write: int) -> str:
-    token_writes = "min(response_chunks, output_tokens)"
-    writes = f"({_ceil_div(token_writes, tokens_per_write)} + response_chunks - {token_writes})"
-    return (f"(CASE WHEN {_STREAM} THEN max({writes}, "
-            f"{_ceil_div('response_bytes', DEFAULT_MSS_BYTES)}, 1) END)")
+def _coalesced(tokens_per_write: int, d: Dialect = SQLITE) -> str:
+    token_writes = d.least("response_chunks", "output_tokens")
+    writes = (f"({_ceil_div(token_writes, tokens_per_write, d)} + response_chunks - "
+              f"{token_writes})")
+    return (f"(CASE WHEN {_STREAM} THEN "
+            f"{d.greatest(writes, _ceil_div('response_bytes', DEFAULT_MSS_BYTES, d), '1')} END)")
 
 
-def _last_doubling(params: Params, args: list[Any]) -> str:
+def _last_doubling(params: Params, args: list[Any], d: Dialect = SQLITE) -> str:
     """Each long-context record's prefill dollars times the share of its prefill FLOPs
     that halving its prompt removes (collector/cost/longcontext.py), by its model's
     constants; half its prefill dollars for a model without them."""
     dollars = _PREFILL_DOLLARS
-    half_new = f"max(1, {_NEW} / 2)"
-    half_cached = f"({_CACHED} / 2)"
+    half_new = d.greatest("1", d.idiv(_NEW, "2"))
+    half_cached = f"({d.idiv(_CACHED, '2')})"
     half_q = f"({half_new} * {half_cached} + {half_new} * ({half_new} + 1) / 2.0)"
     whens = []
     for model, p2, a in params.model_constants:
         full = f"({p2!r} * {_NEW} + {a!r} * {_Q})"
         half = f"({p2!r} * {half_new} + {a!r} * {half_q})"
-        whens.append(f"WHEN (SELECT id FROM names WHERE text = ?) THEN "
+        if d.clickhouse:
+            model_value = _quote(model)
+        else:
+            model_value = "(SELECT id FROM names WHERE text = ?)"
+            args.append(model)
+        whens.append(f"WHEN {model_value} THEN "
                      f"(CASE WHEN {full} > 0 THEN {dollars} * (1.0 - {half} / {full}) "
                      "ELSE 0.0 END)")
-        args.append(model)
     by_model = (f"CASE model {' '.join(whens)} ELSE {dollars} / 2.0 END" if whens
                 else f"{dollars} / 2.0")
-    return (f"total(CASE WHEN {_CTX} >= {int(params.long_context_tokens)} AND {dollars} > 0 "
-            f"THEN {by_model} END)")
+    return d.total(f"CASE WHEN {_CTX} >= {int(params.long_context_tokens)} AND {dollars} > 0 "
+                   f"THEN {by_model} END")
 
 
 def measure_sql(name: str, params: Params = DEFAULT_PARAMS,
-                args: list[Any] | None = None) -> str:
+                args: list[Any] | None = None, d: Dialect = SQLITE) -> str:
     """The SQL aggregate of measure ``name`` over ``records`` rows. ``args`` receives
-    the parameters the expression binds, in order."""
+    the parameters the expression binds, in order (none in ClickHouse: values inline)."""
     if name == "last_doubling":
-        return _last_doubling(params, [] if args is None else args)
+        return _last_doubling(params, [] if args is None else args, d)
     parts = name.split(":")
     kind = parts[0]
+    total = d.total
+    measured, empty = d.name_value("measured"), d.name_value("")
     simple: dict[str, str] = {
         "n": "count(*)",
         "complete_n": "coalesce(sum(complete), 0)",
         "simulated_n": "coalesce(sum(simulated), 0)",
-        "fingerprinted_n": "count(prefix_fingerprints)",
+        "fingerprinted_n": ("countIf(notEmpty(prefix_fingerprints))" if d.clickhouse
+                            else "count(prefix_fingerprints)"),
         "priced_n": "coalesce(sum(cost_dollars > 0 OR naive_cost_dollars > 0), 0)",
         "input_tokens": "coalesce(sum(input_tokens), 0)",
         "cache_read_tokens": "coalesce(sum(cache_read_tokens), 0)",
         "output_tokens": "coalesce(sum(output_tokens), 0)",
-        "input_tokens_pos": "coalesce(sum(max(0, input_tokens)), 0)",
-        "output_tokens_pos": "coalesce(sum(max(0, output_tokens)), 0)",
-        "cost": "total(cost_dollars)",
-        "naive_cost": "total(naive_cost_dollars)",
-        "waste": "total(cache_miss_waste_dollars)",
-        "energy": "total(energy_joules)",
-        "energy_pos": "total(max(0.0, energy_joules))",
-        "energy_measured_n": f"coalesce(sum(energy_provenance = {_MEASURED}), 0)",
+        "input_tokens_pos": f"coalesce(sum({d.greatest('0', 'input_tokens')}), 0)",
+        "output_tokens_pos": f"coalesce(sum({d.greatest('0', 'output_tokens')}), 0)",
+        "cost": total("cost_dollars"),
+        "naive_cost": total("naive_cost_dollars"),
+        "waste": total("cache_miss_waste_dollars"),
+        "energy": total("energy_joules"),
+        "energy_pos": total(d.greatest("0.0", "energy_joules")),
+        "energy_measured_n": f"coalesce(sum(energy_provenance = {measured}), 0)",
         "energy_other_n": (f"coalesce(sum(energy_provenance IS NOT NULL AND energy_provenance "
-                           f"NOT IN ({_MEASURED}, {_EMPTY})), 0)"),
-        "prefill_seconds": "total(prefill_seconds)",
-        "decode_seconds": "total(decode_seconds)",
+                           f"NOT IN ({measured}, {empty})), 0)"),
+        "prefill_seconds": total("prefill_seconds"),
+        "decode_seconds": total("decode_seconds"),
         "response_chunks": "coalesce(sum(response_chunks), 0)",
         "small_chunks": "coalesce(sum(small_chunks), 0)",
         "response_bytes": "coalesce(sum(response_bytes), 0)",
         "min_start": "min(start_unix)",
         "max_end": "max(end_unix)",
-        "prefill_cost": f"total({_PREFILL_DOLLARS})",
+        "prefill_cost": total(_PREFILL_DOLLARS),
         "lm_streams": f"coalesce(sum({_STREAM}), 0)",
         "lm_tokens": f"coalesce(sum(CASE WHEN {_STREAM} THEN output_tokens END), 0)",
         "lm_bytes": f"coalesce(sum(CASE WHEN {_STREAM} THEN response_bytes END), 0)",
         "lm_packets": f"coalesce(sum(CASE WHEN {_STREAM} THEN {_PACKETS} END), 0)",
-        "lm_resp_s": f"total(CASE WHEN {_STREAM} THEN s_response_path END)",
-        "lm_resp_c": f"total(CASE WHEN {_STREAM} THEN c_response_path END)",
-        "lm_tpot_sum": f"total(CASE WHEN {_STREAM} THEN tpot_seconds END)",
+        "lm_resp_s": total(f"CASE WHEN {_STREAM} THEN s_response_path END"),
+        "lm_resp_c": total(f"CASE WHEN {_STREAM} THEN c_response_path END"),
+        "lm_tpot_sum": total(f"CASE WHEN {_STREAM} THEN tpot_seconds END"),
         "lm_tpot_n": f"coalesce(sum({_STREAM} AND tpot_seconds IS NOT NULL), 0)",
         "lm_est_n": f"coalesce(sum({_STREAM} AND response_packets = 0), 0)",
     }
@@ -205,34 +270,34 @@ def measure_sql(name: str, params: Params = DEFAULT_PARAMS,
     if name == "lc_n":
         return f"coalesce(sum({long_}), 0)"
     if name == "lc_cost":
-        return f"total(CASE WHEN {long_} THEN cost_dollars END)"
+        return total(f"CASE WHEN {long_} THEN cost_dollars END")
     if name == "lc_prefill_s":
-        return f"total(CASE WHEN {long_} THEN prefill_seconds END)"
+        return total(f"CASE WHEN {long_} THEN prefill_seconds END")
     if name == "lc_prefill_c":
-        return f"total(CASE WHEN {long_} THEN {_PREFILL_DOLLARS} END)"
+        return total(f"CASE WHEN {long_} THEN {_PREFILL_DOLLARS} END")
     if name == "lm_leaking":
         ratio = repr(float(params.packets_per_token_threshold))
         return (f"coalesce(sum({_STREAM} AND {_PACKETS} * 1.0 / output_tokens >= {ratio}), 0)")
     if kind in ("st_n", "st_s", "st_c", "max_prov") and parts[1] in STAGE_VALUES:
         stage = parts[1]
         return {"st_n": f"count(p_{stage})",
-                "st_s": f"total(s_{stage})", "st_c": f"total(c_{stage})",
+                "st_s": total(f"s_{stage}"), "st_c": total(f"c_{stage}"),
                 "max_prov": f"max(p_{stage})"}[kind]
     if kind in ("ph_s", "ph_c") and len(parts) == 3:  # NULL: no record has the share
         return f"sum({L.phase_column(parts[1], parts[2], kind[-1])})"
     if kind in ("mt", "md") and parts[1] in CAUSE_VALUES:
         column = f"{kind}_{parts[1]}"
-        return f"coalesce(sum({column}), 0)" if kind == "mt" else f"total({column})"
+        return f"coalesce(sum({column}), 0)" if kind == "mt" else total(column)
     if kind.startswith("cb_") and len(parts) == 2:
         i = int(parts[1])
         in_bucket = f"{_BUCKET} = {i}"
         return {"cb_n": f"coalesce(sum({in_bucket}), 0)",
-                "cb_cost": f"total(CASE WHEN {in_bucket} THEN cost_dollars END)",
-                "cb_prefill_s": f"total(CASE WHEN {in_bucket} THEN prefill_seconds END)",
+                "cb_cost": total(f"CASE WHEN {in_bucket} THEN cost_dollars END"),
+                "cb_prefill_s": total(f"CASE WHEN {in_bucket} THEN prefill_seconds END"),
                 "cb_new": f"coalesce(sum(CASE WHEN {in_bucket} THEN {_NEW} END), 0)",
-                "cb_q": f"total(CASE WHEN {in_bucket} THEN {_Q} END)"}[kind]
+                "cb_q": total(f"CASE WHEN {in_bucket} THEN {_Q} END")}[kind]
     if kind == "lm_coal" and int(parts[1]) > 0:
-        return f"coalesce(sum({_coalesced(int(parts[1]))}), 0)"
+        return f"coalesce(sum({_coalesced(int(parts[1]), d)}), 0)"
     raise ValueError(f"unknown measure {name!r}")
 
 

@@ -41,6 +41,10 @@ def test_compose_has_the_whole_stack() -> None:
     assert any("opentelemetry-collector-contrib" in i for i in images.values())
     commands = [" ".join(s.get("command", [])) for s in services.values()]
     assert sum(c.startswith("collector ") for c in commands) == 2
+    assert any(i.startswith("clickhouse/clickhouse-server") for i in images.values())
+    stores = [c.split("--store ", 1)[1].split()[0] for c in commands
+              if c.startswith("collector ")]
+    assert stores == ["clickhouse://tokenpath@clickhouse:8123/tokenpath"] * 2
     assert any(c.startswith("agent ") for c in commands)
     assert any(c.startswith("demo ") for c in commands)
 

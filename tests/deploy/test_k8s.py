@@ -80,6 +80,12 @@ def test_collectors_sit_behind_a_headless_service_the_gateway_resolves() -> None
     deployment = next(d for d in _by_kind("Deployment") if d["metadata"]["name"] ==
                       "tokenpath-collector")
     assert deployment["spec"]["replicas"] >= 2
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    clickhouse = next(s for s in _by_kind("Service") if s["metadata"]["name"] ==
+                      "tokenpath-clickhouse")
+    assert args[args.index("--store") + 1] == (
+        f"clickhouse://tokenpath@{clickhouse['metadata']['name']}."
+        f"{clickhouse['metadata']['namespace']}:8123/tokenpath")
     gateway_map = next(c for c in _by_kind("ConfigMap") if c["metadata"]["name"] ==
                        "tokenpath-otel-gateway")
     config = yaml.safe_load(gateway_map["data"]["config.yaml"])

@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
                                         f"Default {COLLECTOR_GRPC}."),
         http: str | None = typer.Option(None, help="OTLP/HTTP, API and UI HOST:PORT. "
                                         f"Default {COLLECTOR_HTTP}."),
-        store: str | None = typer.Option(None, help="SQLite store path. Default "
+        store: str | None = typer.Option(None, help="SQLite store path, or chdb:///PATH, "
+                                         "clickhouse[s]://[USER@]HOST[:PORT]/DB (password: "
+                                         "$TOKENPATH_CLICKHOUSE_PASSWORD[_FILE]). Default "
                                          "$TOKENPATH_STORE or ~/.local/share/tokenpath/store.db."),
         prices: str | None = typer.Option(None, help="Price sheet YAML."),
         config: Path | None = typer.Option(None, help="Collector config YAML."),
@@ -41,6 +43,7 @@ def register(app: typer.Typer) -> None:
         from tokenpath.collector.config import CollectorConfig
         from tokenpath.collector.gc_tuning import tune_gc
         from tokenpath.collector.service import CollectorService
+        from tokenpath.collector.store_clickhouse import is_clickhouse_url, parse_url
 
         logging.basicConfig(level=log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -51,7 +54,11 @@ def register(app: typer.Typer) -> None:
                 tls_client_ca=tls_client_ca, forward_records=forward_records,
                 file=load_config_file(config),
             )
-            if cfg.store_path != ":memory:":
+            if is_clickhouse_url(cfg.store_path):
+                target = parse_url(cfg.store_path)
+                if target.chdb:
+                    Path(target.path).parent.mkdir(parents=True, exist_ok=True)
+            elif cfg.store_path != ":memory:":
                 Path(cfg.store_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
             service = CollectorService(cfg)
             service.start()

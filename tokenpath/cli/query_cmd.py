@@ -38,7 +38,8 @@ GROUP_KEYS: dict[GroupBy, Callable[[RequestRecord], str | None]] = {
     GroupBy.POOL: lambda r: r.pool,
 }
 
-STORE_HELP = "Store path (default $TOKENPATH_STORE or ~/.local/share/tokenpath/store.db)."
+STORE_HELP = ("Store path (default $TOKENPATH_STORE or ~/.local/share/tokenpath/store.db), "
+              "or chdb:///PATH, clickhouse[s]://[USER@]HOST[:PORT]/DB.")
 COLLECTOR_HELP = (f"Read from a running collector instead, e.g. {COLLECTOR_URL}; "
                   "several replicas, comma-separated, are merged.")
 
