@@ -184,7 +184,7 @@ def _stored_rows(store: Path) -> int:
         return 0
     try:
         with closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=5)) as db:
-            return int(db.execute("SELECT COUNT(*) FROM requests").fetchone()[0])
+            return int(db.execute("SELECT COUNT(*) FROM records").fetchone()[0])
     except sqlite3.OperationalError:  # not created yet
         return 0
 

@@ -9,17 +9,16 @@ asserts that happened, so it cannot pass without exercising back-pressure.
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.otlp import PROTOBUF_HEADERS, metric_samples
+from bench.no_loss import clients_for
+from tests.support.otlp import metric_samples
 from tests.support.processes import start_collector
 from tokenpath import metric_names as M
-from tokenpath.sample_traffic import sample_export
 
 pytestmark = pytest.mark.integration
 
@@ -38,37 +37,6 @@ store_queue_size: 64
 store_batch_size: 1
 """
 DEADLINE_SECONDS = 300  # a hang, not a speed check: the test waits for conditions
-
-
-class _Client(threading.Thread):
-    """Sends its share of export requests; on 429 waits Retry-After and sends again."""
-
-    def __init__(self, url: str, index: int, exports: int) -> None:
-        super().__init__(daemon=True)
-        self.url = url
-        self.index = index
-        self.exports = exports
-        self.accepted = 0
-        self.refused = 0
-        self.error: str | None = None
-
-    def run(self) -> None:
-        try:
-            with httpx.Client(timeout=60) as client:
-                for n in range(self.exports):
-                    seed = self.index * 1_000_000 + n
-                    body = sample_export(time.time(), PER_EXPORT, seed).SerializeToString()
-                    while True:
-                        response = client.post(f"{self.url}/v1/traces", content=body,
-                                               headers=PROTOBUF_HEADERS)
-                        if response.status_code != 429:
-                            break
-                        self.refused += 1
-                        time.sleep(float(response.headers["retry-after"]))
-                    assert response.status_code == 200, response.text
-                    self.accepted += PER_EXPORT
-        except BaseException as exc:  # reported by the test thread
-            self.error = repr(exc)
 
 
 def _stored(store: Path) -> int:
@@ -102,9 +70,7 @@ def test_every_accepted_request_reaches_the_store_under_overload(tmp_path: Path)
     collector = start_collector(store, "--config", str(config))
     deadline = time.monotonic() + DEADLINE_SECONDS
     try:
-        exports = REQUESTS // PER_EXPORT
-        clients = [_Client(collector.http_url, i, exports // CLIENTS + (i < exports % CLIENTS))
-                   for i in range(CLIENTS)]
+        clients = clients_for(collector.http_url, REQUESTS, CLIENTS, PER_EXPORT)
         for client in clients:
             client.start()
         for client in clients:
