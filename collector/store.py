@@ -434,7 +434,9 @@ class RecordStore:
         if batch:
             self._write(batch)
 
-    def _write(self, batch: list[_Item]) -> None:
+    def _split(self, batch: list[_Item]) -> tuple[list[RequestRecord], list[IdleCost]]:
+        """A batch's records and its finite idle slices; a non-finite slice is counted and
+        logged, and loses only itself, not the batch it came in."""
         records = [i for i in batch if isinstance(i, RequestRecord)]
         idle = []
         for i in batch:
@@ -443,9 +445,13 @@ class RecordStore:
             if math.isfinite(i.dollars) and math.isfinite(i.start_unix) and math.isfinite(
                     i.end_unix):
                 idle.append(i)
-            else:  # loses this slice only, not the batch it came in
+            else:
                 log.error("store: idle cost slice of pool %s is not finite", i.pool)
                 self._stats.store_errors.inc()
+        return records, idle
+
+    def _write(self, batch: list[_Item]) -> None:
+        records, idle = self._split(batch)
         stored = 0
         try:
             with self._db_lock:
@@ -669,17 +675,7 @@ class ClickHouseStore(RecordStore):
             self._owner.announce(url)
 
     def _write(self, batch: list[_Item]) -> None:
-        records = [i for i in batch if isinstance(i, RequestRecord)]
-        idle = []
-        for i in batch:
-            if not isinstance(i, IdleCost):
-                continue
-            if math.isfinite(i.dollars) and math.isfinite(i.start_unix) and math.isfinite(
-                    i.end_unix):
-                idle.append(i)
-            else:
-                log.error("store: idle cost slice of pool %s is not finite", i.pool)
-                self._stats.store_errors.inc()
+        records, idle = self._split(batch)
         try:
             stored = self._writer.write(records, idle)
         except Exception:
