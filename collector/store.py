@@ -509,16 +509,22 @@ class RecordStore:
                 raise
         return cur.rowcount
 
-    def shutdown(self) -> None:
-        """Write everything queued, then close. Idempotent."""
+    def _drain(self) -> bool:
+        """Stops the writer after it wrote everything queued; False when already closed."""
         if self._closed:
-            return
+            return False
         self._closed = True
         if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
         self.flush()
         self._drops.flush()
+        return True
+
+    def shutdown(self) -> None:
+        """Write everything queued, then close. Idempotent."""
+        if not self._drain():
+            return
         with self._db_lock:
             if not self._config.read_only:
                 try:  # the rollups hold every record written: the next open reads none raw
@@ -693,14 +699,8 @@ class ClickHouseStore(RecordStore):
         return 0
 
     def shutdown(self) -> None:
-        if self._closed:
+        if not self._drain():
             return
-        self._closed = True
-        if self._thread is not None and self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-        self.flush()
-        self._drops.flush()
         try:
             self._conn.close()
         finally:

@@ -20,65 +20,53 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class TelemetryErrors:
-    """Counts telemetry failures per place; thread-safe, never raises."""
+class _PlaceCounts:
+    """Counts per place; thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
 
+    def _increment(self, where: str) -> int:
+        """Counts one at ``where``; returns the count before."""
+        with self._lock:
+            seen = self._counts.get(where, 0)
+            self._counts[where] = seen + 1
+        return seen
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+    def by_place(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+class TelemetryErrors(_PlaceCounts):
+    """Counts telemetry failures per place and logs them; never raises."""
+
     def count(self, where: str, exc: BaseException) -> None:
         try:
-            with self._lock:
-                seen = self._counts.get(where, 0)
-                self._counts[where] = seen + 1
+            seen = self._increment(where)
             level = logging.WARNING if seen == 0 else logging.DEBUG
             logger.log(level, "tokenpath telemetry error in %s (ignored): %r", where, exc)
         except Exception:  # pragma: no cover - logging itself failed
             pass
 
-    def total(self) -> int:
-        with self._lock:
-            return sum(self._counts.values())
-
-    def by_place(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-    def reset(self) -> None:
-        with self._lock:
-            self._counts.clear()
-
 
 telemetry_errors = TelemetryErrors()
 
 
-class TelemetryCounts:
-    """Counts events per place that are no failure (nothing logged); thread-safe, never
-    raises."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}
+class TelemetryCounts(_PlaceCounts):
+    """Counts events per place that are no failure (nothing logged); never raises."""
 
     def count(self, where: str) -> None:
-        try:
-            with self._lock:
-                self._counts[where] = self._counts.get(where, 0) + 1
-        except Exception:  # pragma: no cover - nothing here raises
-            pass
-
-    def total(self) -> int:
-        with self._lock:
-            return sum(self._counts.values())
-
-    def by_place(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-    def reset(self) -> None:
-        with self._lock:
-            self._counts.clear()
+        self._increment(where)
 
 
 # Calls that took the public OpenTelemetry API path because the installed SDK is outside
