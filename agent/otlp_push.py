@@ -18,7 +18,6 @@ from typing import Any
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     AGGREGATION_TEMPORALITY_CUMULATIVE,
     Metric,
@@ -30,6 +29,7 @@ from tokenpath.agent.http_fetch import HttpClient
 from tokenpath.agent.snapshot import LabelValues, Snapshot
 from tokenpath.attributes import NODE
 from tokenpath.metric_names import MetricSpec
+from tokenpath.otlp_values import key_value
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +39,6 @@ SERVICE_NAME_KEY = "service.name"
 HOST_NAME_KEY = "host.name"
 AGENT_SERVICE_NAME = "tokenpath-agent"
 SCOPE_NAME = __name__.rpartition(".")[0]  # tokenpath.agent
-
-
-def _attribute(key: str, value: str) -> KeyValue:
-    return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
 class OtlpRequestBuilder:
@@ -62,9 +58,9 @@ class OtlpRequestBuilder:
         self._request = ExportMetricsServiceRequest()
         resource_metrics = self._request.resource_metrics.add()
         resource_metrics.resource.attributes.extend([
-            _attribute(SERVICE_NAME_KEY, AGENT_SERVICE_NAME),
-            _attribute(NODE, self._node),
-            _attribute(HOST_NAME_KEY, self._node),
+            key_value(SERVICE_NAME_KEY, AGENT_SERVICE_NAME),
+            key_value(NODE, self._node),
+            key_value(HOST_NAME_KEY, self._node),
         ])
         self._scope = resource_metrics.scope_metrics.add()
         self._scope.scope.name = SCOPE_NAME
@@ -100,7 +96,7 @@ class OtlpRequestBuilder:
                         container = self._container(spec)
                     point = container.data_points.add()
                     point.attributes.extend(
-                        [_attribute(k, v) for k, v in zip(spec.labels, labels, strict=True)])
+                        [key_value(k, v) for k, v in zip(spec.labels, labels, strict=True)])
                     point.start_time_unix_nano = self._start_unix_nano
                     points[(spec, labels)] = point
                 point.time_unix_nano = now

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 
 import orjson
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 
 from tokenpath.identity import pricing_resource
+from tokenpath.otlp_values import key_value
 from tokenpath.records import RequestRecord
 
 RECORD_EVENT_NAME = "tokenpath.request_record"
@@ -32,12 +33,6 @@ RECORD_SCHEMA_ATTRIBUTE = "tokenpath.record.schema"
 RECORD_SCHEMA_VERSION = 1
 SCOPE_NAME = "tokenpath.collector.forwarder"
 SCOPE_VERSION = str(RECORD_SCHEMA_VERSION)
-
-
-def _kv(key: str, value: str | int) -> KeyValue:
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
 def _log_record(record: RequestRecord) -> LogRecord:
@@ -48,7 +43,7 @@ def _log_record(record: RequestRecord) -> LogRecord:
         body = json.dumps(data)
     log = LogRecord(time_unix_nano=int(record.end_unix * 1e9), event_name=RECORD_EVENT_NAME,
                     body=AnyValue(string_value=body))
-    log.attributes.append(_kv(RECORD_SCHEMA_ATTRIBUTE, RECORD_SCHEMA_VERSION))
+    log.attributes.append(key_value(RECORD_SCHEMA_ATTRIBUTE, RECORD_SCHEMA_VERSION))
     with contextlib.suppress(ValueError):  # 32 hex; anything else stays in the body alone
         log.trace_id = bytes.fromhex(record.trace_id)
     return log
@@ -63,7 +58,7 @@ def encode_records(records: Iterable[RequestRecord]) -> ExportLogsServiceRequest
     request = ExportLogsServiceRequest()
     for resource, logs in groups.items():
         resource_logs = ResourceLogs()
-        resource_logs.resource.attributes.extend(_kv(k, v) for k, v in resource)
+        resource_logs.resource.attributes.extend(key_value(k, v) for k, v in resource)
         scope = ScopeLogs(scope=InstrumentationScope(name=SCOPE_NAME, version=SCOPE_VERSION))
         scope.log_records.extend(logs)
         resource_logs.scope_logs.append(scope)

@@ -13,11 +13,11 @@ import random
 from typing import Final
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from tokenpath import attributes as A
+from tokenpath.otlp_values import key_value
 
 SAMPLE_MODEL: Final = "llama-3.1-8b"
 SAMPLE_ENGINE_INSTANCE: Final = "sample-vllm-0"
@@ -25,17 +25,9 @@ _SERVICE_NAME: Final = "service.name"
 _HOST_NAME: Final = "host.name"
 
 
-def _attribute(key: str, value: str | int | float) -> KeyValue:
-    if isinstance(value, str):
-        return KeyValue(key=key, value=AnyValue(string_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    return KeyValue(key=key, value=AnyValue(double_value=value))
-
-
 def _resource_spans(resource: dict[str, str], scope: str, spans: list[Span]) -> ResourceSpans:
     out = ResourceSpans(resource=Resource(
-        attributes=[_attribute(k, v) for k, v in resource.items()]))
+        attributes=[key_value(k, v) for k, v in resource.items()]))
     scoped = ScopeSpans(spans=spans)
     scoped.scope.name = scope
     out.scope_spans.append(scoped)
@@ -63,24 +55,24 @@ def sample_export(now_unix: float, requests: int = 8, seed: int = 7) -> ExportTr
             trace_id=trace_id, span_id=gateway_id, name="POST /v1/chat/completions",
             kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=arrival - 3_000_000,
             end_time_unix_nano=end + 2_000_000,
-            attributes=[_attribute(A.HTTP_REQUEST_METHOD, "POST"),
-                        _attribute("http.route", "/v1/chat/completions"),
-                        _attribute(A.HTTP_RESPONSE_STATUS_CODE, 200)]))
+            attributes=[key_value(A.HTTP_REQUEST_METHOD, "POST"),
+                        key_value("http.route", "/v1/chat/completions"),
+                        key_value(A.HTTP_RESPONSE_STATUS_CODE, 200)]))
         engine_spans.append(Span(
             trace_id=trace_id, span_id=rng.getrandbits(64).to_bytes(8, "big"),
             parent_span_id=gateway_id, name=A.VLLM_REQUEST_SPAN_NAME,
             kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=arrival,
             end_time_unix_nano=end,
             attributes=[
-                _attribute(A.GEN_AI_REQUEST_MODEL, SAMPLE_MODEL),
-                _attribute(A.GEN_AI_REQUEST_ID, f"cmpl-sample-{index}"),
-                _attribute(A.VLLM_USAGE_PROMPT_TOKENS, prompt),
-                _attribute(A.VLLM_USAGE_COMPLETION_TOKENS, completion),
-                _attribute(A.VLLM_LATENCY_TIME_IN_QUEUE, queue / 1e9),
-                _attribute(A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN, (queue + prefill) / 1e9),
-                _attribute(A.VLLM_LATENCY_E2E, (queue + prefill + decode) / 1e9),
-                _attribute(A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL, prefill / 1e9),
-                _attribute(A.VLLM_LATENCY_TIME_IN_MODEL_DECODE, decode / 1e9),
+                key_value(A.GEN_AI_REQUEST_MODEL, SAMPLE_MODEL),
+                key_value(A.GEN_AI_REQUEST_ID, f"cmpl-sample-{index}"),
+                key_value(A.VLLM_USAGE_PROMPT_TOKENS, prompt),
+                key_value(A.VLLM_USAGE_COMPLETION_TOKENS, completion),
+                key_value(A.VLLM_LATENCY_TIME_IN_QUEUE, queue / 1e9),
+                key_value(A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN, (queue + prefill) / 1e9),
+                key_value(A.VLLM_LATENCY_E2E, (queue + prefill + decode) / 1e9),
+                key_value(A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL, prefill / 1e9),
+                key_value(A.VLLM_LATENCY_TIME_IN_MODEL_DECODE, decode / 1e9),
             ]))
     export = ExportTraceServiceRequest()
     export.resource_spans.append(_resource_spans(
