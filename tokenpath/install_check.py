@@ -217,39 +217,57 @@ def run_checks(components: Sequence[tuple[str, Path]]) -> dict[str, tuple[bool, 
     return results
 
 
+@dataclass(frozen=True)
+class _Part:
+    """One built part: its extension, its switch, and what it runs when it is used."""
+
+    component: str
+    module: str  # the extension's import name
+    disabled: bool  # switched off by the environment
+    switch: str  # how it was switched off, for the fallback's detail
+    running: str  # the build_info value when the built part runs
+    missing: str
+
+
+def _parts() -> tuple[_Part, ...]:
+    return (
+        _Part(COMPONENT_CORE, LIBRARY_GROUP + "__mypyc",
+              os.environ.get(PURE_PYTHON_ENV, "") == "1", f"{PURE_PYTHON_ENV}=1",
+              CORE_COMPILED, "the install has no compiled core (built without mypyc or "
+              "without a C compiler)"),
+        _Part(COMPONENT_DECODER, DECODER_MODULE,
+              os.environ.get(DECODER_ENV, "").strip().lower() == PYTHON, f"{DECODER_ENV}=python",
+              DECODER_NATIVE, "the install has no native OTLP decoder (built without a C "
+              "compiler)"),
+    )
+
+
 def _decide() -> BuildState:
     fallbacks: list[Fallback] = []
-    core_built = _built_file(LIBRARY_GROUP + "__mypyc")
-    decoder_built = _built_file(DECODER_MODULE)
     to_check: list[tuple[str, Path]] = []
-    core, decoder = PYTHON, PYTHON
-    if os.environ.get(PURE_PYTHON_ENV, "") == "1":
-        fallbacks.append(Fallback(COMPONENT_CORE, REASON_DISABLED, f"{PURE_PYTHON_ENV}=1"))
-    elif core_built is None:
-        fallbacks.append(Fallback(COMPONENT_CORE, REASON_NOT_BUILT,
-                                  "the install has no compiled core (built without mypyc "
-                                  "or without a C compiler)"))
-    else:
-        to_check.append((COMPONENT_CORE, core_built))
-    if os.environ.get(DECODER_ENV, "").strip().lower() == PYTHON:
-        fallbacks.append(Fallback(COMPONENT_DECODER, REASON_DISABLED, f"{DECODER_ENV}=python"))
-    elif decoder_built is None:
-        fallbacks.append(Fallback(COMPONENT_DECODER, REASON_NOT_BUILT,
-                                  "the install has no native OTLP decoder (built without a "
-                                  "C compiler)"))
-    else:
-        to_check.append((COMPONENT_DECODER, decoder_built))
+    parts = _parts()
+    for part in parts:
+        built = None if part.disabled else _built_file(part.module)
+        if part.disabled:
+            fallbacks.append(Fallback(part.component, REASON_DISABLED, part.switch))
+        elif built is None:
+            fallbacks.append(Fallback(part.component, REASON_NOT_BUILT, part.missing))
+        else:
+            to_check.append((part.component, built))
     trusted = os.environ.get(CHECK_ENV, "") in ("0", CHECK_CHILD)
     verdicts = ({component: (True, "not checked") for component, _ in to_check} if trusted
                 else run_checks(to_check))
-    for component, (passed, detail) in verdicts.items():
-        if not passed:
-            fallbacks.append(Fallback(component, REASON_SELF_CHECK_FAILED, detail))
-        elif component == COMPONENT_CORE:
-            core = CORE_COMPILED
+    running = {part.component: PYTHON for part in parts}
+    for part in parts:
+        if part.component not in verdicts:
+            continue
+        passed, detail = verdicts[part.component]
+        if passed:
+            running[part.component] = part.running
         else:
-            decoder = DECODER_NATIVE
-    return BuildState(package_version(), core, decoder, tuple(fallbacks))
+            fallbacks.append(Fallback(part.component, REASON_SELF_CHECK_FAILED, detail))
+    return BuildState(package_version(), running[COMPONENT_CORE], running[COMPONENT_DECODER],
+                      tuple(fallbacks))
 
 
 _lock = threading.Lock()
