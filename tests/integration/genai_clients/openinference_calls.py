@@ -11,9 +11,9 @@ and OpenInference's spans carry no response id (what the collector joins without
 
 from __future__ import annotations
 
-import json
 import sys
 
+from chat_calls import make_calls
 from openinference.instrumentation.openai import OpenAIInstrumentor
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -27,30 +27,7 @@ def main() -> None:
     provider.add_span_processor(BatchSpanProcessor(
         OTLPSpanExporter(endpoint=f"{collector}/v1/traces"), schedule_delay_millis=200))
     OpenAIInstrumentor().instrument(tracer_provider=provider)
-    import openai
-
-    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-    for i in range(int(n)):
-        messages = [{"role": "user",
-                     "content": f"{marker} question {i}: " + "why is that so " * (2 * i + 1)}]
-        common = {"model": model, "messages": messages, "max_tokens": 3 + i,
-                  "extra_body": {"ignore_eos": True}}
-        if i % 2:
-            stream = client.chat.completions.create(
-                **common, stream=True, stream_options={"include_usage": True})
-            response_id, usage = "", None
-            for chunk in stream:
-                response_id = chunk.id
-                usage = chunk.usage or usage
-        else:
-            response = client.chat.completions.create(**common)
-            response_id, usage = response.id, response.usage
-        assert usage is not None
-        details = getattr(usage, "prompt_tokens_details", None)
-        print(json.dumps({"id": response_id, "prompt_tokens": usage.prompt_tokens,
-                          "completion_tokens": usage.completion_tokens,
-                          "cached_tokens": getattr(details, "cached_tokens", None),
-                          "stream": bool(i % 2)}), flush=True)
+    make_calls(base_url, model, int(n), marker, "why is that so ")
     provider.shutdown()  # flushes
 
 

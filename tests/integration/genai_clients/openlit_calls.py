@@ -9,10 +9,10 @@ list from the network."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import openlit
+from chat_calls import make_calls
 
 
 def main() -> None:
@@ -20,30 +20,7 @@ def main() -> None:
     openlit.init(otlp_endpoint=collector, application_name="openlit-app",
                  environment="test", disable_metrics=True, disable_batch=True,
                  pricing_json=pricing)
-    import openai
-
-    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-    for i in range(int(n)):
-        messages = [{"role": "user",
-                     "content": f"{marker} question {i}: " + "how come " * (2 * i + 1)}]
-        common = {"model": model, "messages": messages, "max_tokens": 3 + i,
-                  "extra_body": {"ignore_eos": True}}
-        if i % 2:
-            stream = client.chat.completions.create(
-                **common, stream=True, stream_options={"include_usage": True})
-            response_id, usage = "", None
-            for chunk in stream:
-                response_id = chunk.id
-                usage = chunk.usage or usage
-        else:
-            response = client.chat.completions.create(**common)
-            response_id, usage = response.id, response.usage
-        assert usage is not None
-        details = getattr(usage, "prompt_tokens_details", None)
-        print(json.dumps({"id": response_id, "prompt_tokens": usage.prompt_tokens,
-                          "completion_tokens": usage.completion_tokens,
-                          "cached_tokens": getattr(details, "cached_tokens", None),
-                          "stream": bool(i % 2)}), flush=True)
+    make_calls(base_url, model, int(n), marker, "how come ")
 
 
 if __name__ == "__main__":
