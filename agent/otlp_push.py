@@ -24,6 +24,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     NumberDataPoint,
 )
 
+from tokenpath import attributes as A
 from tokenpath import metric_names as mn
 from tokenpath.agent.http_fetch import HttpClient
 from tokenpath.agent.snapshot import LabelValues, Snapshot
@@ -35,8 +36,8 @@ logger = logging.getLogger(__name__)
 
 OTLP_METRICS_PATH = "/v1/metrics"
 PROTOBUF_CONTENT_TYPE = "application/x-protobuf"
-SERVICE_NAME_KEY = "service.name"
-HOST_NAME_KEY = "host.name"
+SERVICE_NAME_KEY = A.SERVICE_NAME
+HOST_NAME_KEY = A.HOST_NAME
 AGENT_SERVICE_NAME = "tokenpath-agent"
 SCOPE_NAME = __name__.rpartition(".")[0]  # tokenpath.agent
 

@@ -32,9 +32,9 @@ from tokenpath.collector.native import (
 )
 from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, SpanData
 
-HTTP_SERVER_MARKERS = ("http.route", "http.method", "http.request.method", "http.target",
+HTTP_SERVER_MARKERS = (A.HTTP_ROUTE, "http.method", A.HTTP_REQUEST_METHOD, "http.target",
                        A.URL_PATH)
-HTTP_ROUTE_KEYS = ("http.route", A.URL_PATH, "http.target")
+HTTP_ROUTE_KEYS = (A.HTTP_ROUTE, A.URL_PATH, "http.target")
 # A plain HTTP server span is an LLM call when its route is an LLM API's (OpenAI,
 # Anthropic, SGLang/TGI, SageMaker-style) or when it carries a gen_ai.* attribute.
 LLM_ROUTE_MARKERS = ("completions", "/chat", "/generate", "/responses", "/messages",

@@ -110,6 +110,7 @@ HOST_NAME: Final = "host.name"
 K8S_POD_UID: Final = "k8s.pod.uid"
 K8S_POD_NAME: Final = "k8s.pod.name"
 SERVICE_INSTANCE_ID: Final = "service.instance.id"
+SERVICE_NAME: Final = "service.name"
 
 # --- tokenpath ---------------------------------------------------------------------------
 STAGE: Final = "tokenpath.stage"
@@ -167,6 +168,7 @@ SPAN_REQUEST_ANNOTATION: Final = "tokenpath.request_annotation"
 HTTP_REQUEST_METHOD: Final = "http.request.method"
 HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
 URL_PATH: Final = "url.path"
+HTTP_ROUTE: Final = "http.route"
 # TCP segments the gateway's response became (input of the derived network stages 11-13).
 RESPONSE_PACKETS: Final = "tokenpath.response.packets"
 

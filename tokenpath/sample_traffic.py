@@ -21,8 +21,6 @@ from tokenpath.otlp_values import key_value
 
 SAMPLE_MODEL: Final = "llama-3.1-8b"
 SAMPLE_ENGINE_INSTANCE: Final = "sample-vllm-0"
-_SERVICE_NAME: Final = "service.name"
-_HOST_NAME: Final = "host.name"
 
 
 def _resource_spans(resource: dict[str, str], scope: str, spans: list[Span]) -> ResourceSpans:
@@ -56,7 +54,7 @@ def sample_export(now_unix: float, requests: int = 8, seed: int = 7) -> ExportTr
             kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=arrival - 3_000_000,
             end_time_unix_nano=end + 2_000_000,
             attributes=[key_value(A.HTTP_REQUEST_METHOD, "POST"),
-                        key_value("http.route", "/v1/chat/completions"),
+                        key_value(A.HTTP_ROUTE, "/v1/chat/completions"),
                         key_value(A.HTTP_RESPONSE_STATUS_CODE, 200)]))
         engine_spans.append(Span(
             trace_id=trace_id, span_id=rng.getrandbits(64).to_bytes(8, "big"),
@@ -76,8 +74,8 @@ def sample_export(now_unix: float, requests: int = 8, seed: int = 7) -> ExportTr
             ]))
     export = ExportTraceServiceRequest()
     export.resource_spans.append(_resource_spans(
-        {_SERVICE_NAME: "gateway", _HOST_NAME: "sample-gateway-host"}, "gateway", gateway_spans))
+        {A.SERVICE_NAME: "gateway", A.HOST_NAME: "sample-gateway-host"}, "gateway", gateway_spans))
     export.resource_spans.append(_resource_spans(
-        {_SERVICE_NAME: "vllm", A.SERVICE_INSTANCE_ID: SAMPLE_ENGINE_INSTANCE},
+        {A.SERVICE_NAME: "vllm", A.SERVICE_INSTANCE_ID: SAMPLE_ENGINE_INSTANCE},
         "vllm.tracing", engine_spans))
     return export
