@@ -22,8 +22,7 @@ from tokenpath.collector.cost.accuracy import compare_to_ground_truth
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.cost.stepsim import random_workload, simulate
-from tokenpath.pipeline import IdleCost
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 from tokenpath.roofline import roofline_for
 
 DEFAULT_REQUESTS = 400

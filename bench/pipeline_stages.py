@@ -53,8 +53,7 @@ from tokenpath.collector.receivers.otlp_decode import (
 )
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, StoreConfig
-from tokenpath.pipeline import IdleCost
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 
 REFERENCE_DECODER = "reference decoder: parse, decode and buffer (not in the sum)"
 _ASSEMBLE_AT_SHUTDOWN = AssemblerConfig(root_grace_seconds=3600, idle_timeout_seconds=3600,

@@ -25,7 +25,7 @@ from bench.store_workload import synthetic_records
 from tokenpath.collector import store_layout as L
 from tokenpath.collector.store import StoreConfig
 from tokenpath.collector.store_clickhouse import ClickHouseStore
-from tokenpath.pipeline import IdleCost
+from tokenpath.records import IdleCost
 
 DISTINCT = 20_000
 COPY_CHUNK = 1_000_000  # rows per INSERT ... SELECT

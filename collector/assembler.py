@@ -42,7 +42,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
 
 from tokenpath.attributes import (
     GEN_AI_REQUEST_ID,
@@ -51,6 +50,7 @@ from tokenpath.attributes import (
     VLLM_REQUEST_SPAN_NAME,
 )
 from tokenpath.collector.calls import is_call_span
+from tokenpath.collector.interfaces import TraceConsumer
 from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, Attributes, SpanData
 from tokenpath.collector.stats import PIPELINE_STEP_HAND_OFF, CollectorStats
 from tokenpath.config import ConfigError
@@ -125,12 +125,6 @@ class AssembledTrace:
         self.annotations = [] if annotations is None else annotations
         self.continued = continued
         self.body_sends = {} if body_sends is None else body_sends
-
-
-class TraceConsumer(Protocol):
-    def consume_trace(self, trace: AssembledTrace) -> None: ...
-
-    def shutdown(self) -> None: ...
 
 
 @dataclass(slots=True, init=False)  # a written __init__: see tokenpath/records.py

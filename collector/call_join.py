@@ -45,10 +45,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenpath import metric_names as M
+from tokenpath.collector.interfaces import RecordSink
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
-from tokenpath.pipeline import IdleCost, RecordSink
-from tokenpath.records import RequestRecord, StageTiming
+from tokenpath.records import IdleCost, RequestRecord, StageTiming
 from tokenpath.stages import CLIENT_DECODE, CLIENT_TOKENIZE, DERIVED, StageId
 
 DEFAULT_WAIT_SECONDS = 10.0  # two OTLP batch delays (5 s each by default) apart

@@ -40,8 +40,7 @@ from tokenpath.collector.batch_sender import (
 from tokenpath.collector.record_logs import encode_records
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
-from tokenpath.pipeline import IdleCost
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from operator import attrgetter
-from typing import Protocol
 
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
@@ -36,6 +35,7 @@ from tokenpath.collector.calls import (
     split_calls,
 )
 from tokenpath.collector.engine_steps import EngineStepsTelemetry, is_engine_steps_span
+from tokenpath.collector.interfaces import RecordConsumer
 from tokenpath.collector.native import (
     DYNAMO_ENGINE_SPAN,
     DYNAMO_INPUT_TOKENS,
@@ -108,12 +108,6 @@ def capped_count(number: float) -> int:
         return MAX_COUNT
     return int(number) if number > 0 else 0
 OK_STATUS = "ok"
-
-
-class RecordConsumer(Protocol):
-    def consume_record(self, record: RequestRecord) -> None: ...
-
-    def shutdown(self) -> None: ...
 
 
 def _seconds(value: AttrValue | None) -> float | None:

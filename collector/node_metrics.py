@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
+from tokenpath.collector.interfaces import PointsConsumer
 from tokenpath.collector.receivers.otlp_decode import MetricPoint
 from tokenpath.identity import node_of_resource
 
@@ -20,10 +20,6 @@ class SeriesKey:
     node: str
     name: str
     labels: tuple[tuple[str, str], ...]
-
-
-class PointsConsumer(Protocol):
-    def consume_points(self, points: Iterable[MetricPoint]) -> int: ...
 
 
 class NodeMetricsState:

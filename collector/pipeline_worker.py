@@ -23,10 +23,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
-from tokenpath.collector.assembler import AssembledTrace, TraceConsumer
+from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.backpressure import Backlog, high_water
+from tokenpath.collector.interfaces import RecordConsumer, Ticking, TraceConsumer
 from tokenpath.collector.stats import PIPELINE_STEP_RECORDS, PIPELINE_STEP_TRACE, CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
@@ -34,17 +34,6 @@ from tokenpath.records import RequestRecord
 log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE_SIZE = 20_000  # assembled traces or record batches
-
-
-class Ticking(Protocol):
-    @property
-    def tick_seconds(self) -> float: ...
-
-    def tick(self) -> None: ...
-
-
-class RecordConsumer(Protocol):
-    def consume_record(self, record: RequestRecord) -> None: ...
 
 
 _STOP = object()

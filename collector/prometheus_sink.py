@@ -18,8 +18,7 @@ from tokenpath.collector.exposition import CounterChild, FastCounter, FastHistog
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.labels import BoundedLabel
 from tokenpath.leaks import MissCause, context_bucket_index, context_bucket_labels, context_tokens
-from tokenpath.pipeline import IdleCost
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 from tokenpath.stages import GPU_STAGES, PLAIN_VALUES, StageId
 from tokenpath.telemetry import Count, CountsRead, Instrument, Level, Telemetry
 

@@ -27,8 +27,10 @@ from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.attributor import CostAttributor
 from tokenpath.collector.cost.energy import GpuEnergyReadings
 from tokenpath.collector.cost.prices import PriceSheet, load_price_sheet
+from tokenpath.collector.fan_out import FanOut
 from tokenpath.collector.forwarder import RecordForwarder
 from tokenpath.collector.http_app import HttpListener, build_app
+from tokenpath.collector.interfaces import RecordSink
 from tokenpath.collector.mapping import StageMapper
 from tokenpath.collector.node_metrics import NodeMetricsState
 from tokenpath.collector.pipeline_worker import PipelineWorker
@@ -39,8 +41,7 @@ from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import StoreConfig, make_store
 from tokenpath.compiled import describe as describe_compiled_core
 from tokenpath.install_check import build_state, log_fallbacks
-from tokenpath.pipeline import FanOut, IdleCost, RecordSink
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 
 log = logging.getLogger(__name__)
 

@@ -42,10 +42,9 @@ from tokenpath.collector.backpressure import (
 )
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
-from tokenpath.pipeline import IdleCost
 from tokenpath.query import DEFAULT_PARAMS as _DEFAULT_PARAMS
 from tokenpath.query import Aggregates, Coverage, GroupBy, Params, Sample, Window
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 
 log = logging.getLogger(__name__)
 

@@ -54,8 +54,7 @@ from tokenpath.collector.batch_sender import (
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import Store, StoreConfig, split_batch
 from tokenpath.config import ConfigError
-from tokenpath.pipeline import IdleCost
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 
 log = logging.getLogger(__name__)
 

@@ -60,8 +60,7 @@ def check_core(body: bytes, now: float) -> None:
     if build_state().core != CORE_COMPILED or compiled_modules() != list(COMPILED_MODULES):
         raise SystemExit("the compiled core is not in use in the check process")
     from tokenpath.collector.assembler import AssembledTrace
-    from tokenpath.pipeline import IdleCost
-    from tokenpath.records import RequestRecord
+    from tokenpath.records import IdleCost, RequestRecord
 
     class Traces:
         def __init__(self) -> None:

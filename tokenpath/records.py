@@ -427,3 +427,14 @@ def _opt_float(value: Any) -> float | None:
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class IdleCost:
+    """GPU dollars of a pool's time slice in which no request was active."""
+
+    pool: str
+    start_unix: float
+    end_unix: float
+    dollars: float
+    energy_joules: float = 0.0  # measured or modeled (collector/cost/energy.py)

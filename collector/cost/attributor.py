@@ -1,6 +1,6 @@
 """``CostAttributor``: dollars onto every record, idle cost per pool (SPEC section 5).
 
-Sits between the stage mapper and the sinks (``tokenpath.pipeline``), called from one
+Sits between the stage mapper and the sinks (``collector/interfaces.py``), called from one
 thread only (the pipeline's worker, :mod:`tokenpath.collector.pipeline_worker`), so it
 holds no lock. A record arrives only after its request ended, so a node's slice can be
 apportioned once every request active in it has arrived. Each pricing unit (a node, else
@@ -15,7 +15,7 @@ only bounds how long a quiet unit holds its open slices: once a unit has receive
 for ``min_delay_seconds``, its watermark runs on with the wall clock (its last records
 come out and its idle time is closed; ``tick``). Finished records get their stage dollars
 and go downstream, and unused GPU time goes downstream as
-:class:`tokenpath.pipeline.IdleCost`. ``shutdown()`` closes every node and flushes.
+:class:`tokenpath.records.IdleCost`. ``shutdown()`` closes every node and flushes.
 
 A record that still arrives after its unit's watermark passed its engine start (it lagged
 its unit's newest engine time by more than the allowed lateness, or its unit had gone
@@ -64,10 +64,10 @@ from tokenpath.collector.cost.stage_cost import (
     land_cpu_and_network_cost,
     land_gpu_cost,
 )
+from tokenpath.collector.interfaces import RecordSink
 from tokenpath.config import ConfigError
 from tokenpath.identity import pricing_unit
-from tokenpath.pipeline import IdleCost, RecordSink
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 from tokenpath.roofline import Roofline
 from tokenpath.stages import DECODE, GPU_DISPATCH, MODELED, PREFILL
 from tokenpath.telemetry import Count, Level, Telemetry

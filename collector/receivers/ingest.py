@@ -7,8 +7,8 @@ collector/backpressure.py), and passes spans on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
@@ -21,19 +21,17 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tokenpath.collector.backpressure import Backlog, first_over
+from tokenpath.collector.interfaces import PointsConsumer, RecordBatchConsumer, SpanConsumer
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.receivers.otlp_decode import (
     DECODER_REFERENCE,
     DecodedSpans,
-    MetricPoint,
     decode_metrics,
     decode_trace_payload,
     decode_traces,
 )
 from tokenpath.collector.record_logs import decode_records
-from tokenpath.collector.spans import SpanData
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.records import RequestRecord
 
 DEFAULT_MAX_BUFFERED_SPANS = 2_000_000
 RETRY_AFTER_SECONDS = 2
@@ -56,22 +54,6 @@ def admit(backlogs: Sequence[Backlog]) -> None:
         raise Overloaded(why=over.describe())
 
 
-class SpanConsumer(Protocol):
-    def consume_spans(self, spans: list[SpanData]) -> Mapping[str, int]:
-        """Take spans; returns the spans refused (late, over a limit) by reason."""
-        ...
-
-
-class MetricsConsumer(Protocol):
-    def consume_points(self, points: list[MetricPoint]) -> int: ...
-
-
-class RecordBatchConsumer(Protocol):
-    """The pipeline worker's side for forwarded records (records to price)."""
-
-    def offer_records(self, records: list[RequestRecord]) -> bool: ...
-
-
 class OtlpIngest:
     """``span_backlogs``: what spans fill before they are records (the assembler's
     buffered spans); ``record_backlogs``: the stages every record passes (the pipeline
@@ -81,7 +63,7 @@ class OtlpIngest:
     def __init__(
         self,
         spans: SpanConsumer,
-        metrics: MetricsConsumer,
+        metrics: PointsConsumer,
         limits: IngestLimits,
         stats: CollectorStats,
         span_backlogs: Sequence[Backlog] = (),

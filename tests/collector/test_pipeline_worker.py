@@ -18,12 +18,12 @@ from tokenpath import metric_names as M
 from tokenpath.collector.assembler import AssembledTrace, Assembler, AssemblerConfig
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
 from tokenpath.collector.cost.prices import load_price_sheet
+from tokenpath.collector.fan_out import FanOut
 from tokenpath.collector.mapping import StageMapper
 from tokenpath.collector.pipeline_worker import PipelineWorker
 from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.collector.spans import SPAN_KIND_SERVER
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.pipeline import FanOut
 
 PRICES = load_price_sheet()
 

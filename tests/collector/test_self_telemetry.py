@@ -23,7 +23,6 @@ SKIPPED_TYPES = (str, bytes, int, float, bool, type(None), type)
 def _telemetry_classes() -> set[type[Telemetry]]:
     for module in pkgutil.walk_packages(tokenpath.collector.__path__, "tokenpath.collector."):
         importlib.import_module(module.name)
-    importlib.import_module("tokenpath.pipeline")
     found: set[type[Telemetry]] = set()
     todo = list(Telemetry.__subclasses__())
     while todo:

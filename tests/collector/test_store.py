@@ -11,8 +11,7 @@ import pytest
 
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, StoreConfig
-from tokenpath.pipeline import IdleCost
-from tokenpath.records import PhaseShare, RequestRecord, StageTiming
+from tokenpath.records import IdleCost, PhaseShare, RequestRecord, StageTiming
 from tokenpath.stages import Phase, Provenance, StageId
 
 

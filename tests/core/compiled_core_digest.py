@@ -32,8 +32,7 @@ from tokenpath.collector.node_metrics import NodeMetricsState
 from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.pipeline import IdleCost
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 
 NOW = 1_790_000_000.0  # the fixed clock: every timeline ends just before it
 _HELD = AssemblerConfig(root_grace_seconds=3600, idle_timeout_seconds=3600,

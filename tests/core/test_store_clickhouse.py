@@ -33,8 +33,8 @@ from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, Store, StoreConfig, make_store
 from tokenpath.collector.store_clickhouse import ClickHouseStore
 from tokenpath.config import ConfigError
-from tokenpath.pipeline import IdleCost
 from tokenpath.query import QUANTILE_RELATIVE_ERROR
+from tokenpath.records import IdleCost
 from tokenpath.report import build_report
 
 # The records are from 2023; the TTL deletes by the wall clock: keep them.

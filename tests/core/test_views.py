@@ -21,9 +21,8 @@ from tokenpath.collector import api_views, store_sql
 from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
 from tokenpath.collector.cost.leak_ranking import rank_leaks
 from tokenpath.collector.store import RecordStore, StoreConfig
-from tokenpath.pipeline import IdleCost
 from tokenpath.query import QUANTILE_RELATIVE_ERROR, Window
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 from tokenpath.report import build_report, percentile
 
 END = 1_700_000_000.0 + 1234.5  # not on an hour: windows cut hours

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from tokenpath.pipeline import IdleCost
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 
 
 class RecordingSink:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from tokenpath.collector.cost.attributor import merge_idle_spans
-from tokenpath.pipeline import IdleCost
+from tokenpath.records import IdleCost
 
 # (start, end, dollars, joules): a partly idle second of a busy engine, then wholly idle
 PARTLY_IDLE = [(0.0, 1.0, 0.2, 20.0), (1.0, 2.0, 0.2, 20.0)]

@@ -15,8 +15,7 @@ import pytest
 
 from tests.collector.ui.conftest import ConsoleLog, screenshot, start_collector, wait_for_records
 from tests.collector.ui.workload import send_workload
-from tokenpath.pipeline import IdleCost
-from tokenpath.records import RequestRecord
+from tokenpath.records import IdleCost, RequestRecord
 from tokenpath.stages import GPU_STAGES, STAGES, StageGroup
 
 pytestmark = pytest.mark.integration

@@ -1,41 +1,16 @@
-"""The narrow interfaces between collector components.
-
-receivers -> assembler -> mapper -> attributor -> sinks. Each component is given its
-downstream at construction and knows nothing else about the pipeline.
-"""
+"""``FanOut``: the attributor's one downstream, handing every record and idle slice to
+each sink (collector/interfaces.py ``RecordSink``) in turn."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Protocol
 
 from tokenpath import metric_names as M
-from tokenpath.records import RequestRecord
+from tokenpath.collector.interfaces import RecordSink
+from tokenpath.records import IdleCost, RequestRecord
 from tokenpath.telemetry import LabelledCount, Telemetry
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class IdleCost:
-    """GPU dollars of a pool's time slice in which no request was active."""
-
-    pool: str
-    start_unix: float
-    end_unix: float
-    dollars: float
-    energy_joules: float = 0.0  # measured or modeled (collector/cost/energy.py)
-
-
-class RecordSink(Protocol):
-    """Downstream of the attributor: Prometheus exposition, the store, the UI feed."""
-
-    def consume_record(self, record: RequestRecord) -> None: ...
-
-    def consume_idle_cost(self, idle: IdleCost) -> None: ...
-
-    def shutdown(self) -> None: ...
 
 
 class FanOutTelemetry(Telemetry):
