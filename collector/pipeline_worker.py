@@ -3,9 +3,9 @@
 The assembler (its own thread, and receiver threads when they evict a trace) and the
 record-log receiver (records forwarded by other replicas) feed one queue; one worker thread
 drains it through the stage mapper, the cost attributor (or the record forwarder) and the
-sinks, and runs the tickers' ``tick()`` between items. Everything downstream of the queue therefore runs
-on a single thread: the attributor holds no lock, and the Prometheus sink's counters,
-written by that thread alone, never lose an update.
+sinks, and runs the tickers' ``tick()`` between items. Everything downstream of the queue
+therefore runs on a single thread: the attributor holds no lock, and the Prometheus sink's
+counters, written by that thread alone, never lose an update.
 
 Backpressure (collector/backpressure.py): the receivers answer 429 / UNAVAILABLE while
 the queue is at or past its high-water mark (:meth:`PipelineWorker.backlog`), before they
