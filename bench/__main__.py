@@ -72,6 +72,7 @@ BENCHES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "hash_flood": ("bench.hash_flood", "run", {}),
     "backlog": ("bench.backlog", "run", {}),
     "store": ("bench.store", "run", {}),
+    "store_clickhouse": ("bench.store_clickhouse", "run", {}),
     "no_loss": ("bench.no_loss", "run", {"requests": 2_000}),
 }
 
@@ -192,6 +193,14 @@ TARGETS = (
            beside=(("at 100k", ("100000", "chargeback", "peak_rss_mb"), "MB"),
                    ("code before, at 100k", ("baseline_100000", "chargeback", "peak_rss_mb"),
                     "MB"))),
+    Target("store_clickhouse", "chdb://: report --since 24h, 10M records",
+           ("summary", "report_seconds"), "<=", 2.0, "s",
+           beside=(("vs 1M", ("summary", "report_ratio_to_smaller"), "x"),
+                   ("peak RSS", ("summary", "report_peak_rss_mb"), "MB"),
+                   ("bytes per record", ("summary", "bytes_per_record"), "B"))),
+    Target("store_clickhouse", "chdb://: chargeback --since 24h, 10M records",
+           ("summary", "chargeback_seconds"), "<=", 2.0, "s",
+           beside=(("peak RSS", ("summary", "chargeback_peak_rss_mb"), "MB"),)),
     Target("hash_flood", "80,000 spans, trace ids colliding (old hash) vs random: decode CPU",
            ("ratio",), "<=", 2.0, "x",
            beside=(("random ids", ("cpu_ms_random",), "ms"),

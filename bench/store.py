@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.peak_rss import PEAK_FILE_ENV
 from bench.store_workload import synthetic_records
 from tokenpath.collector.store import DEFAULT_BATCH_SIZE, RecordStore, StoreConfig, encode_body
 from tokenpath.records import RequestRecord
@@ -114,21 +115,21 @@ def write_legacy_store(path: Path, count: int, now: float) -> dict[str, float]:
 
 
 def run_command(argv: list[str]) -> dict[str, Any]:
-    """Wall seconds and peak RSS of one command in a fresh interpreter."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = b"", b""
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - started
-    if proc.stdout is not None:
-        out = proc.stdout.read()
-    if proc.stderr is not None:
-        err = proc.stderr.read()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {err.decode()[-2000:]}")
-    result: dict[str, Any] = {"seconds": round(seconds, 2),
-                              "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
-    data = json.loads(out)
+    """Wall seconds and peak RSS of one command (``python -m MODULE ...``) in a fresh
+    interpreter; the peak is the child's own (bench/peak_rss.py), not what ``ru_maxrss``
+    reports for a child of this (large) process."""
+    assert argv[1] == "-m", argv
+    with tempfile.NamedTemporaryFile("r", suffix=".peak") as peak:
+        env = {**os.environ, PEAK_FILE_ENV: peak.name}
+        started = time.perf_counter()
+        done = subprocess.run([argv[0], "-m", "bench.peak_rss", *argv[2:]],
+                              capture_output=True, env=env)
+        seconds = time.perf_counter() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.decode()[-2000:]}")
+        peak_mib = float(peak.read() or 0.0)
+    result: dict[str, Any] = {"seconds": round(seconds, 2), "peak_rss_mb": round(peak_mib, 1)}
+    data = json.loads(done.stdout)
     result["requests"] = (data["requests"] if isinstance(data, dict) and "requests" in data
                           else sum(r["requests"] for r in data["rows"]))
     return result

@@ -40,7 +40,7 @@ from tokenpath.collector.receivers.http import (
 )
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store import RecordStore
+from tokenpath.collector.store import Store
 from tokenpath.collector.whatif_view import (
     WhatIfRequest,
     WhatIfWindow,
@@ -108,7 +108,7 @@ def _since(value: str | None) -> float | None:
 
 def build_app(
     ingest: OtlpIngest,
-    store: RecordStore,
+    store: Store,
     metrics_text: Callable[[], str],
     stats: CollectorStats,
     prices: PriceSheet,

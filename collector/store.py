@@ -32,7 +32,6 @@ from typing import Any, Protocol
 
 import orjson
 
-from tokenpath.collector import store_clickhouse as ch
 from tokenpath.collector import store_layout as layout
 from tokenpath.collector import store_sql
 from tokenpath.collector.backpressure import (
@@ -56,6 +55,7 @@ DEFAULT_BATCH_SIZE = 500
 # next record or the next retention pass, so an idle collector's store wakes once a minute.
 DEFAULT_RETENTION_CHECK_SECONDS = 60.0
 DEFAULT_QUEUE_SIZE = 100_000
+DEFAULT_SHUTDOWN_SECONDS = 30.0  # a ClickHouse store's time to write its queue at shutdown
 # How long a put into a full queue waits before it checks that the writer still runs.
 PUT_WAIT_SECONDS = 1.0
 MEMORY = ":memory:"
@@ -116,7 +116,9 @@ class StoreConfig:
     queue_size: int = DEFAULT_QUEUE_SIZE
     read_only: bool = False  # a reader (CLI): the file is opened read-only, never changed
     # ClickHouse: how long a failed insert is retried before its records count as dropped
-    write_retry_seconds: float = ch.DEFAULT_WRITE_RETRY_SECONDS
+    # (by default while the collector runs), and how long shutdown waits for the queue
+    write_retry_seconds: float = math.inf
+    shutdown_seconds: float = DEFAULT_SHUTDOWN_SECONDS
 
     def validate(self) -> None:
         if self.retention_seconds <= 0:
@@ -128,6 +130,11 @@ class StoreConfig:
             raise ConfigError("store.retention_check_seconds", "must be a finite number > 0")
         if self.queue_size < 1:
             raise ConfigError("store.queue_size", "must be >= 1")
+        for key in ("write_retry_seconds", "shutdown_seconds"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"store.{key}", "must be >= 0")
+        from tokenpath.collector import store_clickhouse as ch  # it builds on this module
+
         if ch.is_clickhouse_url(self.path):
             target = ch.parse_url(self.path)
             if target.chdb:
@@ -170,7 +177,111 @@ class StoreQueries(Protocol):
     def count(self, window: Window = Window()) -> int: ...
 
 
-class RecordStore:
+def split_batch(batch: Sequence[_Item], stats: CollectorStats,
+                ) -> tuple[list[RequestRecord], list[IdleCost]]:
+    """A batch's records and its finite idle slices; a non-finite slice is counted and
+    logged, and loses only itself, not the batch it came in."""
+    records = [i for i in batch if isinstance(i, RequestRecord)]
+    idle = []
+    for i in batch:
+        if not isinstance(i, IdleCost):
+            continue
+        if math.isfinite(i.dollars) and math.isfinite(i.start_unix) and math.isfinite(
+                i.end_unix):
+            idle.append(i)
+        else:
+            log.error("store: idle cost slice of pool %s is not finite", i.pool)
+            stats.store_errors.inc()
+    return records, idle
+
+
+class Store:
+    """A store: a sink of records and idle cost (its writer), and the reader the API,
+    the UI and the CLI use (``queries``, one per backend). Two backends:
+    :class:`RecordStore` (SQLite) and ``ClickHouseStore`` (collector/store_clickhouse.py).
+
+    Thread contract: ``consume_*`` run on the pipeline thread (and may wait there while
+    the writer is behind: back-pressure); the readers on any thread; ``start``,
+    ``announce_api`` and ``shutdown`` on the collector's."""
+
+    queries: StoreQueries
+    _clock: Callable[[], float]
+
+    def consume_record(self, record: RequestRecord) -> None:
+        raise NotImplementedError
+
+    def consume_idle_cost(self, idle: IdleCost) -> None:
+        raise NotImplementedError
+
+    def backlog(self) -> Backlog:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> bool:
+        """Write what was handed in so far before returning; False when that could not
+        be waited for (a ClickHouse store's sender stopped)."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def announce_api(self, url: str) -> None:
+        """The collector's API URL, once it listens (a chDB store names it to readers)."""
+
+    # --- reader ------------------------------------------------------------------------------
+
+    def records(
+        self, limit: int | None = None, since_unix: float | None = None,
+        until_unix: float | None = None,
+    ) -> list[RequestRecord]:
+        """Newest first: those that ended at or after ``since_unix`` and at or before
+        ``until_unix`` (a bounded page: views over a window use :meth:`aggregate`)."""
+        return self.queries.records(limit, since_unix, until_unix)
+
+    def record(self, record_id: str) -> RequestRecord | None:
+        """The record with this id; given a trace id of several calls, its first."""
+        found = self.queries.record(record_id)
+        if found is not None:
+            return found
+        calls = self.records_of_trace(record_id)
+        return calls[0] if calls else None
+
+    def records_of_trace(self, trace_id: str) -> list[RequestRecord]:
+        """Every record of one trace (its LLM calls), oldest first: those named after it
+        and those it was joined to (a client traced apart from its serving side)."""
+        if not trace_id or "-" in trace_id or "%" in trace_id or "_" in trace_id:
+            return []
+        return self.queries.records_of_trace(trace_id)
+
+    # tokenpath.query.RecordQueries: the views' interface (tokenpath/views.py)
+
+    def aggregate(self, window: Window, measures: Sequence[str],
+                  histograms: Sequence[str] = (), group_by: GroupBy = None,
+                  params: Params = _DEFAULT_PARAMS) -> dict[Any, Aggregates]:
+        return self.queries.aggregate(window, measures, histograms, group_by, params)
+
+    def end_range(self, window: Window) -> tuple[float, float] | None:
+        return self.queries.end_range(window)
+
+    def sample(self, window: Window, limit: int, fingerprinted: bool = False) -> Sample:
+        return self.queries.sample(window, limit, fingerprinted)
+
+    def coverage(self) -> Coverage:
+        return self.queries.coverage(self._clock())
+
+    def idle_cost_dollars(self, since_unix: float | None = None) -> float:
+        return self.queries.idle_cost_dollars(since_unix)
+
+    def idle_energy_joules(self, since_unix: float | None = None) -> float:
+        return self.queries.idle_energy_joules(since_unix)
+
+    def count(self) -> int:
+        return self.queries.count()
+
+
+class RecordStore(Store):
     """A sink that writes records in batches, and the reader the API and CLI use."""
 
     def __init__(
@@ -340,9 +451,6 @@ class RecordStore:
         names.load(db)
         return db, threading.Lock(), names
 
-    def announce_api(self, url: str) -> None:
-        """The collector's API URL, once it listens (a chDB store names it to readers)."""
-
     # --- sink ------------------------------------------------------------------------------
 
     def consume_record(self, record: RequestRecord) -> None:
@@ -421,7 +529,7 @@ class RecordStore:
                 return
             self._maybe_apply_retention()
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
         """Write everything queued now, in one transaction."""
         batch: list[_Item] = []
         while True:
@@ -433,25 +541,10 @@ class RecordStore:
                 batch.append(item)
         if batch:
             self._write(batch)
-
-    def _split(self, batch: list[_Item]) -> tuple[list[RequestRecord], list[IdleCost]]:
-        """A batch's records and its finite idle slices; a non-finite slice is counted and
-        logged, and loses only itself, not the batch it came in."""
-        records = [i for i in batch if isinstance(i, RequestRecord)]
-        idle = []
-        for i in batch:
-            if not isinstance(i, IdleCost):
-                continue
-            if math.isfinite(i.dollars) and math.isfinite(i.start_unix) and math.isfinite(
-                    i.end_unix):
-                idle.append(i)
-            else:
-                log.error("store: idle cost slice of pool %s is not finite", i.pool)
-                self._stats.store_errors.inc()
-        return records, idle
+        return True
 
     def _write(self, batch: list[_Item]) -> None:
-        records, idle = self._split(batch)
+        records, idle = split_batch(batch, self._stats)
         stored = 0
         try:
             with self._db_lock:
@@ -542,57 +635,6 @@ class RecordStore:
             with self._reader_lock:
                 self._reader_db.close()
 
-    # --- reader ------------------------------------------------------------------------------
-
-    def records(
-        self, limit: int | None = None, since_unix: float | None = None,
-        until_unix: float | None = None,
-    ) -> list[RequestRecord]:
-        """Newest first: those that ended at or after ``since_unix`` and at or before
-        ``until_unix`` (a bounded page: views over a window use :meth:`aggregate`)."""
-        return self.queries.records(limit, since_unix, until_unix)
-
-    def record(self, record_id: str) -> RequestRecord | None:
-        """The record with this id; given a trace id of several calls, its first."""
-        found = self.queries.record(record_id)
-        if found is not None:
-            return found
-        calls = self.records_of_trace(record_id)
-        return calls[0] if calls else None
-
-    def records_of_trace(self, trace_id: str) -> list[RequestRecord]:
-        """Every record of one trace (its LLM calls), oldest first: those named after it
-        and those it was joined to (a client traced apart from its serving side)."""
-        if not trace_id or "-" in trace_id or "%" in trace_id or "_" in trace_id:
-            return []
-        return self.queries.records_of_trace(trace_id)
-
-    # tokenpath.query.RecordQueries: the views' interface (tokenpath/views.py)
-
-    def aggregate(self, window: Window, measures: Sequence[str],
-                  histograms: Sequence[str] = (), group_by: GroupBy = None,
-                  params: Params = _DEFAULT_PARAMS) -> dict[Any, Aggregates]:
-        return self.queries.aggregate(window, measures, histograms, group_by, params)
-
-    def end_range(self, window: Window) -> tuple[float, float] | None:
-        return self.queries.end_range(window)
-
-    def sample(self, window: Window, limit: int, fingerprinted: bool = False) -> Sample:
-        return self.queries.sample(window, limit, fingerprinted)
-
-    def coverage(self) -> Coverage:
-        return self.queries.coverage(self._clock())
-
-    def idle_cost_dollars(self, since_unix: float | None = None) -> float:
-        return self.queries.idle_cost_dollars(since_unix)
-
-    def idle_energy_joules(self, since_unix: float | None = None) -> float:
-        return self.queries.idle_energy_joules(since_unix)
-
-    def count(self) -> int:
-        return self.queries.count()
-
-
 def encode_row(encoder: layout.RowEncoder, db: sqlite3.Connection,
                record: RequestRecord) -> list[Any]:
     """A record's row in the column layout (collector/store_layout.py)."""
@@ -624,103 +666,24 @@ def _ceil(value: float | None) -> float | None:
     return None if value is None else float(math.ceil(value))
 
 
-class ClickHouseStore(RecordStore):
-    """The store in ClickHouse (collector/store_clickhouse.py): the same queue, writer
-    thread and back-pressure as the SQLite store; batches written by clickhouse-connect
-    with retries; the views' queries in ClickHouse SQL; retention by the tables' TTL."""
-
-    def __init__(
-        self,
-        config: StoreConfig,
-        stats: CollectorStats | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        # The queue and writer thread of RecordStore; none of its SQLite.
-        self._config = config
-        self._config.validate()
-        self._stats = stats or CollectorStats()
-        self._clock = clock
-        self._queue = queue.Queue(self._config.queue_size)
-        self._drops = DropLog(self._stats, log, "store")
-        self._writer_gone = False
-        self._thread = None
-        self._closed = False
-        self._last_retention = 0.0
-        target = ch.parse_url(config.path)
-        self.target = target
-        if config.read_only and target.chdb and not (Path(target.path) / "metadata").is_dir():
-            raise ConfigError("store", f"no store at {target.describe()}")
-        self._owner = (ch.Owner(target.path, exclusive=not config.read_only)
-                       if target.chdb else None)
-        try:
-            self._conn = ch.Connection(ch.connect(target))
-            if config.read_only:
-                if not self._conn.rows("EXISTS TABLE records")[0][0]:
-                    raise ConfigError("store", f"no store at {target.describe()}")
-            else:
-                ch.ensure_schema(self._conn, config.retention_seconds)
-        except ConfigError:
-            self._release()
-            raise
-        except Exception as exc:
-            self._release()
-            raise ConfigError("store", f"cannot open {target.describe()}: "
-                              f"{type(exc).__name__}: {str(exc)[:300]}") from None
-        self._writer = ch.ClickHouseWriter(self._conn, self._stats, config.write_retry_seconds)
-        self.queries = ch.ClickHouseQueries(
-            self._conn, None if config.read_only else config.retention_seconds)
-        log.info("store: %s", target.describe())
-
-    def _release(self) -> None:
-        if self._owner is not None:
-            self._owner.release()
-            self._owner = None
-
-    def announce_api(self, url: str) -> None:
-        if self._owner is not None:
-            self._owner.announce(url)
-
-    def _write(self, batch: list[_Item]) -> None:
-        records, idle = self._split(batch)
-        try:
-            stored = self._writer.write(records, idle)
-        except Exception:
-            log.exception("store write failed after %.0f s of retries (%d items)",
-                          self._writer.retry_seconds, len(records) + len(idle))
-            self._stats.store_errors.inc(len(records) + len(idle))
-            self._drops.drop(ch.DROP_STORE_WRITE_FAILED, len(records))
-            return
-        self._stats.records_stored.inc(stored)
-
-    def _maybe_apply_retention(self) -> None:
-        """The tables' TTL drops what is past the retention."""
-
-    def apply_retention(self, now: float | None = None) -> int:
-        return 0
-
-    def shutdown(self) -> None:
-        if not self._drain():
-            return
-        try:
-            self._conn.close()
-        finally:
-            self._release()
-
-
 def make_store(config: StoreConfig, stats: CollectorStats | None = None,
-               clock: Callable[[], float] = time.time) -> RecordStore:
+               clock: Callable[[], float] = time.time) -> Store:
     """The store ``config.path`` names: a SQLite file (or ``:memory:``), or a ClickHouse
     URL (``chdb:///PATH``, ``clickhouse://``, ``clickhouses://``)."""
+    from tokenpath.collector import store_clickhouse as ch
+
     if ch.is_clickhouse_url(config.path):
-        return ClickHouseStore(config, stats, clock)
+        return ch.ClickHouseStore(config, stats, clock)
     return RecordStore(config, stats, clock)
 
 
-def open_store_readonly(path: str) -> RecordStore:
+def open_store_readonly(path: str) -> Store:
     """A store for reading (CLI), opened read-only (nothing in the file changes, not even
     its schema); errors name the path when it does not exist."""
+    from tokenpath.collector import store_clickhouse as ch
+
     if ch.is_clickhouse_url(path):
-        return ClickHouseStore(StoreConfig(path=path, read_only=True))
+        return ch.ClickHouseStore(StoreConfig(path=path, read_only=True))
     if not Path(path).expanduser().exists():
         raise ConfigError("store", f"no store at {path}")
     return RecordStore(StoreConfig(path=path, read_only=True))

@@ -9,26 +9,18 @@ targets:
   comes from $TOKENPATH_CLICKHOUSE_PASSWORD or the file named by
   $TOKENPATH_CLICKHOUSE_PASSWORD_FILE, never from the URL (which ps and logs show).
 
-**Schema.** Derived from the column layout (collector/store_layout.py), itself derived from
-the field table (tokenpath/record_fields.py): one column per layout column, its type from
-the field's kind; names (model, tenant, node, pool, engine, status, ...) are
-``LowCardinality(String)`` text instead of ids; the lists ``Array(String)``; dollars and
-seconds ``Float64``. ``records`` is a MergeTree partitioned by day of end time, ordered by
-(end hour, model, end time): every view filters on end time, and the chargeback groups by
-model. Rows older than the retention are dropped by the table's TTL. ``schema_version``
-records each schema applied; a column the layout gained since is added at start
-(ALTER TABLE ADD COLUMN), nothing is dropped.
+The schema, the rows and the views' queries are in collector/store_clickhouse_sql.py.
 
-**Writes** are the SQLite store's: a bounded queue (a full queue makes the caller wait),
-batches by one writer thread; a failed insert is retried with backoff (the same batch with
-the same deduplication token, so a retry after a lost answer does not write it twice) for
-up to ``write_retry_seconds``, then its records are counted in
-``tokenpath_collector_records_dropped_total{reason="store_write_failed"}``.
-
-**Queries** are tokenpath.query's measures in ClickHouse SQL (collector/store_sql.py's
-measures in its ClickHouse dialect), over ``records`` directly: no rollups (the engine
-scans the columns a view reads). Percentiles come from the same log-spaced buckets, so
-the same 1% bound holds.
+**Writes** go through the one batching sender (collector/batch_sender.py): a bounded queue
+(a full queue makes the caller wait, and admission refuses new data past half of it),
+batches by one thread. A batch whose insert fails for a reason that passes (the server
+down or restarting, a timeout, too many parts, memory) is retried with backoff, with the
+same deduplication tokens, so a retry after a lost answer writes nothing twice, for up to
+``write_retry_seconds`` (by default as long as the collector runs: meanwhile it pushes
+back, and loses nothing it answered 200). One the server refuses for good (a wrong type, a
+missing table) is given up at once. What is given up is counted in
+``tokenpath_collector_records_dropped_total{reason}`` (``store_write_failed``,
+``store_rejected``, ``store_shutdown``: still queued when the shutdown deadline ran out).
 """
 
 from __future__ import annotations
@@ -39,33 +31,30 @@ import json
 import logging
 import math
 import os
-import sqlite3
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
-from tokenpath import record_fields as RF
+from tokenpath.collector import store_clickhouse_sql as chsql
 from tokenpath.collector import store_layout as L
-from tokenpath.collector import store_sql as S
-from tokenpath.collector.stats import CollectorStats
-from tokenpath.config import ConfigError
-from tokenpath.identity import pricing_unit
-from tokenpath.pipeline import IdleCost
-from tokenpath.query import (
-    DEFAULT_PARAMS,
-    Aggregates,
-    Coverage,
-    GroupBy,
-    Params,
-    Sample,
-    TimeBuckets,
-    Window,
+from tokenpath.collector.backpressure import DROP_STORE_CLOSED, Backlog, DropLog
+from tokenpath.collector.batch_sender import (
+    DROP_CLOSED,
+    DROP_RETRY_EXPIRED,
+    BatchSender,
+    GiveUp,
+    Retry,
+    SenderConfig,
 )
+from tokenpath.collector.stats import CollectorStats
+from tokenpath.collector.store import Store, StoreConfig, split_batch
+from tokenpath.config import ConfigError
+from tokenpath.pipeline import IdleCost
 from tokenpath.records import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -74,12 +63,27 @@ SCHEMES = ("chdb", "clickhouse", "clickhouses")
 ENV_PASSWORD = "TOKENPATH_CLICKHOUSE_PASSWORD"
 ENV_PASSWORD_FILE = "TOKENPATH_CLICKHOUSE_PASSWORD_FILE"
 DEFAULT_DATABASE = "tokenpath"
-SCHEMA_VERSION = 1
-DEFAULT_WRITE_RETRY_SECONDS = 60.0
-RETRY_FIRST_SECONDS = 0.1
-RETRY_MAX_SECONDS = 5.0
+# a failed insert is retried while the collector runs (it pushes back meanwhile)
+DEFAULT_WRITE_RETRY_SECONDS = math.inf
+DEFAULT_SHUTDOWN_SECONDS = 30.0  # to write what is queued at shutdown, then count the rest
 DROP_STORE_WRITE_FAILED = "store_write_failed"  # the inserts failed past the retry time
-DEDUPLICATION_WINDOW = 1000  # inserts whose tokens a table remembers (a retried batch)
+# ClickHouse error codes that pass: a retry may succeed (the rest are refusals for good)
+TRANSIENT_ERROR_CODES = frozenset({
+    159,  # TIMEOUT_EXCEEDED
+    164,  # READONLY (a replica that lost its keeper)
+    202,  # TOO_MANY_SIMULTANEOUS_QUERIES
+    209,  # SOCKET_TIMEOUT
+    210,  # NETWORK_ERROR
+    241,  # MEMORY_LIMIT_EXCEEDED
+    242,  # TABLE_IS_READ_ONLY
+    252,  # TOO_MANY_PARTS
+    285,  # TOO_FEW_LIVE_REPLICAS
+    319,  # UNKNOWN_STATUS_OF_INSERT
+    394,  # QUERY_WAS_CANCELLED
+    425,  # SYSTEM_ERROR
+    999,  # KEEPER_EXCEPTION
+})
+_ERROR_CODE = re.compile(r"Code: (\d+)")
 OWNER_FILE = "tokenpath-owner.json"  # in a chDB folder: the process that has it open
 
 
@@ -149,166 +153,6 @@ def password() -> str:
             raise ConfigError("store", f"${ENV_PASSWORD_FILE}: cannot read {path}: "
                               f"{exc.strerror}") from None
     return ""
-
-
-# --- the schema, from the column layout ----------------------------------------------------
-
-_TYPES = {RF.STR: "String", RF.OPT_STR: "Nullable(String)", RF.INT: "Int64",
-          RF.OPT_INT: "Nullable(Int64)", RF.FLOAT: "Float64", RF.OPT_FLOAT: "Nullable(Float64)",
-          RF.BOOL: "UInt8", RF.OPT_BOOL: "Nullable(UInt8)"}
-_TIME_CODEC = "CODEC(Gorilla, ZSTD(1))"
-_CODEC = "CODEC(ZSTD(1))"
-
-
-def column_types() -> dict[str, str]:
-    """Each column of :data:`store_layout.COLUMNS` with its ClickHouse type and codec."""
-    out = {"record_id": f"String {_CODEC}", "trace_id": f"Nullable(String) {_CODEC}"}
-    for f in L.PLAIN_FIELDS:
-        kind = _TYPES[f.kind]
-        if f.name.endswith("_unix"):
-            out[f.name] = f"{kind} {_TIME_CODEC}"
-        elif kind == "Int64":
-            out[f.name] = f"{kind} CODEC(T64, ZSTD(1))"
-        else:
-            out[f.name] = f"{kind} {_CODEC}"
-    for f in L.NAME_FIELDS:
-        inner = "String" if f.kind == RF.STR else "Nullable(String)"
-        out[f.name] = f"LowCardinality({inner})"
-    for f in L.LIST_FIELDS:
-        out[f.name] = f"Array(String) {_CODEC}"
-    for column in L.STAGE_COLUMNS:
-        kind = "Nullable(UInt8)" if column.startswith("p_") else "Nullable(Float64)"
-        out[column] = f"{kind} {_CODEC}"
-    for column in L.PHASE_COLUMNS:
-        out[column] = f"Nullable(Float64) {_CODEC}"
-    for column in L.CAUSE_COLUMNS:
-        kind = "Nullable(Int64)" if column.startswith("mt_") else "Nullable(Float64)"
-        out[column] = f"{kind} {_CODEC}"
-    out["extra"] = f"Nullable(String) {_CODEC}"
-    assert tuple(out) == L.COLUMNS, "the ClickHouse columns follow the layout"
-    return out
-
-
-COLUMN_TYPES = column_types()
-_NULLABLE = frozenset(i for i, c in enumerate(L.COLUMNS) if "Nullable(" in COLUMN_TYPES[c])
-_INT_COLUMNS = frozenset(i for i, c in enumerate(L.COLUMNS)
-                         if "Int64" in COLUMN_TYPES[c] or "UInt8" in COLUMN_TYPES[c])
-_NAME_SLOTS = tuple((L.COLUMN_INDEX[f.name], f.name) for f in L.NAME_FIELDS)
-_LIST_SLOTS = tuple((L.COLUMN_INDEX[f.name], f.name) for f in L.LIST_FIELDS)
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-_DAY = "toDate(toDateTime(greatest(end_unix, 0)))"
-
-
-def _ttl(retention_seconds: float, column: str = "end_unix") -> str:
-    return (f"TTL toDateTime(greatest({column}, 0)) + "
-            f"toIntervalSecond({max(1, math.ceil(retention_seconds))})")
-
-
-def schema_statements(retention_seconds: float) -> list[str]:
-    columns = ",\n    ".join(f"`{name}` {kind}" for name, kind in COLUMN_TYPES.items())
-    dedup = f"non_replicated_deduplication_window = {DEDUPLICATION_WINDOW}"
-    return [
-        f"""CREATE TABLE IF NOT EXISTS records (
-    {columns}
-) ENGINE = MergeTree
-PARTITION BY {_DAY}
-ORDER BY (intDiv(toInt64(greatest(end_unix, 0)), 3600), model, end_unix)
-{_ttl(retention_seconds)}
-SETTINGS {dedup}""",
-        f"""CREATE TABLE IF NOT EXISTS idle_cost (
-    pool LowCardinality(String),
-    start_unix Float64 {_TIME_CODEC},
-    end_unix Float64 {_TIME_CODEC},
-    dollars Float64,
-    energy_joules Float64
-) ENGINE = MergeTree PARTITION BY {_DAY} ORDER BY (end_unix, pool)
-{_ttl(retention_seconds)}
-SETTINGS {dedup}""",
-        f"""CREATE TABLE IF NOT EXISTS joined_traces (
-    trace_id String,
-    record_id String,
-    end_unix Float64
-) ENGINE = MergeTree PARTITION BY {_DAY} ORDER BY (trace_id, end_unix)
-{_ttl(retention_seconds)}
-SETTINGS {dedup}""",
-        """CREATE TABLE IF NOT EXISTS meta (
-    key String,
-    value String,
-    at Float64
-) ENGINE = ReplacingMergeTree(at) ORDER BY key""",
-        """CREATE TABLE IF NOT EXISTS schema_version (
-    version UInt32,
-    columns_signature String,
-    applied_unix Float64
-) ENGINE = ReplacingMergeTree(applied_unix) ORDER BY version""",
-    ]
-
-
-COLUMNS_SIGNATURE = hashlib.sha256(json.dumps(COLUMN_TYPES).encode()).hexdigest()[:16]
-
-
-def _num(value: float) -> str:
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return repr(value)
-
-
-def _where(window: Window) -> str:
-    conditions = []
-    if window.since_unix is not None:
-        conditions.append(f"end_unix >= {_num(window.since_unix)}")
-    if window.until_unix is not None:
-        conditions.append(f"end_unix <= {_num(window.until_unix)}")
-    return " AND ".join(conditions) or "1"
-
-
-# --- rows ------------------------------------------------------------------------------------
-
-
-class _TextNames(L.Names):
-    """The layout's names as ClickHouse keeps them: the text itself."""
-
-    def id_of(self, db: sqlite3.Connection, text: str) -> int:
-        return 0  # the row's name columns are set to the texts after encoding
-
-    def text_of(self, db: sqlite3.Connection, name_id: int | None) -> str | None:
-        return None if name_id is None else str(name_id)
-
-
-_NO_DB = cast(sqlite3.Connection, None)
-
-
-def encode(encoder: L.RowEncoder, r: RequestRecord) -> list[Any]:
-    """A record as a ``records`` row: the layout's row with texts for names, lists as
-    arrays, NULL for NaN (0 where the column is not nullable)."""
-    row = encoder.encode(_NO_DB, r)
-    for i, value in enumerate(row):
-        if isinstance(value, float):
-            if math.isnan(value) or math.isinf(value):
-                row[i] = None if i in _NULLABLE else 0.0
-            elif i in _INT_COLUMNS:
-                row[i] = int(max(_INT64[0], min(_INT64[1], value)))
-        elif type(value) is int and not _INT64[0] <= value <= _INT64[1]:
-            row[i] = _INT64[0] if value < 0 else _INT64[1]
-    tag = row[1]
-    row[1] = None if tag is None else str(tag)
-    for i, name in _NAME_SLOTS:
-        row[i] = getattr(r, name)
-    for i, name in _LIST_SLOTS:
-        row[i] = [str(item) for item in getattr(r, name)]
-    return row
-
-
-def decode(decoder: L.RowDecoder, row: Sequence[Any]) -> RequestRecord:
-    values = list(row)
-    if values[1] == "1":
-        values[1] = 1
-    for i, _ in _LIST_SLOTS:
-        values[i] = L.pack_list(tuple(values[i] or ()))
-    return decoder.decode(_NO_DB, values)
 
 
 # --- the client ------------------------------------------------------------------------------
@@ -412,243 +256,180 @@ class Connection:
             self.client.close()
 
 
-def ensure_schema(conn: Connection, retention_seconds: float) -> None:
-    """Create the tables, add the columns the layout gained, set the retention (TTL) when
-    it changed, and record the schema version."""
-    for statement in schema_statements(retention_seconds):
-        conn.command(statement)
-    have = {name for (name,) in conn.rows(
-        "SELECT name FROM system.columns WHERE database = currentDatabase() "
-        "AND table = 'records'")}
-    for name, kind in COLUMN_TYPES.items():
-        if name not in have:
-            log.warning("store: adding column %s to records", name)
-            conn.command(f"ALTER TABLE records ADD COLUMN IF NOT EXISTS `{name}` {kind}")
-    kept = _meta(conn, "retention_seconds")
-    if kept is not None and float(kept) != float(retention_seconds):
-        for table in ("records", "idle_cost", "joined_traces"):
-            conn.command(f"ALTER TABLE {table} MODIFY {_ttl(retention_seconds)} "
-                         "SETTINGS materialize_ttl_after_modify = 0")
-    now = time.time()
-    conn.insert("meta", [["retention_seconds", repr(float(retention_seconds)), now],
-                         ["layout", str(L.LAYOUT_VERSION), now]],
-                ("key", "value", "at"), f"meta-{now!r}")
-    versions = conn.rows("SELECT version, columns_signature FROM schema_version FINAL")
-    if (SCHEMA_VERSION, COLUMNS_SIGNATURE) not in versions:
-        conn.insert("schema_version", [[SCHEMA_VERSION, COLUMNS_SIGNATURE, now]],
-                    ("version", "columns_signature", "applied_unix"), f"schema-{now!r}")
-
-
-def _meta(conn: Connection, key: str) -> str | None:
-    rows = conn.rows(f"SELECT value FROM meta FINAL WHERE key = {S._quote(key)}")
-    return str(rows[0][0]) if rows else None
-
-
-# --- the queries -----------------------------------------------------------------------------
-
-
-class ClickHouseQueries:
-    """tokenpath.query.RecordQueries over ClickHouse."""
-
-    def __init__(self, conn: Connection, retention_seconds: float | None) -> None:
-        self._conn = conn
-        self._decoder = L.RowDecoder(_TextNames())
-        self._retention = retention_seconds
-
-    @staticmethod
-    def _group_sql(group_by: GroupBy) -> str | None:
-        if group_by is None:
-            return None
-        if isinstance(group_by, TimeBuckets):
-            return (f"least({int(group_by.count) - 1}, toInt64((end_unix - "
-                    f"{_num(group_by.start_unix)}) / {_num(group_by.width)}))")
-        if group_by not in S.NAME_GROUPS:
-            raise ValueError(f"cannot group by {group_by!r}")
-        return str(group_by)
-
-    def aggregate(self, window: Window, measures: Sequence[str],
-                  histograms: Sequence[str] = (), group_by: GroupBy = None,
-                  params: Params = DEFAULT_PARAMS) -> dict[Any, Aggregates]:
-        d = S.CLICKHOUSE
-        sums = [m for m in measures if not m.startswith("set:")]
-        sets = [m for m in measures if m.startswith("set:")]
-        where = _where(window)
-        group = self._group_sql(group_by)
-        key_sql = "" if group is None else f"{group} AS grp, "
-        group_sql = "" if group is None else " GROUP BY grp"
-        out: dict[Any, Aggregates] = {}
-
-        def agg(key: Any) -> Aggregates:
-            return out.setdefault(key, Aggregates())
-
-        if sums:
-            select = ", ".join(S.measure_sql(m, params, None, d) for m in sums)
-            rows_where = where
-            if sums == ["last_doubling"]:  # only long contexts count
-                rows_where += f" AND {d.context()} >= {int(params.long_context_tokens)}"
-            sql = (f"SELECT {key_sql}{select} FROM "
-                   f"{S.source_sql(rows_where, select, 'records', d)}{group_sql} "
-                   "HAVING count() > 0")
-            for row in self._conn.rows(sql):
-                key = None if group is None else row[0]
-                values = row if group is None else row[1:]
-                agg(key).merge(Aggregates({m: v for m, v in zip(sums, values, strict=True)
-                                           if v is not None}))
-        for name in histograms:
-            value, condition = S.histogram_value_sql(name)
-            sql = (f"SELECT {key_sql}{S.bucket_key_sql(value, d)} AS bucket, count() "
-                   f"FROM records WHERE {where} AND {condition}"
-                   f"{group_sql or ' GROUP BY'}{',' if group else ''} bucket")
-            for row in self._conn.rows(sql):
-                key = None if group is None else row[0]
-                bucket, count = row[-2], row[-1]
-                hist = agg(key).histograms.setdefault(name, {})
-                hist[int(bucket)] = hist.get(int(bucket), 0) + int(count)
-        for name in sets:
-            if name == "set:models":
-                sql = f"SELECT DISTINCT {key_sql}model FROM records WHERE {where}"
-                for row in self._conn.rows(sql):
-                    key = None if group is None else row[0]
-                    agg(key).sets.setdefault(name, set()).add(row[-1] or "")
-            elif name == "set:units":
-                sql = (f"SELECT DISTINCT {key_sql}node, engine_id FROM records "
-                       f"WHERE {where} AND gpu_inventory = 0")
-                for row in self._conn.rows(sql):
-                    key = None if group is None else row[0]
-                    agg(key).sets.setdefault(name, set()).add(pricing_unit(row[-2], row[-1]))
-            else:
-                raise ValueError(f"unknown set {name!r}")
-        return out
-
-    def end_range(self, window: Window) -> tuple[float, float] | None:
-        rows = self._conn.rows(f"SELECT minOrNull(end_unix), maxOrNull(end_unix) FROM records "
-                               f"WHERE {_where(window)}")
-        if not rows or rows[0][0] is None:
-            return None
-        return float(rows[0][0]), float(rows[0][1])
-
-    def count(self, window: Window = Window()) -> int:
-        return int(self._conn.rows(f"SELECT count() FROM records WHERE {_where(window)}")[0][0])
-
-    def _select(self, sql: str) -> list[RequestRecord]:
-        return [decode(self._decoder, row) for row in self._conn.rows(sql)]
-
-    def records(self, limit: int | None = None, since_unix: float | None = None,
-                until_unix: float | None = None) -> list[RequestRecord]:
-        sql = (f"SELECT {L.SELECT_COLUMNS} FROM records WHERE "
-               f"{_where(Window(since_unix, until_unix))} ORDER BY end_unix DESC")
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
-        return self._select(sql)
-
-    def sample(self, window: Window, limit: int, fingerprinted: bool = False) -> Sample:
-        where = _where(window)
-        if fingerprinted:
-            where += " AND notEmpty(prefix_fingerprints)"
-        total = int(self._conn.rows(f"SELECT count() FROM records WHERE {where}")[0][0])
-        records = self._select(f"SELECT {L.SELECT_COLUMNS} FROM records WHERE {where} "
-                               f"ORDER BY end_unix DESC LIMIT {int(limit)}")
-        records.reverse()
-        return Sample(records, total, int(limit))
-
-    def record(self, record_id: str) -> RequestRecord | None:
-        found = self._select(f"SELECT {L.SELECT_COLUMNS} FROM records WHERE "
-                             f"record_id = {S._quote(record_id)} LIMIT 1")
-        return found[0] if found else None
-
-    def records_of_trace(self, trace_id: str) -> list[RequestRecord]:
-        t = S._quote(trace_id)
-        records = self._select(
-            f"SELECT {L.SELECT_COLUMNS} FROM records WHERE record_id = {t} OR "
-            f"startsWith(record_id, {S._quote(trace_id + '-')}) OR record_id IN "
-            f"(SELECT record_id FROM joined_traces WHERE trace_id = {t})")
-        return sorted(records, key=lambda r: r.start_unix)
-
-    def _idle(self, column: str, since_unix: float | None) -> float:
-        where = "" if since_unix is None else f" WHERE end_unix >= {_num(since_unix)}"
-        return float(self._conn.rows(f"SELECT sum({column}) FROM idle_cost{where}")[0][0] or 0)
-
-    def idle_cost_dollars(self, since_unix: float | None = None) -> float:
-        return self._idle("dollars", since_unix)
-
-    def idle_energy_joules(self, since_unix: float | None = None) -> float:
-        return self._idle("energy_joules", since_unix)
-
-    def coverage(self, now_unix: float | None = None) -> Coverage:
-        oldest = self._conn.rows("SELECT minOrNull(end_unix) FROM records")[0][0]
-        retention = self._retention
-        if retention is None:
-            kept = _meta(self._conn, "retention_seconds")
-            retention = float(kept) if kept is not None else None
-        return Coverage(retention, None if oldest is None else float(oldest), now_unix)
-
-
 def _batch_token(kind: str, keys: Sequence[str]) -> str:
     digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()
     return f"{kind}-{len(keys)}-{digest}"
 
 
-class ClickHouseWriter:
-    """Writes a batch (records, their joined traces, idle cost) with retries."""
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed insert may succeed if tried again: the server unreachable or
+    restarting (clickhouse-connect's OperationalError, a socket error) or a ClickHouse
+    error code of :data:`TRANSIENT_ERROR_CODES`; not a refusal of the data itself."""
+    if isinstance(exc, OSError | TimeoutError):
+        return True
+    if type(exc).__name__ in ("OperationalError", "StreamClosedError"):
+        return True
+    match = _ERROR_CODE.search(str(exc))
+    return match is not None and int(match.group(1)) in TRANSIENT_ERROR_CODES
 
-    def __init__(self, conn: Connection, stats: CollectorStats,
-                 retry_seconds: float = DEFAULT_WRITE_RETRY_SECONDS,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+
+@dataclass(slots=True)
+class Batch:
+    """One batch's rows for each table, encoded once (a retry sends the same rows with
+    the same deduplication tokens)."""
+
+    records: int
+    inserts: list[tuple[str, list[list[Any]], Sequence[str], str]]
+
+
+class ClickHouseWriter:
+    """Encodes a batch (records, their joined traces, idle cost) and inserts it; the
+    batching sender retries it."""
+
+    def __init__(self, conn: Connection, stats: CollectorStats) -> None:
         self._conn = conn
         self._stats = stats
-        self._encoder = L.RowEncoder(_TextNames())
-        self.retry_seconds = retry_seconds
-        self._sleep = sleep
+        self._encoder = L.RowEncoder(chsql.TextNames())
 
-    def rows(self, records: list[RequestRecord]) -> tuple[list[list[Any]], list[str]]:
+    def prepare(self, records: list[RequestRecord], idle: list[IdleCost]) -> Batch:
+        """The batch's rows; a record that cannot be encoded is counted in store_errors
+        and left out, not its batch."""
         rows, ids = [], []
         for r in records:
             try:
-                rows.append(encode(self._encoder, r))
+                rows.append(chsql.encode(self._encoder, r))
                 ids.append(r.record_id)
             except (TypeError, ValueError, OverflowError, KeyError, AttributeError):
                 log.exception("store: record %s could not be encoded", r.trace_id)
                 self._stats.store_errors.inc()
-        return rows, ids
-
-    def write(self, records: list[RequestRecord], idle: list[IdleCost]) -> int:
-        """The number of records written; raises when the retries ran out."""
-        rows, ids = self.rows(records)
         joined = [[t, r.record_id, r.end_unix] for r in records for t in r.joined_trace_ids]
         idle_rows = [[i.pool, i.start_unix, i.end_unix, i.dollars,
                       i.energy_joules if math.isfinite(i.energy_joules) else 0.0]
                      for i in idle]
-        self._retry(lambda: self._conn.insert("records", rows, L.COLUMNS,
-                                              _batch_token("records", ids)))
-        # The records are in: what fails past here loses itself only (counted in
-        # store_errors), not the records.
-        extras: list[tuple[str, list[list[Any]], tuple[str, ...], str]] = [
+        return Batch(len(rows), [
+            ("records", rows, L.COLUMNS, _batch_token("records", ids)),
             ("joined_traces", joined, ("trace_id", "record_id", "end_unix"),
              _batch_token("joined", [f"{a}/{b}" for a, b, _ in joined])),
             ("idle_cost", idle_rows,
              ("pool", "start_unix", "end_unix", "dollars", "energy_joules"),
              _batch_token("idle", [repr(r) for r in idle_rows])),
-        ]
-        for table, table_rows, columns, token in extras:
-            try:
-                self._retry(partial(self._conn.insert, table, table_rows, columns, token))
-            except Exception:
-                log.exception("store: %d rows of %s could not be written", len(table_rows),
-                              table)
-                self._stats.store_errors.inc(len(table_rows))
-        return len(rows)
+        ])
 
-    def _retry(self, step: Callable[[], None]) -> None:
-        deadline = time.monotonic() + self.retry_seconds
-        wait = RETRY_FIRST_SECONDS
-        while True:
+    def write(self, batch: Batch) -> None:
+        """Insert every table's rows. Raises :class:`Retry` when it may pass (the inserts
+        already made are deduplicated when the batch comes again), :class:`GiveUp` when
+        the server refused the data."""
+        for table, rows, columns, token in batch.inserts:
             try:
-                step()
-                return
+                self._conn.insert(table, rows, columns, token)
             except Exception as exc:
-                if time.monotonic() + wait > deadline:
-                    raise
-                log.warning("store: insert failed (%s); retrying in %.1f s",
-                            type(exc).__name__, wait)
-                self._sleep(wait)
-                wait = min(RETRY_MAX_SECONDS, wait * 2)
+                message = f"insert into {table} failed: {type(exc).__name__}: {str(exc)[:300]}"
+                if is_transient(exc):
+                    raise Retry(message) from exc
+                raise GiveUp(message) from exc
+
+
+class ClickHouseStore(Store):
+    """The store in ClickHouse: the batching sender writes, :class:`ClickHouseQueries`
+    read (the views' SQL); retention is the tables' TTL."""
+
+    def __init__(self, config: StoreConfig, stats: CollectorStats | None = None,
+                 clock: Callable[[], float] = time.time, client: Any = None) -> None:
+        """``client``: a clickhouse-connect client to use instead of connecting to
+        ``config.path`` (only its ``query``, ``command``, ``insert`` and ``close``)."""
+        config.validate()
+        self._config = config
+        self._stats = stats or CollectorStats()
+        self._clock = clock
+        self._drops = DropLog(self._stats, log, "store")
+        target = parse_url(config.path)
+        self.target = target
+        if config.read_only and target.chdb and not (Path(target.path) / "metadata").is_dir():
+            raise ConfigError("store", f"no store at {target.describe()}")
+        self._owner = Owner(target.path, exclusive=not config.read_only) \
+            if target.chdb and client is None else None
+        try:
+            self._conn = Connection(connect(target) if client is None else client)
+            if config.read_only:
+                if not self._conn.rows("EXISTS TABLE records")[0][0]:
+                    raise ConfigError("store", f"no store at {target.describe()}")
+            else:
+                chsql.ensure_schema(self._conn, config.retention_seconds)
+        except ConfigError:
+            self._release()
+            raise
+        except Exception as exc:
+            self._release()
+            raise ConfigError("store", f"cannot open {target.describe()}: "
+                              f"{type(exc).__name__}: {str(exc)[:300]}") from None
+        self._writer = ClickHouseWriter(self._conn, self._stats)
+        self._shut = False
+        self._prepared: tuple[list[RequestRecord | IdleCost], Batch] | None = None
+        self._sender: BatchSender[RequestRecord | IdleCost] = BatchSender(
+            "store", SenderConfig(config.queue_size, config.batch_size,
+                                  config.write_retry_seconds, config.shutdown_seconds),
+            self._export, self._dropped)
+        self.queries = chsql.ClickHouseQueries(
+            self._conn, None if config.read_only else config.retention_seconds)
+        log.info("store: %s", target.describe())
+
+    def _release(self) -> None:
+        if self._owner is not None:
+            self._owner.release()
+            self._owner = None
+
+    def announce_api(self, url: str) -> None:
+        if self._owner is not None:
+            self._owner.announce(url)
+
+    # --- sink ------------------------------------------------------------------------------
+
+    def consume_record(self, record: RequestRecord) -> None:
+        self._sender.put(record)
+
+    def consume_idle_cost(self, idle: IdleCost) -> None:
+        self._sender.put(idle)
+
+    def backlog(self) -> Backlog:
+        return self._sender.backlog()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._sender.depth()
+
+    def start(self) -> None:
+        self._sender.start()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until what was handed in so far is written (or counted as dropped); False
+        when ``timeout`` passed first or the sender is not running."""
+        return self._sender.flush(timeout)
+
+    def shutdown(self) -> None:
+        """Write what is queued (until ``shutdown_seconds``), then close. Idempotent."""
+        if self._shut:
+            return
+        self._shut = True
+        self._sender.shutdown()
+        self._drops.flush()
+        try:
+            self._conn.close()
+        finally:
+            self._release()
+
+    def _export(self, batch: list[RequestRecord | IdleCost]) -> None:
+        if self._prepared is None or self._prepared[0] is not batch:
+            records, idle = split_batch(batch, self._stats)
+            self._prepared = (batch, self._writer.prepare(records, idle))
+        prepared = self._prepared[1]
+        self._writer.write(prepared)
+        self._prepared = None
+        self._stats.records_stored.inc(prepared.records)
+
+    def _dropped(self, reason: str, items: Sequence[RequestRecord | IdleCost]) -> None:
+        records = sum(1 for i in items if isinstance(i, RequestRecord))
+        label = {DROP_RETRY_EXPIRED: DROP_STORE_WRITE_FAILED,
+                 DROP_CLOSED: DROP_STORE_CLOSED}.get(reason, f"store_{reason}")
+        self._drops.drop(label, records)
+        if len(items) > records:  # idle slices: no records, but lost all the same
+            self._stats.store_errors.inc(len(items) - records)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import random
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,15 +25,13 @@ from tests.core.test_views import END, QUANTILE_KEYS, WINDOWS, close, in_window
 from tokenpath import query, views
 from tokenpath.collector import api_views
 from tokenpath.collector import store_clickhouse as ch
+from tokenpath.collector import store_clickhouse_sql as chsql
 from tokenpath.collector import store_layout as L
+from tokenpath.collector.batch_sender import GiveUp, Retry
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store import (
-    ClickHouseStore,
-    RecordStore,
-    StoreConfig,
-    make_store,
-)
+from tokenpath.collector.store import RecordStore, Store, StoreConfig, make_store
+from tokenpath.collector.store_clickhouse import ClickHouseStore
 from tokenpath.config import ConfigError
 from tokenpath.pipeline import IdleCost
 from tokenpath.query import QUANTILE_RELATIVE_ERROR
@@ -41,14 +41,20 @@ from tokenpath.report import build_report
 RETENTION = 20 * 365 * 86400.0
 
 
-def _write(store: RecordStore, records: list[Any]) -> None:
-    for i in range(0, len(records), 500):
-        store._write(list(records[i:i + 500]))
+def _write(store: Store, items: list[Any]) -> None:
+    """Through the store's sink and writer thread, as the collector writes."""
+    store.start()
+    for item in items:
+        if isinstance(item, IdleCost):
+            store.consume_idle_cost(item)
+        else:
+            store.consume_record(item)
+    assert store.flush()
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory
-         ) -> Iterator[tuple[RecordStore, RecordStore]]:
+         ) -> Iterator[tuple[Store, Store]]:
     """The same 4,000 synthetic records over 6 hours, and idle cost, in a SQLite store
     and a chDB store (one chDB folder for the module: chDB opens one in a process)."""
     folder = tmp_path_factory.mktemp("chdb") / "store"
@@ -58,17 +64,16 @@ def pair(tmp_path_factory: pytest.TempPathFactory
                                      retention_seconds=RETENTION), clock=lambda: END)
     assert isinstance(clickhouse, ClickHouseStore)
     records = list(synthetic_records(4000, END, span_seconds=6 * 3600.0, seed=3))
+    idle = [IdleCost("pool-a", END - (hour + 1) * 3600, END - hour * 3600, 0.5 + hour,
+                     1000.0 * hour) for hour in range(7)]
     for store in (sqlite, clickhouse):
-        _write(store, records)
-        for hour in range(7):
-            store._write([IdleCost("pool-a", END - (hour + 1) * 3600, END - hour * 3600,
-                                   0.5 + hour, 1000.0 * hour)])
+        _write(store, [*records, *idle])
     yield sqlite, clickhouse
     clickhouse.shutdown()
     sqlite.shutdown()
 
 
-def test_the_records_read_back_as_written(pair: tuple[RecordStore, RecordStore]) -> None:
+def test_the_records_read_back_as_written(pair: tuple[Store, Store]) -> None:
     sqlite, clickhouse = pair
     assert clickhouse.count() == sqlite.count() == 4000
     mine = {r.record_id: r.to_json() for r in clickhouse.records()}
@@ -87,18 +92,19 @@ def test_the_records_read_back_as_written(pair: tuple[RecordStore, RecordStore])
         assert [r.end_unix for r in a.records] == [r.end_unix for r in b.records]
 
 
-def test_a_batch_written_again_is_not_written_twice(pair: tuple[RecordStore, RecordStore]
+def test_a_batch_written_again_is_not_written_twice(pair: tuple[Store, Store]
                                                      ) -> None:
     """A retry after a lost answer sends the batch again with the same token: the table
     keeps one copy."""
     _, clickhouse = pair
     assert isinstance(clickhouse, ClickHouseStore)
     records = list(synthetic_records(4000, END, span_seconds=6 * 3600.0, seed=3))[:500]
-    ch.ClickHouseWriter(clickhouse._conn, CollectorStats()).write(records, [])
+    writer = ch.ClickHouseWriter(clickhouse._conn, CollectorStats())
+    writer.write(writer.prepare(records, []))
     assert clickhouse.count() == 4000
 
 
-def test_a_trace_s_records_match(pair: tuple[RecordStore, RecordStore]) -> None:
+def test_a_trace_s_records_match(pair: tuple[Store, Store]) -> None:
     sqlite, clickhouse = pair
     for record in sqlite.records(limit=20):
         mine = [r.to_json() for r in clickhouse.records_of_trace(record.trace_id)]
@@ -107,7 +113,7 @@ def test_a_trace_s_records_match(pair: tuple[RecordStore, RecordStore]) -> None:
 
 
 @pytest.mark.parametrize("name", list(WINDOWS))
-def test_the_report_matches_the_sqlite_store(pair: tuple[RecordStore, RecordStore],
+def test_the_report_matches_the_sqlite_store(pair: tuple[Store, Store],
                                              name: str) -> None:
     sqlite, clickhouse = pair
     window = WINDOWS[name]
@@ -125,7 +131,7 @@ def test_the_report_matches_the_sqlite_store(pair: tuple[RecordStore, RecordStor
 
 @pytest.mark.parametrize("by", ["tenant", "model", "pool"])
 @pytest.mark.parametrize("policy", list(IdlePolicy))
-def test_chargeback_matches_the_sqlite_store(pair: tuple[RecordStore, RecordStore], by: str,
+def test_chargeback_matches_the_sqlite_store(pair: tuple[Store, Store], by: str,
                                              policy: IdlePolicy) -> None:
     sqlite, clickhouse = pair
     window = WINDOWS["last 4.5 h"]
@@ -135,7 +141,7 @@ def test_chargeback_matches_the_sqlite_store(pair: tuple[RecordStore, RecordStor
 
 
 @pytest.mark.parametrize("name", ["all", "last 4.5 h"])
-def test_the_time_series_matches_the_sqlite_store(pair: tuple[RecordStore, RecordStore],
+def test_the_time_series_matches_the_sqlite_store(pair: tuple[Store, Store],
                                                   name: str) -> None:
     sqlite, clickhouse = pair
     window = WINDOWS[name]
@@ -148,7 +154,7 @@ def test_the_time_series_matches_the_sqlite_store(pair: tuple[RecordStore, Recor
 
 
 @pytest.mark.parametrize(("long_context_tokens", "threshold"), [(8192, 0.5), (3000, 0.8)])
-def test_the_leaks_match_the_sqlite_store(pair: tuple[RecordStore, RecordStore],
+def test_the_leaks_match_the_sqlite_store(pair: tuple[Store, Store],
                                           long_context_tokens: int, threshold: float) -> None:
     sqlite, clickhouse = pair
     window = WINDOWS["last 4.5 h"]
@@ -159,14 +165,14 @@ def test_the_leaks_match_the_sqlite_store(pair: tuple[RecordStore, RecordStore],
     close(mine, theirs, "leaks")
 
 
-def test_the_ranked_leaks_match_the_sqlite_store(pair: tuple[RecordStore, RecordStore]) -> None:
+def test_the_ranked_leaks_match_the_sqlite_store(pair: tuple[Store, Store]) -> None:
     sqlite, clickhouse = pair
     mine, theirs = ([leak.to_json() for leak in views.rank_leaks_view(
         s, WINDOWS["all"], 1e-10, replay_routing=True)] for s in (clickhouse, sqlite))
     close(mine, theirs, "ranked", frozenset({"saving"}))
 
 
-def test_the_clickhouse_bucket_is_within_the_bound(pair: tuple[RecordStore, RecordStore]
+def test_the_clickhouse_bucket_is_within_the_bound(pair: tuple[Store, Store]
                                                     ) -> None:
     """ClickHouse's ``log`` may put a value at a bucket's edge in the next bucket: its
     representative is still within the bound of the value."""
@@ -175,7 +181,7 @@ def test_the_clickhouse_bucket_is_within_the_bound(pair: tuple[RecordStore, Reco
     rng = random.Random(9)
     values = [0.0, -1e-9, 1e-300, 1.0, -3.5, *[rng.lognormvariate(0, 6) for _ in range(500)]]
     select = " UNION ALL ".join(
-        f"SELECT {i} AS i, {ch.S.bucket_key_sql(repr(v), ch.S.CLICKHOUSE)} AS k"
+        f"SELECT {i} AS i, {chsql.S.bucket_key_sql(repr(v), chsql.S.CLICKHOUSE)} AS k"
         for i, v in enumerate(values))
     keys = dict(clickhouse._conn.rows(f"SELECT i, k FROM ({select})"))
     for i, value in enumerate(values):
@@ -183,7 +189,7 @@ def test_the_clickhouse_bucket_is_within_the_bound(pair: tuple[RecordStore, Reco
             value, rel=QUANTILE_RELATIVE_ERROR + 1e-12, abs=1e-300), value
 
 
-def test_the_schema_follows_the_layout(pair: tuple[RecordStore, RecordStore]) -> None:
+def test_the_schema_follows_the_layout(pair: tuple[Store, Store]) -> None:
     _, clickhouse = pair
     assert isinstance(clickhouse, ClickHouseStore)
     conn = clickhouse._conn
@@ -195,14 +201,14 @@ def test_the_schema_follows_the_layout(pair: tuple[RecordStore, RecordStore]) ->
                              "database = currentDatabase() AND name = 'records'")
     for part in ("MergeTree", "PARTITION BY", "TTL", "LowCardinality(String)"):
         assert part in create
-    assert (ch.SCHEMA_VERSION, ch.COLUMNS_SIGNATURE) in conn.rows(
+    assert (chsql.SCHEMA_VERSION, chsql.COLUMNS_SIGNATURE) in conn.rows(
         "SELECT version, columns_signature FROM schema_version FINAL")
     # opened again: nothing added, the same version row
-    ch.ensure_schema(conn, RETENTION)
+    chsql.ensure_schema(conn, RETENTION)
     assert len(conn.rows("SELECT * FROM schema_version FINAL")) == 1
     # another retention: the TTL follows it
     for retention in (RETENTION + 3600, RETENTION):
-        ch.ensure_schema(conn, retention)
+        chsql.ensure_schema(conn, retention)
         for table in ("records", "idle_cost", "joined_traces"):
             ((create,),) = conn.rows("SELECT create_table_query FROM system.tables WHERE "
                                      f"database = currentDatabase() AND name = '{table}'")
@@ -210,90 +216,133 @@ def test_the_schema_follows_the_layout(pair: tuple[RecordStore, RecordStore]) ->
     assert clickhouse.count() == 4000
 
 
-class _Flaky:
-    """A connection whose first ``failures`` inserts fail."""
+class _Result:
+    result_rows: list[Any] = []
 
-    def __init__(self, failures: int) -> None:
+
+class _FlakyClient:
+    """A clickhouse-connect client (the methods the store calls) whose inserts into
+    ``failing`` raise ``error`` the first ``failures`` times; queries find nothing."""
+
+    def __init__(self, failures: int = 0, error: Exception | None = None,
+                 failing: str = "records") -> None:
         self.failures = failures
+        self.error = error or ConnectionError("server went away")
+        self.failing = failing
         self.inserted: list[tuple[str, int, str]] = []
+        self.release: threading.Event | None = None
 
-    def insert(self, table: str, rows: list[list[Any]], columns: Any, token: str) -> None:
-        if self.failures > 0:
+    def query(self, sql: str) -> _Result:
+        return _Result()
+
+    def command(self, sql: str) -> None:
+        pass
+
+    def insert(self, table: str, rows: list[list[Any]], column_names: Any,
+               settings: dict[str, str]) -> None:
+        if table == "meta" or table == "schema_version":
+            return
+        if self.release is not None:
+            assert self.release.wait(30)
+        if table == self.failing and self.failures > 0:
             self.failures -= 1
-            raise ConnectionError("server went away")
-        self.inserted.append((table, len(rows), token))
+            raise self.error
+        self.inserted.append((table, len(rows), settings["insert_deduplication_token"]))
+
+    def close(self) -> None:
+        pass
 
 
-def test_a_failed_insert_is_retried_with_the_same_token() -> None:
-    flaky = _Flaky(3)
-    waits: list[float] = []
-    writer = ch.ClickHouseWriter(flaky, CollectorStats(), 60.0, waits.append)  # type: ignore[arg-type]
+def _store(client: _FlakyClient, stats: CollectorStats, **config: Any) -> ClickHouseStore:
+    return ClickHouseStore(StoreConfig(path="clickhouse://test@db/tokenpath", **config),
+                           stats, client=client)
+
+
+def test_a_failed_insert_is_retried_with_the_same_tokens() -> None:
+    """Every insert of a batch is sent again with the token it had, so what went in
+    before the failure is deduplicated, not written twice."""
+    client = _FlakyClient(2, failing="idle_cost")
+    writer = ch.ClickHouseWriter(ch.Connection(client), CollectorStats())
     records = list(synthetic_records(20, END, span_seconds=60.0))
-    assert writer.write(records, []) == 20
-    assert waits == [0.1, 0.2, 0.4]
-    assert flaky.inserted[0][:2] == ("records", 20)
-    again = _Flaky(0)
-    ch.ClickHouseWriter(again, CollectorStats()).write(records, [])  # type: ignore[arg-type]
-    assert again.inserted[0][2] == flaky.inserted[0][2]  # a retry deduplicates
+    batch = writer.prepare(records, [IdleCost("p", END - 60, END, 1.0, 0.0)])
+    for _ in range(2):
+        with pytest.raises(Retry):
+            writer.write(batch)
+    writer.write(batch)
+    tokens = [token for table, _, token in client.inserted if table == "records"]
+    assert len(tokens) == 3 and len(set(tokens)) == 1
+    assert [t for t, _, _ in client.inserted].count("idle_cost") == 1
+    again = writer.prepare(records, [IdleCost("p", END - 60, END, 1.0, 0.0)])
+    assert again.inserts == batch.inserts  # the same rows and tokens from the same batch
 
 
-def test_records_past_the_retries_are_counted_as_dropped(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("error", "transient"), [
+    (ConnectionError("reset"), True),
+    (TimeoutError(), True),
+    (RuntimeError("Code: 252. DB::Exception: Too many parts"), True),
+    (RuntimeError("Code: 241. DB::Exception: Memory limit exceeded"), True),
+    (RuntimeError("Code: 53. DB::Exception: Type mismatch"), False),
+    (RuntimeError("Code: 60. DB::Exception: Unknown table"), False),
+])
+def test_what_passes_is_retried_and_what_is_refused_is_not(error: Exception,
+                                                          transient: bool) -> None:
+    assert ch.is_transient(error) is transient
+    writer = ch.ClickHouseWriter(ch.Connection(_FlakyClient(1, error)), CollectorStats())
+    with pytest.raises(Retry if transient else GiveUp):
+        writer.write(writer.prepare(list(synthetic_records(1, END, span_seconds=60.0)), []))
+
+
+def test_an_outage_is_outlasted_and_nothing_is_dropped(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    monkeypatch.setattr("tokenpath.collector.batch_sender.INITIAL_BACKOFF_SECONDS", 0.01)
     stats = CollectorStats()
-    store = ClickHouseStore.__new__(ClickHouseStore)
-    RecordStore.__init__(store, StoreConfig(), stats)  # the queue; its SQLite unused
-    store._writer = ch.ClickHouseWriter(_Flaky(10**6), stats, 0.0)  # type: ignore[arg-type]
-    store._write(list(synthetic_records(7, END, span_seconds=60.0)))
-    assert stats.records_dropped[ch.DROP_STORE_WRITE_FAILED] == 7
+    client = _FlakyClient(6)
+    store = _store(client, stats, batch_size=10)
+    _write(store, list(synthetic_records(25, END, span_seconds=60.0)))
+    store.shutdown()
+    assert client.failures == 0
+    assert sum(n for table, n, _ in client.inserted if table == "records") == 25
+    assert stats.records_stored.value == 25
+    assert stats.records_dropped.total() == 0
+
+
+def test_what_is_given_up_is_counted_by_reason() -> None:
+    stats = CollectorStats()
+    refused = _FlakyClient(1, RuntimeError("Code: 53. DB::Exception: Type mismatch"))
+    store = _store(refused, stats, batch_size=10)
+    _write(store, list(synthetic_records(7, END, span_seconds=60.0)))
+    store.shutdown()
+    assert stats.records_dropped["store_rejected"] == 7
+    expired = _FlakyClient(10**6)
+    store = _store(expired, stats, write_retry_seconds=0.0)
+    _write(store, list(synthetic_records(3, END, span_seconds=60.0)))
+    store.shutdown()
+    assert stats.records_dropped[ch.DROP_STORE_WRITE_FAILED] == 3
+    store.consume_record(next(iter(synthetic_records(1, END, span_seconds=60.0))))
+    assert stats.records_dropped["store_closed"] == 1
     assert stats.records_stored.value == 0
 
 
-class _Table(_Flaky):
-    """Inserts into ``failing`` always fail."""
-
-    def __init__(self, failing: str) -> None:
-        super().__init__(0)
-        self.failing = failing
-
-    def insert(self, table: str, rows: list[list[Any]], columns: Any, token: str) -> None:
-        if table == self.failing and rows:
-            raise ConnectionError("no")
-        super().insert(table, rows, columns, token)
-
-
-def test_a_failed_idle_insert_does_not_drop_the_records() -> None:
+def test_a_failed_idle_insert_is_retried_with_its_batch(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    monkeypatch.setattr("tokenpath.collector.batch_sender.INITIAL_BACKOFF_SECONDS", 0.01)
     stats = CollectorStats()
-    writer = ch.ClickHouseWriter(_Table("idle_cost"), stats, 0.0)  # type: ignore[arg-type]
-    records = list(synthetic_records(5, END, span_seconds=60.0))
-    assert writer.write(records, [IdleCost("p", END - 60, END, 1.0, 0.0)]) == 5
-    assert stats.store_errors.value == 1
+    client = _FlakyClient(2, failing="idle_cost")
+    store = _store(client, stats)
+    _write(store, [*synthetic_records(5, END, span_seconds=60.0),
+                   IdleCost("p", END - 60, END, 1.0, 0.0)])
+    store.shutdown()
+    assert [t for t, _, _ in client.inserted].count("idle_cost") == 1
+    assert stats.records_stored.value == 5 and stats.store_errors.value == 0
 
 
-def _queued_store(stats: CollectorStats, queue_size: int) -> ClickHouseStore:
-    store = ClickHouseStore.__new__(ClickHouseStore)
-    RecordStore.__init__(store, StoreConfig(queue_size=queue_size, batch_size=1), stats)
-    return store
-
-
-def test_a_full_queue_makes_the_caller_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The SQLite store's back-pressure, unchanged: while the writer is stuck (retrying),
-    a put into the full queue waits, and nothing is dropped."""
-    import threading
-
+def test_a_full_queue_makes_the_caller_wait() -> None:
+    """While the writer is stuck, a put into the full queue waits; nothing is dropped,
+    and the backlog tells admission to refuse new data meanwhile."""
     stats = CollectorStats()
-    store = _queued_store(stats, 2)
-    release = threading.Event()
-    written: list[int] = []
-
-    class _Stuck:
-        retry_seconds = 60.0
-
-        def write(self, records: list[Any], idle: list[Any]) -> int:
-            release.wait(30)
-            written.append(len(records))
-            return len(records)
-
-    store._writer = _Stuck()  # type: ignore[assignment]
-    monkeypatch.setattr("tokenpath.collector.store.PUT_WAIT_SECONDS", 0.05)
+    client = _FlakyClient()
+    client.release = threading.Event()
+    store = _store(client, stats, queue_size=2, batch_size=1)
     store.start()
     records = list(synthetic_records(6, END, span_seconds=60.0))
     done = threading.Event()
@@ -305,15 +354,17 @@ def test_a_full_queue_makes_the_caller_wait(monkeypatch: pytest.MonkeyPatch) -> 
 
     producer = threading.Thread(target=produce)
     producer.start()
-    assert not done.wait(0.5)  # one in the writer, two queued, the producer waits
-    release.set()
+    # one in the writer, one queued: full, so the producer waits
+    deadline = time.monotonic() + 30
+    while store.queue_depth < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.backlog().over()
+    assert not done.is_set()
+    client.release.set()
     assert done.wait(30)
     producer.join()
-    store._closed = True
-    store._queue.put(None)
-    assert store._thread is not None
-    store._thread.join(30)
-    assert sum(written) == 6
+    store.shutdown()
+    assert sum(n for table, n, _ in client.inserted if table == "records") == 6
     assert stats.records_dropped.total() == 0
 
 
@@ -351,6 +402,6 @@ def test_non_finite_values_are_stored_as_the_sqlite_store_stores_them() -> None:
     record = next(iter(synthetic_records(1, END, span_seconds=60.0)))
     record.ttft_seconds = math.inf
     record.cost_dollars = math.nan
-    row = ch.encode(L.RowEncoder(ch._TextNames()), record)
+    row = chsql.encode(L.RowEncoder(chsql.TextNames()), record)
     assert row[L.COLUMN_INDEX["ttft_seconds"]] is None
     assert row[L.COLUMN_INDEX["cost_dollars"]] == 0.0

@@ -82,8 +82,8 @@ def _stored(store: Path) -> tuple[dict[str, RequestRecord], list[tuple[float, fl
 
 
 def _idle_within(idle: list[tuple[float, float, float]], start: float, end: float) -> float:
-    """Idle dollars of the traffic's window: a slice past its end (idle time that grows
-    with the clock, at a rate that does not depend on who prices it) counted pro rata."""
+    """Idle dollars within ``[start, end]``. A stored row is one rate (dollars per second)
+    over its time, so the part of a row inside the window counts pro rata, exactly."""
     total = 0.0
     for a, b, dollars in idle:
         overlap = min(b, end) - max(a, start)
@@ -173,17 +173,20 @@ def test_three_forwarding_collectors_price_like_one(
                             rel_tol=1e-6), trace_id
     gpu_alone = sum(r.gpu_cost_dollars for r in alone.values())
     gpu_sharded = sum(r.gpu_cost_dollars for r in sharded.values())
-    start, end = traffic.window
+    # Idle is compared while every unit is inside its own traffic: from the first engine
+    # start to the earliest unit's last engine end. There each unit's slices are cut by its
+    # records alone. After a unit's last record its idle runs on only as far as its
+    # watermark went, which for a quiet unit follows the wall clock (min_delay_seconds
+    # after its last arrival), so how much of it a collector had closed when it stopped
+    # depends on the machine's load, not on the pricing.
+    start, _ = traffic.window
+    end = min(max(r.engine_end_unix or 0.0 for r in alone.values()
+                  if (r.node or r.engine_id) == unit) for unit in units)
     idle_alone = _idle_within(alone_idle, start, end)
     idle_sharded = _idle_within(sharded_idle, start, end)
     assert idle_alone > 0
-    # Idle is compared within the traffic's window, a slice that reaches past its end
-    # counted pro rata. The last slice before a quiet unit moves on with the wall clock can
-    # hold the end of the traffic and the idle after it; where it is cut depends on when
-    # each collector closed (1.7% of the window's idle was seen apart), so idle is compared
-    # to 5%, while every record's GPU dollars above agree to 1e-6.
     assert math.isclose(gpu_sharded, gpu_alone, rel_tol=1e-6)
-    assert math.isclose(idle_sharded, idle_alone, rel_tol=0.05)
+    assert math.isclose(idle_sharded, idle_alone, rel_tol=1e-6)
 
 
 def test_a_vllm_annotation_naming_its_trace_is_routed_with_its_request() -> None:

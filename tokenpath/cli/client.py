@@ -14,7 +14,7 @@ from tokenpath.config import ConfigError, parse_duration
 from tokenpath.records import RequestRecord
 
 if TYPE_CHECKING:
-    from tokenpath.collector.store import RecordStore
+    from tokenpath.collector.store import Store
 
 
 # How far a collector's clock may run ahead of this one's, for a window of fixed ends.
@@ -138,12 +138,12 @@ class Source:
         finally:
             store.shutdown()
 
-    def open_store(self) -> RecordStore:
+    def open_store(self) -> Store:
         """The store, read-only, for the views (tokenpath/views.py); the caller shuts it
         down."""
         return self._open()
 
-    def _open(self) -> RecordStore:
+    def _open(self) -> Store:
         from tokenpath.collector.config import default_store_path
         from tokenpath.collector.store import open_store_readonly
 

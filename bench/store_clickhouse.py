@@ -1,0 +1,116 @@
+"""The ClickHouse store on chDB: ``tokenpath report --since 24h`` and ``tokenpath chargeback
+--since 24h`` (wall seconds and peak RSS of a fresh interpreter, chDB's start included) over
+a day of 1M and 10M records, bytes per record on disk, and the writer's rate.
+
+The records (bench/store_workload.py) are written as a collector writes them, through
+``ClickHouseStore``'s sender, for the first ``DISTINCT``; the engine then copies those rows
+(``INSERT ... SELECT`` with new record ids and end times spread over the day) up to each
+size: making 10M records in Python would take most of an hour and measure nothing of the
+store. The views read every record of the day either way.
+
+The baseline, run side by side on the same records: the same commands at 1M, so the ratio
+10M / 1M says how the views scale with the records they read.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench.store import DAY, run_command
+from bench.store_workload import synthetic_records
+from tokenpath.collector import store_layout as L
+from tokenpath.collector.store import StoreConfig
+from tokenpath.collector.store_clickhouse import ClickHouseStore
+from tokenpath.pipeline import IdleCost
+
+DISTINCT = 20_000
+COPY_CHUNK = 1_000_000  # rows per INSERT ... SELECT
+
+
+def _write_distinct(store: ClickHouseStore, now: float) -> dict[str, float]:
+    records = list(synthetic_records(DISTINCT, now, DAY))
+    started = time.perf_counter()
+    store.start()
+    for record in records:
+        store.consume_record(record)
+    for h in range(144):
+        store.consume_idle_cost(IdleCost("pool-a", now - (h + 1) * 600, now - h * 600,
+                                         0.02, 300.0))
+    store.flush()
+    seconds = time.perf_counter() - started
+    return {"records": DISTINCT, "write_seconds": round(seconds, 2),
+            "records_per_second": round(DISTINCT / seconds)}
+
+
+def _grow(store: ClickHouseStore, have: int, want: int, now: float) -> int:
+    """Copies of the distinct rows until the table holds ``want``: copy k of row i ends at
+    a time of its own within the day, under an id of its own."""
+    columns = ", ".join(f"`{c}`" for c in L.COLUMNS)
+    conn = store._conn
+    while have < want:
+        copies = max(1, min(COPY_CHUNK, want - have) // DISTINCT)
+        first = have // DISTINCT
+        conn.command(
+            f"INSERT INTO records ({columns}) SELECT base.* REPLACE ("
+            f"concat(base.record_id, '-', toString(copy.number)) AS record_id, "
+            f"{now} - modulo(({now} - base.end_unix) + copy.number * 4.3196, {DAY}) AS end_unix) "
+            f"FROM (SELECT {columns} FROM records WHERE position(record_id, '-') = 0) AS base "
+            f"CROSS JOIN numbers({first}, {copies}) AS copy "
+            f"SETTINGS max_insert_threads = 2")
+        have += copies * DISTINCT
+    return have
+
+
+def _bytes_per_record(store: ClickHouseStore) -> float:
+    ((size, rows),) = store._conn.rows(
+        "SELECT sum(bytes_on_disk), sum(rows) FROM system.parts WHERE active "
+        "AND database = currentDatabase() AND table = 'records'")
+    return round(float(size) / max(1, int(rows)), 1)
+
+
+def run(sizes: tuple[int, ...] = (1_000_000, 10_000_000)) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="tokenpath-chdb-bench-",
+                                     ignore_cleanup_errors=True) as tmp:
+        url = f"chdb://{tmp}/store"
+        now = time.time()
+        store = ClickHouseStore(StoreConfig(path=url, retention_seconds=7 * DAY))
+        out["writer"] = _write_distinct(store, now)
+        have = DISTINCT
+        cli = [sys.executable, "-m", "tokenpath.cli.main"]
+        for size in sizes:
+            started = time.perf_counter()
+            have = _grow(store, have, size, now)
+            store._conn.command("OPTIMIZE TABLE records FINAL")
+            figures: dict[str, Any] = {"records": have,
+                                       "grow_seconds": round(time.perf_counter() - started, 1),
+                                       "bytes_per_record": _bytes_per_record(store)}
+            store.shutdown()  # the CLI opens the folder itself (one process at a time)
+            for name in ("report", "chargeback"):
+                figures[name] = run_command([*cli, name, "--store", url, "--since", "24h",
+                                             "--format", "json"])
+            out[str(size)] = figures
+            store = ClickHouseStore(StoreConfig(path=url, retention_seconds=7 * DAY))
+        store.shutdown()
+    small, large = (out[str(s)] for s in (min(sizes), max(sizes)))
+    out["summary"] = {
+        "records": large["records"],
+        "report_seconds": large["report"]["seconds"],
+        "chargeback_seconds": large["chargeback"]["seconds"],
+        "report_peak_rss_mb": large["report"]["peak_rss_mb"],
+        "chargeback_peak_rss_mb": large["chargeback"]["peak_rss_mb"],
+        "report_ratio_to_smaller": round(large["report"]["seconds"]
+                                         / small["report"]["seconds"], 2),
+        "bytes_per_record": large["bytes_per_record"],
+        "writer_records_per_second": out["writer"]["records_per_second"],
+    }
+    return out
+
+
+if __name__ == "__main__":
+    sizes = tuple(int(a) for a in sys.argv[1:]) or (1_000_000, 10_000_000)
+    print(json.dumps(run(sizes), indent=2))
