@@ -1,11 +1,11 @@
 """The one serialized stage after the assembler: mapping, pricing and the sinks.
 
-The assembler (its own thread, and receiver threads when they evict a trace), the
-record-log receiver (records forwarded by other replicas) and a periodic tick all feed one
-bounded queue; one worker thread drains it through the stage mapper, the cost attributor
-(or the record forwarder) and the sinks. Everything downstream of the queue therefore runs
-on a single thread: the attributor holds no lock, and the Prometheus sink's counters,
-written by that thread alone, never lose an update.
+The assembler (its own thread, and receiver threads when they evict a trace) and the
+record-log receiver (records forwarded by other replicas) feed one queue; one worker thread
+drains it through the stage mapper, the cost attributor (or the record forwarder) and the
+sinks, and runs the tickers' ``tick()`` between items. Everything downstream of the queue
+therefore runs on a single thread: the attributor holds no lock, and the Prometheus sink's
+counters, written by that thread alone, never lose an update.
 
 Backpressure (collector/backpressure.py): the receivers answer 429 / UNAVAILABLE while
 the queue is at or past its high-water mark (:meth:`PipelineWorker.backlog`), before they
@@ -33,6 +33,8 @@ from tokenpath.records import RequestRecord
 
 log = logging.getLogger(__name__)
 
+# ``pipeline_queue_size``: not a bound (the queue is unbounded) but twice the high-water
+# mark at which the receivers shed load (backpressure.HIGH_WATER_FRACTION).
 DEFAULT_QUEUE_SIZE = 20_000  # assembled traces or record batches
 
 
