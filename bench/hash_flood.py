@@ -154,7 +154,7 @@ def run(spans: int = SPANS, rounds: int = 5) -> dict[str, Any]:
 
     native = otlp_decode._native
     if native is None:
-        raise RuntimeError("the compiled decoder is not built (setup.py build_ext)")
+        raise RuntimeError("the native decoder is not built (setup.py build_ext)")
     limits = IngestLimits()
     bodies = {
         "random": request_with_trace_ids(random_trace_ids(spans)),
@@ -165,7 +165,7 @@ def run(spans: int = SPANS, rounds: int = 5) -> dict[str, Any]:
     for name, body in bodies.items():
         decoded = otlp_decode.decode_native(body, limits, native)
         if decoded is None or len(decoded.spans) != spans:
-            raise RuntimeError(f"{name}: the compiled decoder left the request to the "
+            raise RuntimeError(f"{name}: the native decoder left the request to the "
                                "reference or lost spans")
         result[f"longest_probe_{name}"] = native.longest_probe()
         result[f"body_bytes_{name}"] = len(body)

@@ -276,7 +276,7 @@ def _floor_cpu(payloads: list[bytes]) -> float:
 
 def _ingest_path_cpu(payloads: list[bytes], reference_decoder: bool = False) -> float:
     """CPU seconds to decode and buffer every payload, as a receiver does (with the
-    compiled decoder where built), or with protobuf's parser and the reference decoder;
+    native decoder where built), or with protobuf's parser and the reference decoder;
     under the collector's GC settings."""
 
     class _Discard:

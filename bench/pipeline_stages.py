@@ -2,7 +2,7 @@
 
 The same payloads as ``bench.ingest`` (both shapes) go through the real components one
 stage at a time, each stage over every trace before the next starts: decode and buffer
-(the ingest path, with the compiled decoder where it is built; the pure-Python reference
+(the ingest path, with the native decoder where it is built; the pure-Python reference
 decoder is timed beside it), assemble (the assembler's flush), map and join (the
 stage mapper and call joiner), price (the cost attributor), the Prometheus sink, and the
 store (its batch write, synchronously). CPU seconds per stage, per span and per trace,
@@ -148,7 +148,7 @@ def _measure(payloads: list[bytes], store_dir: Path) -> dict[str, Any]:
     assembler = Assembler(traces, _ASSEMBLE_AT_SHUTDOWN, stats)
     ingest = OtlpIngest(assembler, NodeMetricsState(), IngestLimits(), stats)
     t = _start()
-    for body in payloads:  # what the receivers run: the compiled decoder where built
+    for body in payloads:  # what the receivers run: the native decoder where built
         ingest.export_trace_payload(body, "protobuf", "bench")
     _timed(cpu, collected, "decode and buffer", t)
     t = _start()

@@ -24,13 +24,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from tokenpath import attributes as A
-from tokenpath.collector.native import (
+from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, SpanData
+from tokenpath.collector.stack_vocabularies import (
     DYNAMO_ENGINE_SPAN,
     GATEWAY_SPAN_NAMES,
     SGLANG_MODULE_ATTRIBUTE,
     SGLANG_REQUEST_MODULE,
 )
-from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, SpanData
 
 HTTP_SERVER_MARKERS = (A.HTTP_ROUTE, "http.method", A.HTTP_REQUEST_METHOD, "http.target",
                        A.URL_PATH)

@@ -36,7 +36,13 @@ from tokenpath.collector.calls import (
 )
 from tokenpath.collector.engine_steps import EngineStepsTelemetry, is_engine_steps_span
 from tokenpath.collector.interfaces import RecordConsumer
-from tokenpath.collector.native import (
+from tokenpath.collector.spans import (
+    STATUS_CODE_ERROR,
+    AttrValue,
+    SpanData,
+    attribute_number,
+)
+from tokenpath.collector.stack_vocabularies import (
     DYNAMO_ENGINE_SPAN,
     DYNAMO_INPUT_TOKENS,
     DYNAMO_MODEL,
@@ -50,12 +56,6 @@ from tokenpath.collector.native import (
     SGLANG_MODULE_ATTRIBUTE,
     SGLANG_REQUEST_MODULE,
     UPSTREAM_SPAN_NAMES,
-)
-from tokenpath.collector.spans import (
-    STATUS_CODE_ERROR,
-    AttrValue,
-    SpanData,
-    attribute_number,
 )
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.identity import ENGINE_KEYS, NODE_KEYS, identity_from

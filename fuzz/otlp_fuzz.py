@@ -10,7 +10,7 @@ The target feeds each input to the code both receivers run for a request body: t
 protobuf and the OTLP/JSON parsers, then decoding under the ingest limits, then stage
 mapping of the decoded spans. The only exception allowed out is ``MalformedPayload``
 (the receivers' 400 / INVALID_ARGUMENT); anything else is a crash atheris reports. The
-compiled decoder, where built, must return what the reference returns (compared by repr,
+native decoder, where built, must return what the reference returns (compared by repr,
 which tells 1 from 1.0 from True and shows NaN; rejection reasons in sorted order) or
 leave the input to it. fuzz/otlp_native_fuzz.py compares the two decoders alone, with
 structure-aware edits too.
@@ -40,7 +40,7 @@ LIMITS = IngestLimits()
 
 def _canonical(decoded: DecodedSpans) -> str:
     """The repr compared, with the rejection reasons in sorted order: the reference counts
-    them in the order it meets them, the compiled decoder in a fixed one, and neither the
+    them in the order it meets them, the native decoder in a fixed one, and neither the
     error message nor the counters depend on it."""
     return repr(replace(decoded, rejection_reasons=dict(sorted(
         decoded.rejection_reasons.items()))))
@@ -53,11 +53,11 @@ def test_one_input(data: bytes) -> None:
         request = parse_trace_request(data, kind)
     except MalformedPayload:
         if compiled is not None:
-            raise AssertionError("the compiled decoder accepted what protobuf refuses") from None
+            raise AssertionError("the native decoder accepted what protobuf refuses") from None
     else:
         decoded = decode_traces(request, LIMITS)
         if compiled is not None and _canonical(compiled) != _canonical(decoded):
-            raise AssertionError("the compiled decoder differs from the reference")
+            raise AssertionError("the native decoder differs from the reference")
         by_trace: dict[str, list[object]] = {}
         for span in decoded.spans:
             by_trace.setdefault(span.trace_id, []).append(span)

@@ -90,7 +90,7 @@ def seed_requests() -> list[bytes]:
 
 def _canonical(decoded: Any) -> str:
     """A decoded request as compared: its repr, the rejection reasons in sorted order
-    (the reference counts them in the order it meets them, the compiled decoder in a fixed
+    (the reference counts them in the order it meets them, the native decoder in a fixed
     one; the error message and the counters do not depend on it)."""
     return repr(replace(decoded, rejection_reasons=dict(sorted(
         decoded.rejection_reasons.items()))))
@@ -125,10 +125,10 @@ def test_one_input(data: bytes) -> None:
             continue
         reference = _reference(body, limits)
         if reference is None:
-            raise AssertionError(f"the compiled decoder accepted what protobuf refuses: "
+            raise AssertionError(f"the native decoder accepted what protobuf refuses: "
                                  f"{body.hex()}")
         if _canonical(compiled) != _canonical(reference):
-            raise AssertionError(f"the compiled decoder differs from the reference: "
+            raise AssertionError(f"the native decoder differs from the reference: "
                                  f"{body.hex()}")
 
 
@@ -138,7 +138,7 @@ def main() -> None:
     with atheris.instrument_imports(include=list(INSTRUMENTED)):
         setup()
     if not _loaded["decode"].native_decoder_available():
-        sys.exit("the compiled decoder is not built: nothing to compare")
+        sys.exit("the native decoder is not built: nothing to compare")
     atheris.Setup(sys.argv, test_one_input)
     atheris.Fuzz()
 

@@ -175,9 +175,10 @@ SPANS_SUMMARISED = _m("collector_spans_summarised", "counter", (LABEL_REASON,),
                       "sub-spans: one per streamed chunk).")
 TRACE_EXPORTS_DECODED = _m(
     "collector_trace_exports_decoded", "counter", ("decoder",),
-    "OTLP trace export requests decoded, by decoder: compiled (the C extension) or "
-    "reference (protobuf's parser: OTLP/JSON, a payload the compiled decoder leaves to it, "
-    "or no compiled decoder built).")
+    "OTLP trace export requests decoded, by decoder: compiled (the native decoder, a C "
+    "extension; the label value predates the name) or "
+    "reference (protobuf's parser: OTLP/JSON, a payload the native decoder leaves to it, "
+    "or no native decoder built).")
 ATTRIBUTES_DROPPED = _m("collector_attributes_dropped", "counter", (LABEL_REASON,),
                         "Span attributes dropped or truncated on ingest, by reason.")
 SPANS_UNMAPPED = _m("collector_spans_unmapped", "counter", (),

@@ -293,7 +293,7 @@ def decode_traces(message: ExportTraceServiceRequest, limits: IngestLimits) -> D
     return out
 
 
-# --- the compiled decoder -------------------------------------------------------------------
+# --- the native decoder -------------------------------------------------------------------
 
 # Set to "python" to decode with the pure-Python reference only (comparisons, debugging).
 DECODER_ENV = install_check.DECODER_ENV
@@ -301,7 +301,7 @@ _SPAN_FIELDS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_
                 "end_unix_nano", "attributes", "events", "resource", "status_code",
                 "remote_parent")
 _EVENT_FIELDS = ("name", "time_unix_nano", "attributes")
-# The reasons the compiled decoder counts, in the order it returns them.
+# The reasons the native decoder counts, in the order it returns them.
 _NATIVE_REJECTION_REASONS = ("invalid trace_id", "invalid span_id", "invalid parent_span_id")
 
 
@@ -328,7 +328,7 @@ def native_decoder_available() -> bool:
 
 @functools.lru_cache(maxsize=16)
 def native_config(limits: IngestLimits) -> tuple[object, ...]:
-    """What the compiled decoder needs of the limits and the span classes, built once."""
+    """What the native decoder needs of the limits and the span classes, built once."""
     if tuple(f.name for f in fields(SpanData)) != _SPAN_FIELDS or tuple(
             f.name for f in fields(SpanEvent)) != _EVENT_FIELDS:
         raise RuntimeError("SpanData or SpanEvent changed: update _otlp_native.c and the "
@@ -342,8 +342,8 @@ def native_config(limits: IngestLimits) -> tuple[object, ...]:
 
 def decode_native(body: bytes, limits: IngestLimits,
                   native: ModuleType | None = None) -> DecodedSpans | None:
-    """The compiled decoder's result, or None where the reference must decide (a payload
-    it does not decode exactly as protobuf does, or no compiled decoder)."""
+    """The native decoder's result, or None where the reference must decide (a payload
+    it does not decode exactly as protobuf does, or no native decoder)."""
     module = native if native is not None else _native
     if module is None:
         return None

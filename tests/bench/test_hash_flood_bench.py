@@ -11,7 +11,7 @@ from tokenpath.collector.receivers import otlp_decode
 
 def test_a_small_run_reports_every_figure_the_table_reads() -> None:
     if otlp_decode._native is None:
-        pytest.skip("the compiled decoder is not built")
+        pytest.skip("the native decoder is not built")
     from bench.hash_flood import run
 
     module, function, _ = BENCHES["hash_flood"]

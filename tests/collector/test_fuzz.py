@@ -155,7 +155,7 @@ def test_grpc(channel: grpc.Channel, request: ExportTraceServiceRequest,
     _check_grpc(channel, random, METRICS_SERVICE)
 
 
-# What an independent differential fuzz found the compiled decoder accepting where
+# What an independent differential fuzz found the native decoder accepting where
 # protobuf refuses (tests/collector/test_otlp_native.py has the details): a 6-byte tag, a
 # 6-byte length, a span name and an event name whose earlier copy is not UTF-8.
 _REFUSED_BY_PROTOBUF = ["8a808080800000", "0a808080808000", "0a09120712052a01ff2a00",

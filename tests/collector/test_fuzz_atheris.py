@@ -32,7 +32,7 @@ def _load() -> ModuleType:
 
 def _needs_native() -> None:
     if not otlp_decode.native_decoder_available():
-        assert not _compiler(), "a C compiler is here but the compiled decoder was not built"
+        assert not _compiler(), "a C compiler is here but the native decoder was not built"
         pytest.skip("no C compiler: the collector runs on the pure-Python decoder")
 
 

@@ -63,7 +63,7 @@ def native() -> ModuleType:
     if module is None:
         # Not skipped quietly where it could have been built: the package's own build
         # (setup.py) compiles it whenever a C compiler is there.
-        assert not _compiler(), "a C compiler is here but the compiled decoder was not built"
+        assert not _compiler(), "a C compiler is here but the native decoder was not built"
         pytest.skip("no C compiler: the collector runs on the pure-Python decoder")
     return module
 
@@ -114,7 +114,7 @@ def _check_same(native: ModuleType, body: bytes, limits: IngestLimits) -> Decode
 def test_valid_requests_decode_exactly_as_the_reference(
         native: ModuleType, request: ExportTraceServiceRequest, limits: IngestLimits) -> None:
     body = request.SerializeToString()
-    # Everything protobuf itself writes is in the compiled decoder's range: it must decide.
+    # Everything protobuf itself writes is in the native decoder's range: it must decide.
     assert _check_same(native, body, limits) is not None
 
 
@@ -303,7 +303,7 @@ def test_decoding_leaks_nothing_on_any_path(native: ModuleType,
 
 
 def _refused_by_both(native: ModuleType, body: bytes) -> None:
-    """The compiled decoder leaves ``body`` to the reference, which refuses it: the
+    """The native decoder leaves ``body`` to the reference, which refuses it: the
     collector answers 400 / INVALID_ARGUMENT, as protobuf decides."""
     assert decode_native(body, LIMITS, native) is None
     assert _reference(body, LIMITS) is None
@@ -381,7 +381,7 @@ def _kv(key: bytes, *earlier_keys: bytes, value: bytes = b"v") -> bytes:
         2, wire.field(1, value))
 
 
-# Every singular string field the compiled decoder reads, sent twice: (where, span bytes
+# Every singular string field the native decoder reads, sent twice: (where, span bytes
 # after the fixed ones given the earlier copy, or a whole body where the string is outside
 # the span). ``{}`` is the earlier copy.
 _BAD = b"\xff"

@@ -53,7 +53,7 @@ def test_sglangs_kv_transfer_slice_times_nic_tx_in_the_kv_transfer_phase() -> No
     """FIXTURE (SGLang cannot run here): a P/D request's prefill root with its
     prefill_transfer_kv_cache slice (srt/observability/req_time_stats.py) and the decode
     root."""
-    from tests.collector.test_native_sources import _sglang_root
+    from tests.collector.test_stack_vocabularies import _sglang_root
     from tests.fakes.spans import span
 
     tid = new_trace_id()
