@@ -3,7 +3,8 @@
 FIXTURES: SGLang's engine, NVIDIA Dynamo and llm-d's inference scheduler cannot run on
 these machines, and LiteLLM's proxy is not installed here; these traces are built from the
 span and attribute names in their sources (collector/stack_vocabularies.py and
-docs/stages.md cite the files). They check the mapping of those names, not the projects' own behaviour."""
+docs/stages.md cite the files). They check the mapping of those names, not the projects'
+own behaviour."""
 
 from __future__ import annotations
 
