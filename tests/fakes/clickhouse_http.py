@@ -25,6 +25,8 @@ What it speaks:
 :meth:`ClickHouseHTTPServer.pause` closes the listening socket and every open connection
 (connections are refused, answers in flight are lost), :meth:`~ClickHouseHTTPServer.resume`
 listens on the same port again: an outage the client meets as it would a real one.
+:attr:`~ClickHouseHTTPServer.lose_insert_answers` runs the next inserts and cuts their
+connections before the answer (a lost answer: the client cannot tell whether it ran).
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class ClickHouseError(Exception):
         self.status = status
 
 
+class LostAnswer(Exception):
+    """The statement ran; its answer is not sent (the connection is cut)."""
+
+
 def _literal(value: str) -> str:
     if _NUMBER.fullmatch(value):
         return value
@@ -110,7 +116,8 @@ class ClickHouseHTTPServer:
         self.password = password
         self.port = 0
         self.statements: list[str] = []  # every statement run, for tests to look at
-        self._session: Any = chdb_session.Session(self.path)
+        self.lose_insert_answers = 0  # the next N inserts run, their answers lost (cut)
+        self._session: Any = chdb_session.Session(self.path)  # type: ignore[no-untyped-call]
         self._lock = threading.Lock()  # one statement at a time on the session
         self._state = threading.Lock()  # the server, its thread and the open connections
         self._server: ThreadingHTTPServer | None = None
@@ -238,6 +245,9 @@ class ClickHouseHTTPServer:
                                                    insert.group(2).decode())
                     inserter.append(data)
                     result = inserter.finish()
+                    if self.lose_insert_answers > 0:
+                        self.lose_insert_answers -= 1
+                        raise LostAnswer
                     fmt: str | None = None
                     output = b""
                 else:
@@ -247,7 +257,7 @@ class ClickHouseHTTPServer:
                     result = session.query(query, params.get("default_format") or
                                            "TabSeparated", params=binds or None)
                     output = bytes(result.bytes())
-            except ClickHouseError:
+            except (ClickHouseError, LostAnswer):
                 raise
             except Exception as exc:
                 message = str(exc).strip()
@@ -314,6 +324,11 @@ class _Handler(BaseHTTPRequestHandler):
             fake.authenticate(*self._credentials(params))
             body = _decompress(body, self.headers.get("Content-Encoding", ""))
             output, summary, fmt = fake.execute(params, body)
+        except LostAnswer:
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
         except Exception as exc:
             if not isinstance(exc, ClickHouseError):
                 exc = ClickHouseError(UNKNOWN_ERROR_CODE, f"Code: {UNKNOWN_ERROR_CODE}. "
