@@ -8,7 +8,8 @@ What it speaks:
   parameter followed by the body; ``database`` (``USE`` for that statement), ``param_*``
   (``{name:Type}`` bind values), ``default_format``; every other parameter that is not a
   transport one (``session_id``, ``query_id``, ``wait_end_of_query``, ...) is a setting,
-  ``SET`` before the statement and back to ``DEFAULT`` after it;
+  ``SET`` before the statement and back to the server's default after it (chDB's, but
+  for :data:`SERVER_DEFAULTS`);
 - ``INSERT ... FORMAT fmt`` with the data after it in the body (or the statement in the
   URL and the whole body data), the body compressed or not (``Content-Encoding``: lz4
   frame, zstd, gzip, deflate), in one piece or chunked; the data goes to chDB's streaming
@@ -57,6 +58,9 @@ TRANSPORT = frozenset({
     "session_timeout", "session_check", "query_id", "compress", "decompress",
     "wait_end_of_query", "buffer_size", "client_protocol_version", "role",
 })
+# clickhouse-server's defaults where chDB's differ (the client reads them from
+# system.settings: with compression on already, it would not ask for it).
+SERVER_DEFAULTS = {"enable_http_compression": "0"}
 # An INSERT whose data follows its FORMAT clause (one line, as clients write it).
 _INSERT = re.compile(rb"\A\s*(INSERT\s+INTO\s[^\n]*?)\s+FORMAT\s+(\w+)[ \t]*(?:\r?\n|\Z)",
                      re.IGNORECASE)
@@ -118,6 +122,8 @@ class ClickHouseHTTPServer:
         self.statements: list[str] = []  # every statement run, for tests to look at
         self.lose_insert_answers = 0  # the next N inserts run, their answers lost (cut)
         self._session: Any = chdb_session.Session(self.path)  # type: ignore[no-untyped-call]
+        for name, value in SERVER_DEFAULTS.items():
+            self._session.query(f"SET {name} = {value}")
         self._lock = threading.Lock()  # one statement at a time on the session
         self._state = threading.Lock()  # the server, its thread and the open connections
         self._server: ThreadingHTTPServer | None = None
@@ -268,7 +274,7 @@ class ClickHouseHTTPServer:
                                       message) from None
             finally:
                 for name in applied:
-                    session.query(f"SET {name} = DEFAULT")
+                    session.query(f"SET {name} = {SERVER_DEFAULTS.get(name, 'DEFAULT')}")
             elapsed = time.perf_counter_ns() - started
         summary = {name: str(_count(result, chdb_name)) for name, chdb_name in
                    (("read_rows", "rows_read"), ("read_bytes", "bytes_read"),
