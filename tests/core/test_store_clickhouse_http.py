@@ -81,3 +81,26 @@ def test_a_lost_answer_is_retried_and_written_once(server: ClickHouseHTTPServer)
         assert stats.records_stored.value == 50 and stats.records_dropped.total() == 0
     finally:
         store.shutdown()
+
+
+def test_the_fake_answers_the_client_as_a_server(server: ClickHouseHTTPServer) -> None:
+    """Bind parameters, a ClickHouse error's code, an outage and its end, as the real
+    client meets them."""
+    import clickhouse_connect
+    from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+
+    client = clickhouse_connect.get_client(host="127.0.0.1", port=server.port,
+                                           username="default", password=PASSWORD,
+                                           autogenerate_session_id=False)
+    try:
+        assert client.query("SELECT {x:Int64} + 1", parameters={"x": 41}).result_rows == [(42,)]
+        with pytest.raises(DatabaseError) as error:
+            client.query("SELECT no_such_function()")
+        assert error.value.code == 46  # UNKNOWN_FUNCTION
+        server.pause()
+        with pytest.raises(OperationalError):
+            client.command("SELECT 1")
+        server.resume()
+        assert client.command("SELECT 2") == 2
+    finally:
+        client.close()

@@ -121,9 +121,10 @@ class ClickHouseHTTPServer:
         self.port = 0
         self.statements: list[str] = []  # every statement run, for tests to look at
         self.lose_insert_answers = 0  # the next N inserts run, their answers lost (cut)
-        self._session: Any = chdb_session.Session(self.path)  # type: ignore[no-untyped-call]
+        session: Any = chdb_session.Session(self.path)  # type: ignore[no-untyped-call]
         for name, value in SERVER_DEFAULTS.items():
-            self._session.query(f"SET {name} = {value}")
+            session.query(f"SET {name} = {value}")
+        self._session = session
         self._lock = threading.Lock()  # one statement at a time on the session
         self._state = threading.Lock()  # the server, its thread and the open connections
         self._server: ThreadingHTTPServer | None = None
@@ -219,14 +220,15 @@ class ClickHouseHTTPServer:
                 ) -> tuple[bytes, dict[str, str], str | None]:
         """The result, its summary and its format (None for a statement without one)."""
         query = params.get("query", "")
-        data: bytes | None = None
-        insert = _INSERT.match(query.encode()) if query and body else None
-        if insert is not None and insert.end() == len(query.encode()):
-            data = body
-        elif not query:
+        insert: re.Match[bytes] | None = None
+        data = b""
+        if query and body:  # the statement in the URL, the data in the body
+            found = _INSERT.match(query.encode())
+            if found is not None and found.end() == len(query.encode()):
+                insert, data = found, body
+        elif not query:  # both in the body
             insert = _INSERT.match(body)
-            if insert is not None:
-                data = body[insert.end():]
+            data = body[insert.end():] if insert is not None else b""
         if insert is None:
             query = f"{query}\n{body.decode()}" if query and body else query or body.decode()
         if not (query or insert):
@@ -246,7 +248,7 @@ class ClickHouseHTTPServer:
                 for name, value in settings.items():
                     session.query(f"SET {name} = {_literal(value)}")
                     applied.append(name)
-                if insert is not None and data is not None:
+                if insert is not None:
                     inserter = session.send_insert(insert.group(1).decode(),
                                                    insert.group(2).decode())
                     inserter.append(data)
@@ -257,8 +259,8 @@ class ClickHouseHTTPServer:
                     fmt: str | None = None
                     output = b""
                 else:
-                    found = _FORMAT.search(query)
-                    fmt = (found.group(1) if found else params.get("default_format")
+                    named = _FORMAT.search(query)
+                    fmt = (named.group(1) if named else params.get("default_format")
                            or "TabSeparated") if _RESULTS.match(query) else None
                     result = session.query(query, params.get("default_format") or
                                            "TabSeparated", params=binds or None)
