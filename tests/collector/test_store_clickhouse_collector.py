@@ -52,9 +52,7 @@ def _wait_for(collector: CollectorProcess, records: int) -> None:
 def test_a_chdb_collector_reports_as_a_sqlite_one(tmp_path: Path) -> None:
     folder = tmp_path / "chstore"
     sqlite = CollectorProcess(tmp_path, "sqlite")
-    chdb = CollectorProcess(tmp_path, "chdb", start=False)
-    chdb._argv[chdb._argv.index("--store") + 1] = f"chdb://{folder}"
-    chdb.start()
+    chdb = CollectorProcess(tmp_path, "chdb", store=f"chdb://{folder}")
     try:
         sqlite.wait_ready()
         chdb.wait_ready()

@@ -79,7 +79,10 @@ class CollectorProcess:
     """`tokenpath collector` as a subprocess on a free loopback port (gRPC off)."""
 
     def __init__(self, workdir: Path, name: str, *, settings: dict[str, object] | None = None,
-                 extra_args: tuple[str, ...] = (), start: bool = True) -> None:
+                 extra_args: tuple[str, ...] = (), store: str | None = None,
+                 start: bool = True) -> None:
+        """``store``: a ``--store`` value (a ClickHouse URL); else the SQLite file
+        ``workdir/NAME.db`` (:attr:`store`)."""
         self.http_url = f"http://127.0.0.1:{free_port()}"
         config = workdir / f"{name}.yaml"
         config.write_text(yaml.safe_dump({"assembler": {"root_grace_seconds": 0.2,
@@ -89,7 +92,7 @@ class CollectorProcess:
         self.store = workdir / f"{name}.db"
         self._argv = [sys.executable, "-m", "tokenpath.cli.main", "collector", "--grpc", "off",
                       "--http", self.http_url.removeprefix("http://"),
-                      "--store", str(self.store), "--config", str(config), *extra_args]
+                      "--store", store or str(self.store), "--config", str(config), *extra_args]
         self.process: subprocess.Popen[bytes] | None = None
         if start:
             self.start()

@@ -35,6 +35,7 @@ class LoadBalancingRouter:
         self._urls = replica_urls
         self.ring = HashRing(replica_urls)
         self.logs_routed: dict[str, int] = defaultdict(int)
+        self.record_replica: dict[str, str] = {}  # a routed record's trace id: its replica
         router = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -101,7 +102,10 @@ class LoadBalancingRouter:
         for resource_logs in message.resource_logs:
             url = self.ring.endpoint_for(resource_key(resource_logs))
             parts[url].resource_logs.append(resource_logs)
-            self.logs_routed[url] += sum(len(s.log_records) for s in resource_logs.scope_logs)
+            for scope_logs in resource_logs.scope_logs:
+                self.logs_routed[url] += len(scope_logs.log_records)
+                for log in scope_logs.log_records:
+                    self.record_replica[log.trace_id.hex()] = url
         statuses = [self._post(url, "/v1/logs", part.SerializeToString())
                     for url, part in parts.items()]
         return max(statuses, default=200)

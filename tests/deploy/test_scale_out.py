@@ -7,65 +7,25 @@ demo's engine (tests/deploy/engine_traffic.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 import sqlite3
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.dashboards.otlp_workload import CollectorProcess
+from tests.deploy.cluster import Cluster, cluster, post, report, samples
 from tests.deploy.engine_traffic import engine_traffic, peak_in_flight
 from tests.deploy.hash_ring import HashRing
-from tests.deploy.router import LoadBalancingRouter
 from tokenpath import metric_names as mn
 from tokenpath.collector.store import open_store_readonly
 from tokenpath.records import RequestRecord
 
 pytestmark = pytest.mark.integration
 
-SHARDS = 3
 PER_ENGINE = 100
 MIN_PEAK_IN_FLIGHT = 32
-SETTLE_TIMEOUT_SECONDS = 400.0  # a hang, not a speed check: the test waits for conditions
-# Every record of the burst reaches its pricing collector before its slices close. The
-# burst is sent at once, so its allowed lateness covers the whole timeline; what is left is
-# the quiet-unit rule: a unit that received nothing for min_delay_seconds moves on with the
-# wall clock. One replica can forward a unit's records well after another did on a loaded
-# machine (20 s was seen on 2 busy cores), so the floor leaves room for that.
-PRICING = {"cost": {"min_delay_seconds": 45}}
-
-
-def _samples(http_url: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{http_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + sample.value
-    return out
-
-
-def _report(collectors: str) -> dict[str, Any]:
-    """`tokenpath report --collector URL[,URL...] --format json`, as a user runs it."""
-    done = subprocess.run([sys.executable, "-m", "tokenpath.cli.main", "report", "--collector",
-                           collectors, "--format", "json"], capture_output=True, text=True,
-                          timeout=120, check=True)
-    return dict(json.loads(done.stdout))
-
-
-def _post(url: str, body: bytes) -> None:
-    request = urllib.request.Request(url, data=body,
-                                     headers={"Content-Type": "application/x-protobuf"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        assert response.status == 200
 
 
 def _stored(store: Path) -> tuple[dict[str, RequestRecord], list[tuple[float, float, float]]]:
@@ -92,58 +52,37 @@ def _idle_within(idle: list[tuple[float, float, float]], start: float, end: floa
     return total
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[CollectorProcess, list[CollectorProcess],
-                                               LoadBalancingRouter]]:
-    single = CollectorProcess(tmp_path, "single", settings=PRICING)
-    shards = [CollectorProcess(tmp_path, f"replica-{i}", settings=PRICING, start=False)
-              for i in range(SHARDS)]
-    router = LoadBalancingRouter([s.http_url for s in shards])
-    router.start()
-    try:
-        for shard in shards:
-            shard.start(("--forward-records", f"{router.url}/v1/logs"))
-        for process in (single, *shards):
-            process.wait_ready()
-        yield single, shards, router
-    finally:
-        for process in (single, *shards):
-            process.stop()
-        router.stop()
+@pytest.fixture(name="cluster")
+def _cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with cluster(tmp_path) as running:
+        yield running
 
 
-def test_three_forwarding_collectors_price_like_one(
-        cluster: tuple[CollectorProcess, list[CollectorProcess], LoadBalancingRouter]) -> None:
-    single, shards, router = cluster
+def test_three_forwarding_collectors_price_like_one(cluster: Cluster) -> None:
+    single, shards, router = cluster.single, cluster.shards, cluster.router
     traffic = engine_traffic(time.time(), per_engine=PER_ENGINE)
     total = len(traffic.trace_ids)
     body = traffic.request.SerializeToString()
-    _post(f"{single.http_url}/v1/traces", body)
-    _post(f"{router.url}/v1/traces", body)
+    post(f"{single.http_url}/v1/traces", body)
+    post(f"{router.url}/v1/traces", body)
 
-    requests = mn.REQUESTS.series
-    deadline = time.monotonic() + SETTLE_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if (_samples(single.http_url).get(requests) == total
-                and sum(_samples(s.http_url).get(requests, 0.0) for s in shards) == total):
-            break
-        time.sleep(0.5)
+    cluster.wait_priced(total)
     late = mn.RECORDS_LATE.series
-    assert _samples(single.http_url).get(late) == 0
-    assert all(_samples(s.http_url).get(late) == 0 for s in shards)
-    forwarded = sum(_samples(s.http_url).get(mn.RECORDS_FORWARDED.series, 0.0)
+    assert samples(single.http_url).get(late) == 0
+    assert all(samples(s.http_url).get(late) == 0 for s in shards)
+    forwarded = sum(samples(s.http_url).get(mn.RECORDS_FORWARDED.series, 0.0)
                     for s in shards)
     assert forwarded == total
     assert sum(router.logs_routed.values()) == total
 
-    merged = _report(",".join(s.http_url for s in shards))
-    alone_report = _report(single.http_url)
+    merged = report("--collector", ",".join(s.http_url for s in shards))
+    alone_report = report("--collector", single.http_url)
     assert merged["requests"] == alone_report["requests"] == total
     assert math.isclose(merged["cost_dollars"], alone_report["cost_dollars"], rel_tol=1e-6)
     # none of these engines is in the price sheet's inventory, and the report says so
     assert len(merged["units_without_inventory"]) == 3
 
-    for process in (single, *shards):
+    for process in cluster.processes:
         process.stop()  # flush; the stores then hold everything
     alone, alone_idle = _stored(single.store)
     sharded: dict[str, RequestRecord] = {}
