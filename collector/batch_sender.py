@@ -251,7 +251,7 @@ class BatchSender(Generic[T]):
                                     len(batch), retry)
                         self._on_dropped(DROP_RETRY_EXPIRED, batch)
                         return
-                    log.info("%s: %s; retrying in %.1f s", self.name, retry, delay)
+                    log.warning("%s: %s; retrying in %.1f s", self.name, retry, delay)
                     self._stop.wait(delay)
         finally:
             with self._cond:

@@ -224,9 +224,12 @@ RECORDS_FORWARDED = _m("collector_records_forwarded", "counter", (),
                        "Records exported to the pricing collector (--forward-records).")
 RECORDS_DROPPED = _m("collector_records_dropped", "counter", (LABEL_REASON,),
                      "Request records lost after the export that carried them was "
-                     "accepted, by reason (store_closed: the store had shut down). "
-                     "Admission refuses exports before a backed-up stage would drop: "
-                     "any count here is a bug or a shutdown race (docs/reliability.md).")
+                     "accepted, by reason (store_closed: the store had shut down; a "
+                     "ClickHouse store's store_rejected: the server refused the batch, "
+                     "store_shutdown: still queued at the shutdown deadline, "
+                     "store_write_failed: past write_retry_seconds). Admission refuses "
+                     "exports before a backed-up stage would drop: any count here is a bug, "
+                     "a refusal or a shutdown race (docs/reliability.md).")
 RECORDS_FORWARD_DROPPED = _m("collector_records_forward_dropped", "counter", (LABEL_REASON,),
                              "Records the forwarder gave up on, by reason.")
 RECORDS_RECEIVED = _m("collector_records_received", "counter", (LABEL_RECEIVER,),

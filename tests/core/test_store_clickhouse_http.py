@@ -19,8 +19,10 @@ from tests.core.test_views import END
 from tests.fakes.clickhouse_http import ClickHouseHTTPServer
 from tokenpath.collector import store_clickhouse as ch
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store import ClickHouseStore, StoreConfig, make_store, open_store_readonly
+from tokenpath.collector.store import StoreConfig, make_store, open_store_readonly
+from tokenpath.collector.store_clickhouse import ClickHouseStore
 from tokenpath.config import ConfigError
+from tokenpath.records import RequestRecord
 
 PASSWORD = "s3cret"
 RETENTION = 20 * 365 * 86400.0  # the records are from 2023; the TTL deletes by the wall clock
@@ -43,11 +45,19 @@ def _store(server: ClickHouseHTTPServer, stats: CollectorStats | None = None
     return store
 
 
+def _write(store: ClickHouseStore, records: list[RequestRecord]) -> None:
+    """Through the store's sink and its sender's thread, as the collector writes."""
+    store.start()
+    for record in records:
+        store.consume_record(record)
+    assert store.flush()
+
+
 def test_records_read_back_as_written_over_http(server: ClickHouseHTTPServer) -> None:
     records = list(synthetic_records(300, END, span_seconds=3600.0, seed=5))
     writer = _store(server)
     try:
-        writer._write(list(records))
+        _write(writer, records)
         reader = open_store_readonly(f"clickhouse://default@127.0.0.1:{server.port}/tp")
         try:
             assert reader.count() == 300
@@ -73,7 +83,7 @@ def test_a_lost_answer_is_retried_and_written_once(server: ClickHouseHTTPServer)
     try:
         records = list(synthetic_records(50, END, span_seconds=60.0, seed=9))
         server.lose_insert_answers = 1  # the insert runs; its answer never comes
-        store._write(list(records))
+        _write(store, records)
         assert server.lose_insert_answers == 0
         inserts = [s for s in server.statements if s.startswith("INSERT INTO `records`")]
         assert len(inserts) == 2  # sent again, with the same deduplication token

@@ -186,4 +186,4 @@ def test_an_outage_loses_no_accepted_record(server: ClickHouseHTTPServer,
         assert metrics.get(mn.RECORDS_STORED.series) == len(accepted)
     finally:
         collector.stop()
-    assert "store: insert failed" in collector.log.read_text(errors="replace")
+    assert "store: insert into records failed" in collector.log.read_text(errors="replace")
