@@ -5,18 +5,20 @@ Precedence: argument > environment > file > default (``tokenpath.config.resolve`
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tokenpath.collector.assembler import AssemblerConfig
+from tokenpath.collector.backpressure import high_water
 from tokenpath.collector.call_join import JoinConfig
 from tokenpath.collector.cost.attributor import AttributorConfig
 from tokenpath.collector.forwarder import ForwarderConfig
 from tokenpath.collector.gc_tuning import DEFAULT_GC_YOUNG_THRESHOLD
 from tokenpath.collector.limits import IngestLimits
-from tokenpath.collector.pipeline_worker import DEFAULT_QUEUE_SIZE
+from tokenpath.collector.pipeline_worker import DEFAULT_SHED_AT
 from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
 from tokenpath.collector.store import DEFAULT_BATCH_SIZE as DEFAULT_STORE_BATCH_SIZE
 from tokenpath.collector.store import DEFAULT_QUEUE_SIZE as DEFAULT_STORE_QUEUE_SIZE
@@ -32,6 +34,8 @@ from tokenpath.config import (
 from tokenpath.endpoints import COLLECTOR_GRPC, COLLECTOR_GRPC_PORT, COLLECTOR_HTTP_PORT, LOOPBACK
 from tokenpath.tls import TlsConfig
 
+log = logging.getLogger(__name__)
+
 DEFAULT_HTTP_HOST = LOOPBACK
 DEFAULT_HTTP_PORT = COLLECTOR_HTTP_PORT
 DEFAULT_HTTP = f"{DEFAULT_HTTP_HOST}:{DEFAULT_HTTP_PORT}"
@@ -46,8 +50,8 @@ ENV_FORWARD_RECORDS = "TOKENPATH_FORWARD_RECORDS"
 # agent's section of a file both read, which the collector leaves alone.
 FILE_KEYS = frozenset({"http", "grpc", "store", "prices", "retention", "max_buffered_spans",
                        "assembler", "cost", "limits", "tls", "agent", "forward_records",
-                       "pipeline_queue_size", "store_queue_size", "store_batch_size",
-                       "join", "gc_young_threshold"})
+                       "pipeline_shed_at", "pipeline_queue_size", "store_queue_size",
+                       "store_batch_size", "join", "gc_young_threshold"})
 
 
 def default_store_path() -> str:
@@ -77,7 +81,10 @@ class CollectorConfig:
     # An OTLP/HTTP logs URL: export mapped records there for pricing instead of pricing
     # them here (the second hop of a sharded deployment, docs/deploy.md).
     forward_records: str | None = None
-    pipeline_queue_size: int = DEFAULT_QUEUE_SIZE
+    # Traces and record batches waiting for the pipeline worker from which the receivers
+    # shed load (its queue is unbounded; admission bounds it). The old key
+    # pipeline_queue_size (twice this) is still read.
+    pipeline_shed_at: int = DEFAULT_SHED_AT
     # Records (and idle-cost slices) waiting for the store's writer: past half of it the
     # receivers shed load; when full, the pipeline worker waits (never a drop).
     store_queue_size: int = DEFAULT_STORE_QUEUE_SIZE
@@ -103,8 +110,8 @@ class CollectorConfig:
             raise ConfigError("max_buffered_spans", "must be >= 1")
         if self.prices_path is not None and not Path(self.prices_path).is_file():
             raise ConfigError("prices", f"no such file: {self.prices_path}")
-        if self.pipeline_queue_size < 1:
-            raise ConfigError("pipeline_queue_size", "must be >= 1")
+        if self.pipeline_shed_at < 1:
+            raise ConfigError("pipeline_shed_at", "must be >= 1")
         if self.store_queue_size < 1:
             raise ConfigError("store_queue_size", "must be >= 1")
         if self.store_batch_size < 1:
@@ -163,8 +170,7 @@ class CollectorConfig:
                                lambda v: typed_value("max_buffered_spans", "int", v))
         forward = resolve("forward_records", forward_records, ENV_FORWARD_RECORDS, f, None,
                           str) or None
-        queue_size = resolve("pipeline_queue_size", None, None, f, DEFAULT_QUEUE_SIZE,
-                             lambda v: typed_value("pipeline_queue_size", "int", v))
+        shed_at = _pipeline_shed_at(f)
         store_queue = resolve("store_queue_size", None, None, f, DEFAULT_STORE_QUEUE_SIZE,
                               lambda v: typed_value("store_queue_size", "int", v))
         store_batch = resolve("store_batch_size", None, None, f, DEFAULT_STORE_BATCH_SIZE,
@@ -175,9 +181,24 @@ class CollectorConfig:
             http_host=http_host, http_port=http_port, grpc_host=grpc_host, grpc_port=grpc_port,
             store_path=store_path, prices_path=prices_path, retention_seconds=retention,
             max_buffered_spans=max_buffered, auth_token=token, assembler=assembler, cost=cost,
-            limits=limits, tls=tls, forward_records=forward, pipeline_queue_size=queue_size,
+            limits=limits, tls=tls, forward_records=forward, pipeline_shed_at=shed_at,
             store_queue_size=store_queue, store_batch_size=store_batch,
             join=join, gc_young_threshold=gc_young,
         )
         config.validate()
         return config
+
+
+def _pipeline_shed_at(file: dict[str, Any]) -> int:
+    """``pipeline_shed_at``; from the old key ``pipeline_queue_size`` (the receivers shed
+    at half of it), with a warning, where only that is given."""
+    if "pipeline_shed_at" in file and "pipeline_queue_size" in file:
+        raise ConfigError("pipeline_queue_size", "the old name of pipeline_shed_at (twice "
+                          "it); give pipeline_shed_at only")
+    if "pipeline_queue_size" in file:
+        size = typed_value("pipeline_queue_size", "int", file["pipeline_queue_size"])
+        log.warning("config: pipeline_queue_size is read as pipeline_shed_at: %d (half of "
+                    "it); rename the key", high_water(size))
+        return high_water(size)
+    return int(resolve("pipeline_shed_at", None, None, file, DEFAULT_SHED_AT,
+                       lambda v: typed_value("pipeline_shed_at", "int", v)))

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from tokenpath.collector.assembler import AssembledTrace
-from tokenpath.collector.backpressure import Backlog, high_water
+from tokenpath.collector.backpressure import Backlog
 from tokenpath.collector.interfaces import RecordConsumer, Ticking, TraceConsumer
 from tokenpath.collector.stats import PIPELINE_STEP_RECORDS, PIPELINE_STEP_TRACE, CollectorStats
 from tokenpath.config import ConfigError
@@ -33,9 +33,9 @@ from tokenpath.records import RequestRecord
 
 log = logging.getLogger(__name__)
 
-# ``pipeline_queue_size``: not a bound (the queue is unbounded) but twice the high-water
-# mark at which the receivers shed load (backpressure.HIGH_WATER_FRACTION).
-DEFAULT_QUEUE_SIZE = 20_000  # assembled traces or record batches
+# ``pipeline_shed_at``: the queue's depth (assembled traces or record batches waiting) from
+# which the receivers shed load. The queue itself is unbounded: admission bounds its depth.
+DEFAULT_SHED_AT = 10_000
 
 
 _STOP = object()
@@ -48,16 +48,16 @@ class PipelineWorker:
 
     def __init__(self, traces: TraceConsumer, records: RecordConsumer | None,
                  tickers: Sequence[Ticking] = (), stats: CollectorStats | None = None,
-                 queue_size: int = DEFAULT_QUEUE_SIZE,
+                 shed_at: int = DEFAULT_SHED_AT,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if queue_size < 1:
-            raise ConfigError("pipeline.queue_size", "must be >= 1")
+        if shed_at < 1:
+            raise ConfigError("pipeline_shed_at", "must be >= 1")
         self._traces = traces
         self._records = records
         self._tickers = tuple(tickers)
         self._stats = stats or CollectorStats()
         self._queue: queue.Queue[object] = queue.Queue()  # bounded by admission, see above
-        self._high_water = high_water(queue_size)  # receivers shed load from here on
+        self._high_water = shed_at  # receivers shed load from here on
         self._clock = clock
         self._thread: threading.Thread | None = None
         self._closed = False

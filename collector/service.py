@@ -89,7 +89,7 @@ class CollectorService:
         self.prometheus.export_telemetry(self.mapper.engine_steps)
         self.worker = PipelineWorker(self.mapper, self.attributor,
                                      (self.joiner, self.attributor), self.stats,
-                                     config.pipeline_queue_size)
+                                     shed_at=config.pipeline_shed_at)
         self.assembler = Assembler(self.worker, config.assembler, self.stats)
         # Admission (collector/backpressure.py): the receivers refuse while any stage a
         # span or record still has to pass is past its high-water mark.

@@ -90,7 +90,7 @@ def test_traces_wait_on_every_backlog_forwarded_records_on_the_record_backlogs()
 def test_the_service_admits_on_the_assembler_pipeline_and_store(tmp_path: Path) -> None:
     service = CollectorService(CollectorConfig(
         http_port=0, grpc_port=None, store_path=str(tmp_path / "s.db"),
-        max_buffered_spans=7, pipeline_queue_size=10, store_queue_size=4))
+        max_buffered_spans=7, pipeline_shed_at=5, store_queue_size=4))
     try:
         ingest = service.ingest
         names = [(b.name, b.high_water) for b in ingest.trace_backlogs]

@@ -62,3 +62,16 @@ def test_a_file_shared_with_the_agent_is_read_and_its_agent_section_left_alone(
         tmp_path: Path) -> None:
     config = _load(tmp_path, {"http": "127.0.0.1:4318", "agent": {"interval": "2s"}})
     assert config.http_port == 4318
+
+
+def test_the_old_pipeline_queue_size_is_read_as_twice_the_shedding_depth(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert _load(tmp_path, {}).pipeline_shed_at == 10_000
+    assert _load(tmp_path, {"pipeline_shed_at": 300}).pipeline_shed_at == 300
+    with caplog.at_level("WARNING"):
+        assert _load(tmp_path, {"pipeline_queue_size": 600}).pipeline_shed_at == 300
+    assert "rename the key" in caplog.text
+    with pytest.raises(ConfigError, match="pipeline_queue_size"):
+        _load(tmp_path, {"pipeline_queue_size": 600, "pipeline_shed_at": 300})
+    with pytest.raises(ConfigError, match="pipeline_shed_at"):
+        _load(tmp_path, {"pipeline_shed_at": 0})

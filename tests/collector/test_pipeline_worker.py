@@ -78,7 +78,7 @@ def test_producers_on_many_threads_lose_no_counter_update() -> None:
     cost = CostAttributor(FanOut([prometheus]), PRICES,
                           config=AttributorConfig(min_delay_seconds=0, max_delay_seconds=0,
                                                   tick_seconds=0.001))
-    worker = PipelineWorker(StageMapper(cost, stats), cost, (cost,), stats, queue_size=64)
+    worker = PipelineWorker(StageMapper(cost, stats), cost, (cost,), stats, shed_at=32)
     assembler = Assembler(worker, AssemblerConfig(max_traces=16, root_grace_seconds=0,
                                                   tick_seconds=0.001), stats)
     worker.start()
@@ -129,7 +129,7 @@ def test_a_backed_up_worker_sheds_load_at_the_receivers() -> None:
 
     blocked = _Blocked()
     stats = CollectorStats()
-    worker = PipelineWorker(blocked, RecordingSink(), (), stats, queue_size=4)
+    worker = PipelineWorker(blocked, RecordingSink(), (), stats, shed_at=2)
     ingest = OtlpIngest(Assembler(worker), NodeMetricsState(), IngestLimits(), stats,
                         records=worker, record_backlogs=[worker.backlog()])
     worker.start()

@@ -1,8 +1,7 @@
 """Doc lint: the facts the docs state that drifted from the code once, checked against it.
 
 - docs/architecture.md's backpressure: the pipeline queue is unbounded and never makes a
-  producer wait; the receivers shed at its high-water mark, half of
-  ``pipeline_queue_size``; the doc names the constant and keys the code has, and says
+  producer wait; the receivers shed at its high-water mark, ``pipeline_shed_at``; the doc names the constant and keys the code has, and says
   nothing of an assembler that waits on a full queue.
 - The alert and recording rules the docs list are the ones the code generates.
 - Every repository path the docs and the generated rule files cite exists in the checkout,
@@ -26,7 +25,7 @@ import yaml
 from tokenpath.collector import backpressure
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.config import FILE_KEYS, CollectorConfig
-from tokenpath.collector.pipeline_worker import DEFAULT_QUEUE_SIZE, PipelineWorker
+from tokenpath.collector.pipeline_worker import DEFAULT_SHED_AT, PipelineWorker
 from tokenpath.dashboards import budgets, generate, rules
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,22 +86,22 @@ def test_the_pipeline_queue_never_makes_a_producer_wait_and_sheds_at_half_its_si
         def shutdown(self) -> None:
             pass
 
-    queue_size = 4
-    worker = PipelineWorker(Stuck(), None, queue_size=queue_size)  # type: ignore[arg-type]
+    shed_at = 2
+    worker = PipelineWorker(Stuck(), None, shed_at=shed_at)  # type: ignore[arg-type]
     worker.start()
     try:
         worker.consume_trace(AssembledTrace("first", [], True))
         assert busy.wait(10)
-        # Ten times queue_size while the worker is stuck: a bounded queue would block.
+        # Twenty times shed_at while the worker is stuck: a bounded queue would block.
         feeder = threading.Thread(target=lambda: [
             worker.consume_trace(AssembledTrace(f"t{i}", [], True))
-            for i in range(10 * queue_size)])
+            for i in range(20 * shed_at)])
         feeder.start()
         feeder.join(5)
         assert not feeder.is_alive(), "a put into the pipeline queue waited"
         backlog = worker.backlog()
-        assert backlog.high_water == backpressure.high_water(queue_size) == queue_size // 2
-        assert backlog.depth() == 10 * queue_size and backlog.over()
+        assert backlog.high_water == shed_at
+        assert backlog.depth() == 20 * shed_at and backlog.over()
     finally:
         release.set()
         worker.shutdown()
@@ -118,10 +117,10 @@ def test_architecture_md_states_the_backpressure_the_code_does() -> None:
     paragraph = _paragraph(text, "**Backpressure.**")
     assert "unbounded" in paragraph
     # The high-water mark by the names the code has, and its default as a number.
-    assert "`HIGH_WATER_FRACTION`" in paragraph and "`pipeline_queue_size`" in paragraph
+    assert "`pipeline_shed_at`" in paragraph and f"{DEFAULT_SHED_AT:,}" in paragraph
+    assert CollectorConfig().pipeline_shed_at == DEFAULT_SHED_AT
+    assert "`HIGH_WATER_FRACTION`" in paragraph and "`store_queue_size`" in paragraph
     assert backpressure.HIGH_WATER_FRACTION == 0.5 and "one half" in paragraph
-    assert f"{backpressure.high_water(DEFAULT_QUEUE_SIZE):,}" in paragraph
-    assert CollectorConfig().pipeline_queue_size == DEFAULT_QUEUE_SIZE
     # Every key, constant or metric the paragraph names exists.
     reference = _read(DOCS / "reference.md")
     for name in re.findall(r"`([a-z_]+|[A-Z_]+)`", paragraph):
