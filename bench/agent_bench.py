@@ -1,11 +1,11 @@
 """Node agent benchmark (SPEC section 7: agent <= 0.5% of one core at 1 Hz).
 
 There is no GPU on the machines this runs on (docs/agent.md). NVML is the real
-nvidia-ml-py (``pynvml``) over a fake driver library, ``tests/fakes/libnvml`` compiled to
+nvidia-ml-py (``pynvml``) over a fake driver library, ``testkit/fakes/libnvml`` compiled to
 ``libnvidia-ml.so.1`` with 8 GPUs: pynvml's own wrappers and ctypes structures run as in
 production, and only the driver call itself is fake (and near-free, where a real
 driver's ioctl is not). Where no C compiler exists, both measurements fall back to the
-pure-Python fake module (``tests/fakes/fake_nvml.py``) and say so in ``nvml``.
+pure-Python fake module (``testkit/fakes/fake_nvml.py``) and say so in ``nvml``.
 
 - ``cpu_share``: ``tokenpath agent`` logic (AgentService with 8 GPUs, real psutil, one
   vLLM-format and one SGLang-format engine page on loopback fetched every
@@ -54,13 +54,14 @@ from typing import Any
 import httpx
 import psutil
 
-from tests.fakes.fake_libnvml import (
+from testkit.fakes.engine_pages import render_sglang, render_vllm
+from testkit.fakes.fake_libnvml import (
     CompilerMissing,
     build_fake_libnvml,
     driver_env,
     real_pynvml_over_fake_library,
 )
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml
+from testkit.fakes.fake_nvml import FakeGpu, FakeNvml
 from tokenpath.agent.config import DEFAULT_ENGINE_INTERVAL_SECONDS, AgentConfig
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.node_poller import NodePoller
@@ -78,7 +79,6 @@ PENALTY_PAGES = 1000
 PENALTY_SAMPLES = 5
 PENALTY_SLEEP_SECONDS = 1.0
 PAGE_BYTES = 4096
-PAGES = Path(__file__).resolve().parent.parent / "tests" / "agent" / "pages"
 READY_LINE = "ready"
 CPU_LINE = "cpu"
 # What NVML the agent runs over: the fake driver library (no GPU here), or this machine's
@@ -243,16 +243,7 @@ class _LoopbackFixtures:
     """Engine pages and an OTLP sink in the parent, so their CPU is not the agent's."""
 
     def __init__(self) -> None:
-        from string import Template
-
-        from tests.agent.conftest import SGLANG_DEFAULTS, VLLM_DEFAULTS
-
-        pages = {
-            "/vllm": Template((PAGES / "vllm_0_32.prom").read_text()).substitute(
-                VLLM_DEFAULTS).encode(),
-            "/sglang": Template((PAGES / "sglang.prom").read_text()).substitute(
-                SGLANG_DEFAULTS).encode(),
-        }
+        pages = {"/vllm": render_vllm().encode(), "/sglang": render_sglang().encode()}
         self.pushes = 0
         owner = self
 
@@ -510,7 +501,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="seconds each CPU-share window lasts")
     parser.add_argument("--nvml", choices=NVML_SOURCES, default=FAKE_DRIVER,
                         help="NVML under the agent: the fake driver library built from "
-                             "tests/fakes (default), or this machine's NVIDIA driver (on a "
+                             "testkit/fakes (default), or this machine's NVIDIA driver (on a "
                              "GPU node)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--baseline-child", action="store_true", help=argparse.SUPPRESS)

@@ -36,7 +36,7 @@ import grpc
 import httpx
 import psutil
 
-from tests.support.otlp import (
+from testkit.support.otlp import (
     JSON_HEADERS,
     PROTOBUF_HEADERS,
     export_request,
@@ -45,7 +45,7 @@ from tests.support.otlp import (
     request_span,
     to_otlp_json,
 )
-from tests.support.processes import free_port, tokenpath_cmd, wait_http
+from testkit.support.processes import free_port, tokenpath_cmd, wait_http
 from tokenpath import attributes as A
 from tokenpath.stages import StageId
 

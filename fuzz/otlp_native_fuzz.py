@@ -2,7 +2,7 @@
 parser and the reference decoder (atheris).
 
 Each input is either a request body as it is (first byte even) or the choices of a few
-structure-aware edits (tests/support/otlp_wire.py: fields duplicated, renumbered, sent
+structure-aware edits (testkit/support/otlp_wire.py: fields duplicated, renumbered, sent
 with another wire type, padded varints, deep nesting, colliding ids, earlier copies that
 are not UTF-8) applied to one of a few valid requests (first byte odd). The compiled
 decoder must leave the body to the reference (None) or return exactly what it returns,
@@ -21,17 +21,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testkit.support
 
 # The modules the target reads, loaded by setup() (under atheris's instrumentation when
 # fuzzing: only these, which keeps start-up short).
-INSTRUMENTED = ("tokenpath.collector.receivers.otlp_decode", "tests.support.otlp_wire")
+INSTRUMENTED = ("tokenpath.collector.receivers.otlp_decode", "testkit.support.otlp_wire")
 _loaded: dict[str, Any] = {}
 
 
 def setup() -> None:
     from bench.hash_flood import colliding_trace_ids
-    from tests.support import otlp_wire
+    from testkit.support import otlp_wire
     from tokenpath.collector.limits import IngestLimits
     from tokenpath.collector.receivers import otlp_decode
 

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures. Shared fakes (in-memory span sink, fake NVML) live in tests/fakes."""
+"""Shared pytest fixtures. Shared fakes (in-memory span sink, fake NVML) live in testkit/fakes."""
 
 from __future__ import annotations
 

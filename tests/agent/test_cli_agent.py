@@ -14,9 +14,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.agent.conftest import PageServer, free_port, render_vllm
-from tests.support.certs import make_certs
-from tests.support.processes import stop_process
+from testkit.fakes.engine_pages import render_vllm
+from testkit.support.certs import make_certs
+from testkit.support.processes import free_port, stop_process
+from tests.agent.conftest import PageServer
 from tokenpath import metric_names as mn
 from tokenpath.cli.common import AUTH_TOKEN_ENV
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml
-from tests.support.certs import make_certs
+from testkit.fakes.fake_nvml import FakeGpu, FakeNvml
+from testkit.support.certs import make_certs
 from tokenpath import metric_names as mn
 from tokenpath.agent.config import AgentConfig
 from tokenpath.agent.service import AgentService

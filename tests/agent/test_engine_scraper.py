@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.agent.conftest import PageServer, render_sglang, render_vllm
+from testkit.fakes.engine_pages import render_sglang, render_vllm
+from tests.agent.conftest import PageServer
 from tokenpath import metric_names as mn
 from tokenpath.agent.engine_names import (
     ENGINE_METRIC_RULES,

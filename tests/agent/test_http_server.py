@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from tests.support.certs import CertFiles, make_certs
+from testkit.support.certs import CertFiles, make_certs
 from tokenpath.agent import http_server
 from tokenpath.agent.http_server import AgentHttpServer
 from tokenpath.auth import bearer_matches

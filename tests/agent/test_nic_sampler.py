@@ -10,7 +10,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.fakes.fake_nvml import FakeNvml
+from testkit.fakes.fake_nvml import FakeNvml
 from tokenpath import metric_names as mn
 from tokenpath.agent.nic_sampler import SYSFS_FILES, NicSampler
 from tokenpath.agent.node_poller import NodePoller

@@ -8,7 +8,7 @@ import itertools
 import pynvml
 import pytest
 
-from tests.fakes.fake_nvml import (
+from testkit.fakes.fake_nvml import (
     AGENT_NVML_FUNCTIONS,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_NO_PERMISSION,

@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.agent.conftest import render_sglang, render_vllm
+from testkit.fakes.engine_pages import render_sglang, render_vllm
 from tokenpath.agent.prom_text import iter_samples, parse_sample_line
 
 

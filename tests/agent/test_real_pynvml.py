@@ -1,6 +1,6 @@
 """The NVML path through the real nvidia-ml-py over a fake driver library.
 
-``tests/fakes/libnvml/fake_libnvidia_ml.c`` is compiled to ``libnvidia-ml.so.1``; pynvml
+``testkit/fakes/libnvml/fake_libnvidia_ml.c`` is compiled to ``libnvidia-ml.so.1``; pynvml
 loads it as it loads the NVIDIA driver's, so pynvml's wrappers, ctypes structures, error
 classes and the agent's struct decoding all run for real. Only the driver is fake.
 """
@@ -17,10 +17,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.fakes import fake_libnvml as driver
+from testkit.support.processes import stop_process
 from tests.agent.conftest import free_port
 from tests.agent.test_cli_agent import agent_env, wait_healthy
-from tests.fakes import fake_libnvml as driver
-from tests.support.processes import stop_process
 from tokenpath import metric_names as mn
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.node_poller import NodePoller

@@ -18,8 +18,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.agent.conftest import PageServer, render_sglang, render_vllm
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml
+from testkit.fakes.engine_pages import render_sglang, render_vllm
+from testkit.fakes.fake_nvml import FakeGpu, FakeNvml
+from tests.agent.conftest import PageServer
 from tokenpath import metric_names as mn
 from tokenpath.agent.config import ENV_INTERVAL, ENV_LISTEN, ENV_NODE, AgentConfig
 from tokenpath.agent.service import AgentService, load_pynvml
@@ -305,7 +306,7 @@ def test_a_file_without_an_agent_section_is_read_and_checked_like_one() -> None:
 
 def test_tls_settings_come_from_flags_environment_or_the_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.support.certs import make_certs
+    from testkit.support.certs import make_certs
     from tokenpath.tls import ENV_TLS_CERT, ENV_TLS_KEY
 
     certs = make_certs(tmp_path)
@@ -335,7 +336,7 @@ def test_tls_settings_come_from_flags_environment_or_the_file(
 def test_the_agent_serves_metrics_over_tls_when_configured(tmp_path: Path) -> None:
     import ssl
 
-    from tests.support.certs import make_certs
+    from testkit.support.certs import make_certs
 
     certs = make_certs(tmp_path)
     config = AgentConfig(listen="127.0.0.1:0", node="tls-node",

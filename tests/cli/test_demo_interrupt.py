@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.support.processes import free_port
+from testkit.support.processes import free_port
 from tokenpath import metric_names as M
 
 READY_TIMEOUT_SECONDS = 60.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from tests.fakes.spans import span
+from testkit.fakes.spans import span
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
 from tokenpath.collector.assembler import AssembledTrace

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.fakes.spans import FakeClock, TraceSink, new_trace_id, span
+from testkit.fakes.spans import FakeClock, TraceSink, new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import Assembler, AssemblerConfig
 from tokenpath.collector.stats import CollectorStats

@@ -9,8 +9,8 @@ import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testkit.support.otlp import PROTOBUF_HEADERS, export_request, make_span, new_trace_id
 from tests.collector.conftest import ServiceFactory, wait_for
-from tests.support.otlp import PROTOBUF_HEADERS, export_request, make_span, new_trace_id
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace, Assembler, AssemblerConfig
 from tokenpath.collector.mapping import map_trace

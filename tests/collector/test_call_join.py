@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from testkit.fakes.spans import FakeClock, new_trace_id, span
 from tests.collector.cost.helpers import RecordingSink
-from tests.fakes.spans import FakeClock, new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.call_join import (

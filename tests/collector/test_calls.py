@@ -6,10 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from testkit.fakes.spans import new_trace_id, span
+from testkit.support.otlp import export_request, make_span
+from testkit.support.otlp import new_trace_id as new_trace_bytes
 from tests.collector.conftest import ServiceFactory, wait_for
-from tests.fakes.spans import new_trace_id, span
-from tests.support.otlp import export_request, make_span
-from tests.support.otlp import new_trace_id as new_trace_bytes
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.call_join import JoinConfig
@@ -182,8 +182,8 @@ def test_a_client_that_exports_elsewhere_leaves_a_local_root() -> None:
     (OTLP span flags: parent is remote); the client exports elsewhere, so no root ever
     comes. The server span is the local root: the record is final after the root grace,
     not the idle timeout."""
+    from testkit.support.otlp import new_span_id
     from tests.collector.cost.helpers import FakeClock, RecordingSink
-    from tests.support.otlp import new_span_id
     from tokenpath.collector.assembler import Assembler, AssemblerConfig
     from tokenpath.collector.limits import IngestLimits
     from tokenpath.collector.mapping import StageMapper

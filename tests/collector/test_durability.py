@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.otlp import PROTOBUF_HEADERS, export_request, request_span
-from tests.support.processes import collector_process, start_collector
+from testkit.support.otlp import PROTOBUF_HEADERS, export_request, request_span
+from testkit.support.processes import collector_process, start_collector
 from tokenpath.collector.store import open_store_readonly
 
 FAST = "assembler:\n  root_grace_seconds: 0\n  tick_seconds: 0.02\n"

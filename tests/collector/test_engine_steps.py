@@ -52,7 +52,7 @@ def test_engine_steps_spans_become_per_engine_telemetry() -> None:
 
 
 def test_non_finite_or_negative_step_figures_are_not_counted() -> None:
-    from tests.fakes.spans import new_trace_id, span
+    from testkit.fakes.spans import new_trace_id, span
     from tokenpath import attributes as A
     from tokenpath.collector.engine_steps import EngineStepsTelemetry
 

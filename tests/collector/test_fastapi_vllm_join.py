@@ -20,7 +20,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from tests.support.processes import collector_process, poll_records, run_cli_json
+from testkit.support.processes import collector_process, poll_records, run_cli_json
 from tokenpath import attributes as A
 from tokenpath.collector.http_app import HttpListener
 from tokenpath.stages import StageId

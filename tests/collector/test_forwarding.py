@@ -18,9 +18,9 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 
+from testkit.support.otlp import export_request, request_span
 from tests.collector.conftest import ServiceFactory, wait_for
 from tests.collector.cost.helpers import engine_record
-from tests.support.otlp import export_request, request_span
 from tokenpath import attributes as A
 from tokenpath.collector.forwarder import ForwarderConfig, RecordForwarder
 from tokenpath.collector.receivers.grpc import LOGS_SERVICE

@@ -20,9 +20,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 if TYPE_CHECKING:
     from starlette.testclient import TestClient
 
+from testkit.support.otlp import JSON_HEADERS, PROTOBUF_HEADERS, to_otlp_json_dict
+from testkit.support.otlp_strategies import mutated_bytes, trace_requests
 from tests.collector.conftest import FAST_ASSEMBLER, wait_for
-from tests.support.otlp import JSON_HEADERS, PROTOBUF_HEADERS, to_otlp_json_dict
-from tests.support.otlp_strategies import mutated_bytes, trace_requests
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.receivers.grpc import METRICS_SERVICE, TRACE_SERVICE

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 from types import ModuleType
 
-from tests.support.otlp import export_request, request_span, to_otlp_json
+from testkit.support.otlp import export_request, request_span, to_otlp_json
 
 TARGET = Path(__file__).resolve().parents[2] / "fuzz" / "otlp_fuzz.py"
 

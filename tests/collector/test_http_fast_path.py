@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from starlette.responses import PlainTextResponse
 from starlette.types import Receive, Scope, Send
 
-from tests.support.otlp import PROTOBUF_HEADERS, export_request, make_span, new_trace_id
+from testkit.support.otlp import PROTOBUF_HEADERS, export_request, make_span, new_trace_id
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.node_metrics import NodeMetricsState
 from tokenpath.collector.receivers.http import OtlpFastPath, otlp_endpoints

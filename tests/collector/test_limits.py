@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.collector.conftest import ServiceFactory, wait_for
-from tests.support.otlp import (
+from testkit.support.otlp import (
     PROTOBUF_HEADERS,
     export_request,
     make_span,
@@ -13,6 +12,7 @@ from tests.support.otlp import (
     request_span,
     sample,
 )
+from tests.collector.conftest import ServiceFactory, wait_for
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
 from tokenpath.collector.assembler import AssemblerConfig

@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from testkit.fakes.spans import new_trace_id, span
 from tests.collector.cost.helpers import RecordingSink
-from tests.fakes.spans import new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import Assembler, AssemblerConfig
 from tokenpath.collector.limits import IngestLimits

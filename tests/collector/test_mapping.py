@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakes.spans import new_trace_id, span
+from testkit.fakes.spans import new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.mapping import MAX_COUNT, map_trace

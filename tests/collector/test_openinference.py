@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
+from testkit.fakes.spans import FakeClock, new_trace_id, span
+from testkit.support.otlp import export_request, make_span
+from testkit.support.otlp import new_trace_id as new_trace_bytes
 from tests.collector.conftest import ServiceFactory, wait_for
 from tests.collector.cost.helpers import RecordingSink
-from tests.fakes.spans import FakeClock, new_trace_id, span
-from tests.support.otlp import export_request, make_span
-from tests.support.otlp import new_trace_id as new_trace_bytes
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
 from tokenpath.collector.assembler import AssembledTrace

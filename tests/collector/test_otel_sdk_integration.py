@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.processes import collector_process, poll_records, run_cli_json
+from testkit.support.processes import collector_process, poll_records, run_cli_json
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
 from tokenpath.stages import StageId

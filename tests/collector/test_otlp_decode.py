@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.otlp import export_request, make_span, new_trace_id
+from testkit.support.otlp import export_request, make_span, new_trace_id
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.receivers.otlp_decode import decode_traces
 

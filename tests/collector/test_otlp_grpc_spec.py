@@ -11,8 +11,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from testkit.support.otlp import export_request, make_span, new_trace_id, request_span
 from tests.collector.conftest import ServiceFactory, wait_for
-from tests.support.otlp import export_request, make_span, new_trace_id, request_span
 from tokenpath.collector.assembler import AssemblerConfig
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.receivers.grpc import METRICS_SERVICE, TRACE_SERVICE

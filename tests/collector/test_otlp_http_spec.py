@@ -14,8 +14,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from tests.collector.conftest import ServiceFactory, wait_for
-from tests.support.otlp import (
+from testkit.support.otlp import (
     JSON_HEADERS,
     PROTOBUF_HEADERS,
     export_request,
@@ -27,6 +26,7 @@ from tests.support.otlp import (
     to_otlp_json,
     to_otlp_json_dict,
 )
+from tests.collector.conftest import ServiceFactory, wait_for
 from tokenpath import metric_names as M
 from tokenpath.collector.assembler import AssemblerConfig
 from tokenpath.collector.limits import IngestLimits

@@ -21,9 +21,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.support import otlp_wire as wire
-from tests.support.otlp import export_request, to_otlp_json
-from tests.support.otlp_strategies import mutated_bytes, trace_requests
+from testkit.support import otlp_wire as wire
+from testkit.support.otlp import export_request, to_otlp_json
+from testkit.support.otlp_strategies import mutated_bytes, trace_requests
 from tokenpath import attributes as A
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.node_metrics import NodeMetricsState
@@ -575,7 +575,7 @@ def test_structure_aware_mutations_decode_as_the_reference_or_are_left_to_it(
         limits: IngestLimits) -> None:
     """Fields duplicated, renumbered, sent with another wire type, with padded varints
     (past protobuf's limits too), AnyValues nested deep, ids colliding under the former
-    hash, earlier copies that are not UTF-8 (tests/support/otlp_wire.py): the compiled
+    hash, earlier copies that are not UTF-8 (testkit/support/otlp_wire.py): the compiled
     decoder returns the reference's answer (the same spans, values and counts) or leaves
     the request to it, and never accepts what protobuf refuses."""
     body = request.SerializeToString()

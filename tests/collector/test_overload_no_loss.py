@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from bench.no_loss import clients_for
-from tests.support.otlp import metric_samples
-from tests.support.processes import start_collector
+from testkit.support.otlp import metric_samples
+from testkit.support.processes import start_collector
 from tokenpath import metric_names as M
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from starlette.routing import Route
 
-from tests.collector.conftest import ServiceFactory, wait_for
-from tests.support.otlp import (
+from testkit.support.otlp import (
     PROTOBUF_HEADERS,
     export_request,
     make_span,
@@ -27,7 +26,8 @@ from tests.support.otlp import (
     request_span,
     sample,
 )
-from tests.support.processes import collector_process, poll_records
+from testkit.support.processes import collector_process, poll_records
+from tests.collector.conftest import ServiceFactory, wait_for
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
 from tokenpath.collector.config import CollectorConfig

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakes.spans import new_trace_id, span
+from testkit.fakes.spans import new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.mapping import map_calls

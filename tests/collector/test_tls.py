@@ -15,10 +15,10 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 
+from testkit.support.certs import CertFiles, make_certs
+from testkit.support.otlp import PROTOBUF_HEADERS, export_request, request_span
+from testkit.support.processes import free_port, run_cli, tokenpath_cmd
 from tests.collector.conftest import ServiceFactory, wait_for
-from tests.support.certs import CertFiles, make_certs
-from tests.support.otlp import PROTOBUF_HEADERS, export_request, request_span
-from tests.support.processes import free_port, run_cli, tokenpath_cmd
 from tokenpath import attributes as A
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.receivers.grpc import TRACE_SERVICE

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tests.support.otlp import sample
+from testkit.support.otlp import sample
 from tokenpath import compiled
 from tokenpath import metric_names as M
 from tokenpath.build_metrics import BuildInfoCollector

@@ -1,5 +1,5 @@
 """The ClickHouse store over the HTTP interface (``clickhouse://``, the real
-clickhouse-connect HTTP client) against tests/fakes/clickhouse_http.py, ClickHouse's HTTP
+clickhouse-connect HTTP client) against testkit/fakes/clickhouse_http.py, ClickHouse's HTTP
 interface over chDB: records read back as written, the password is checked, a write whose
 answer was lost is retried and deduplicated, a reader sees what the writer wrote. Skipped
 when chdb or clickhouse-connect cannot be imported."""
@@ -15,8 +15,8 @@ pytest.importorskip("chdb")
 pytest.importorskip("clickhouse_connect")
 
 from bench.store_workload import synthetic_records
+from testkit.fakes.clickhouse_http import ClickHouseHTTPServer
 from tests.core.test_views import END
-from tests.fakes.clickhouse_http import ClickHouseHTTPServer
 from tokenpath.collector import store_clickhouse as ch
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import StoreConfig, make_store, open_store_readonly

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.processes import free_port
+from testkit.support.processes import free_port
 
 PROMETHEUS_BINARIES = ("prometheus",)
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")

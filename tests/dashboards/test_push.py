@@ -1,5 +1,5 @@
 """`tokenpath dashboards push` through grafana-client against a local HTTP double of the
-documented Grafana endpoints (tests/fakes/grafana_api.py)."""
+documented Grafana endpoints (testkit/fakes/grafana_api.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.fakes.grafana_api import GrafanaDouble
+from testkit.fakes.grafana_api import GrafanaDouble
 from tokenpath.cli.main import app
 from tokenpath.dashboards import generate
 from tokenpath.dashboards.definitions import DASHBOARDS

@@ -1,7 +1,7 @@
 """One ClickHouse store for the whole cluster: the three forwarding replicas of the
 scale-out test (tests/deploy/cluster.py) all write to one ClickHouse server
 (``--store clickhouse://default@HOST:PORT/DB``, the password from
-$TOKENPATH_CLICKHOUSE_PASSWORD), here tests/fakes/clickhouse_http.py: ClickHouse's HTTP
+$TOKENPATH_CLICKHOUSE_PASSWORD), here testkit/fakes/clickhouse_http.py: ClickHouse's HTTP
 interface over chDB, spoken to by the real clickhouse-connect client. `tokenpath report
 --store clickhouse://...` then prices the traffic as a lone collector does, and every
 replica answers for every request, whichever replica priced it. A server outage shorter
@@ -28,10 +28,10 @@ pytest.importorskip("clickhouse_connect")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 
+from testkit.fakes.clickhouse_http import ClickHouseHTTPServer
 from tests.dashboards.otlp_workload import CollectorProcess, request_trace
 from tests.deploy.cluster import cluster, post, report, samples
 from tests.deploy.engine_traffic import engine_traffic
-from tests.fakes.clickhouse_http import ClickHouseHTTPServer
 from tokenpath import metric_names as mn
 from tokenpath.collector import store_clickhouse as ch
 

@@ -1,8 +1,9 @@
 """Doc lint: the facts the docs state that drifted from the code once, checked against it.
 
 - docs/architecture.md's backpressure: the pipeline queue is unbounded and never makes a
-  producer wait; the receivers shed at its high-water mark, ``pipeline_shed_at``; the doc names the constant and keys the code has, and says
-  nothing of an assembler that waits on a full queue.
+  producer wait; the receivers shed at its high-water mark, ``pipeline_shed_at``; the doc
+  names the constants and keys the code has, and says nothing of an assembler that waits
+  on a full queue.
 - The alert and recording rules the docs list are the ones the code generates.
 - Every repository path the docs and the generated rule files cite exists in the checkout,
   and every anchor they point into (a runbook, a doc section) exists.

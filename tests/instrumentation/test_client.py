@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from tests.fakes.otel_sink import SpanSink
+from testkit.fakes.otel_sink import SpanSink
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.client import InstrumentedClient
 from tokenpath.instrumentation.safety import telemetry_errors

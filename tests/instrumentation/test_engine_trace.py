@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.otel_sink import SpanSink
+from testkit.fakes.otel_sink import SpanSink
 from tokenpath.instrumentation.engine_trace import EngineIdentity, EngineRequestTrace, get_tracer
 from tokenpath.instrumentation.safety import telemetry_errors
 

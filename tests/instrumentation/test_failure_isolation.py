@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.trace import ProxyTracerProvider
 
-from tests.fakes.otel_sink import RaisingExporter
+from testkit.fakes.otel_sink import RaisingExporter
 from tests.instrumentation.reference.support import send, serving, workload_requests
 from tokenpath.instrumentation.safety import telemetry_errors
 

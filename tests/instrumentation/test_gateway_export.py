@@ -16,7 +16,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status as ProtoStatus
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
-from tests.fakes.otlp_http import OtlpHttpReceiver
+from testkit.fakes.otlp_http import OtlpHttpReceiver
 from tests.instrumentation.reference.support import run_async
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.gateway import (

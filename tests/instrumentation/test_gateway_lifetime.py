@@ -26,8 +26,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from opentelemetry.sdk.trace import TracerProvider
 from starlette.background import BackgroundTask
 
-from tests.fakes.otel_sink import SpanSink
-from tests.fakes.otlp_http import OtlpHttpReceiver
+from testkit.fakes.otel_sink import SpanSink
+from testkit.fakes.otlp_http import OtlpHttpReceiver
 from tokenpath.instrumentation.gateway import (
     ASGIApp,
     GatewayInstrumentor,

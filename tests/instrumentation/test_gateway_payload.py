@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from opentelemetry.trace import SpanKind
 
-from tests.fakes.otel_sink import SpanSink
+from testkit.fakes.otel_sink import SpanSink
 from tests.instrumentation.reference.support import run_async
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.gateway import GatewayInstrumentor, annotate

@@ -9,7 +9,7 @@ import pytest
 from fastapi import FastAPI
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tests.fakes.otel_sink import SpanSink, stage_entries
+from testkit.fakes.otel_sink import SpanSink, stage_entries
 from tests.instrumentation.reference.support import run_async
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.gateway import (

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.fakes.otlp_http import OtlpHttpReceiver
+from testkit.fakes.otlp_http import OtlpHttpReceiver
 from tests.instrumentation.reference.support import send, serving, workload_requests
 from tokenpath import attributes as attr
 from tokenpath.instrumentation import otlp_exporter

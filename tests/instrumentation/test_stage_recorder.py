@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 
-from tests.fakes.otel_sink import SpanSink, stage_entries
+from testkit.fakes.otel_sink import SpanSink, stage_entries
 from tokenpath import attributes as attr
 from tokenpath.config import ConfigError
 from tokenpath.instrumentation.fingerprints import FingerprintConfig, prefix_fingerprints

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.trace import SpanKind
 
-from tests.fakes.otel_sink import SpanSink
+from testkit.fakes.otel_sink import SpanSink
 from tests.instrumentation.reference.support import run_async
 from tokenpath import attributes as attr
 from tokenpath import metric_names as M

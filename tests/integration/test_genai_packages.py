@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.processes import free_port, stop_process
+from testkit.support.processes import free_port, stop_process
 from tokenpath import metric_names as mn
 from tokenpath.instrumentation.reference.serving_path import (
     ReferencePathConfig,

@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.otlp import sample
-from tests.support.processes import (
+from testkit.support.otlp import sample
+from testkit.support.processes import (
     free_port,
     poll_records,
     start_collector,

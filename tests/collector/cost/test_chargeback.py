@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakes.spans import new_trace_id
+from testkit.fakes.spans import new_trace_id
 from tokenpath import metric_names as M
 from tokenpath.collector.cost.chargeback import PLATFORM_ROW, IdlePolicy, chargeback
 from tokenpath.collector.prometheus_sink import PrometheusSink

@@ -16,7 +16,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml
+from testkit.fakes.fake_nvml import FakeGpu, FakeNvml
 from tokenpath import attributes as A
 from tokenpath.agent.config import AgentConfig
 from tokenpath.agent.service import AgentService

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.fakes.spans import new_trace_id, span
+from testkit.fakes.spans import new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor

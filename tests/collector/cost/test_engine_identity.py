@@ -7,8 +7,8 @@ import math
 import time
 from collections import defaultdict
 
+from testkit.fakes.spans import new_trace_id, span
 from tests.deploy.engine_traffic import engine_traffic
-from tests.fakes.spans import new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor

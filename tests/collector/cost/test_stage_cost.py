@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakes.spans import new_trace_id
+from testkit.fakes.spans import new_trace_id
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.cost.stage_cost import has_kv_transfer, land_cpu_and_network_cost
 from tokenpath.collector.mapping import map_calls
@@ -53,8 +53,8 @@ def test_sglangs_kv_transfer_slice_times_nic_tx_in_the_kv_transfer_phase() -> No
     """FIXTURE (SGLang cannot run here): a P/D request's prefill root with its
     prefill_transfer_kv_cache slice (srt/observability/req_time_stats.py) and the decode
     root."""
+    from testkit.fakes.spans import span
     from tests.collector.test_stack_vocabularies import _sglang_root
-    from tests.fakes.spans import span
 
     tid = new_trace_id()
     prefill = _sglang_root(tid, "prefill", 10.0, 10.4, 0.25, 0.0)

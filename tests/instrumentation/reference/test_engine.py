@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from tests.fakes.otel_sink import SpanSink
+from testkit.fakes.otel_sink import SpanSink
 from tests.instrumentation.reference.support import run_async
 from tokenpath import attributes as attr
 from tokenpath.config import ConfigError

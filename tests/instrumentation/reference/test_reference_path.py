@@ -9,7 +9,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-from tests.fakes.otel_sink import SpanSink, all_attribute_values, stage_entries
+from testkit.fakes.otel_sink import SpanSink, all_attribute_values, stage_entries
 from tests.instrumentation.reference.support import fast_config, send, serving, workload_requests
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.reference import SIMULATED_ENGINE_NAME

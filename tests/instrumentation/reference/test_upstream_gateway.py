@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from tests.fakes.otel_sink import SpanSink, stage_entries
+from testkit.fakes.otel_sink import SpanSink, stage_entries
 from tests.instrumentation.reference.support import run_async
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.client import InstrumentedClient

@@ -1,7 +1,7 @@
 """Structure-aware mutations of protobuf bytes, for fuzzing the compiled trace decoder
 against protobuf's parser.
 
-Byte-level mutations (tests/support/otlp_strategies.py) mostly break the wire format at
+Byte-level mutations (testkit/support/otlp_strategies.py) mostly break the wire format at
 once. These edit the message tree instead, so that the result is still a message protobuf
 may well accept, only an unusual one: a field sent twice (and an earlier copy with
 invalid UTF-8), a field renumbered, a field sent with another wire type (its payload

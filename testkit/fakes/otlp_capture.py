@@ -1,7 +1,7 @@
 """A tiny OTLP/gRPC trace receiver that keeps every span it is sent, for looking at what a
 real exporter (vLLM, the plugin, a gateway) actually emits.
 
-``python -m tests.fakes.otlp_capture 127.0.0.1:PORT OUT.jsonl`` writes one JSON object per
+``python -m testkit.fakes.otlp_capture 127.0.0.1:PORT OUT.jsonl`` writes one JSON object per
 span until interrupted.
 """
 
