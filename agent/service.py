@@ -30,6 +30,7 @@ from tokenpath.agent.otlp_push import OtlpMetricsPusher
 from tokenpath.agent.prom_collector import AgentCollector
 from tokenpath.agent.snapshot import Snapshot
 from tokenpath.build_metrics import BuildInfoCollector
+from tokenpath.endpoints import host_port
 from tokenpath.install_check import build_state, log_fallbacks
 from tokenpath.labels import BoundedLabel
 
@@ -233,9 +234,7 @@ class AgentService:
         """Where /metrics is served (``https`` with TLS), once started."""
         if self._server is None:
             return None
-        host = self._server.host
-        host = f"[{host}]" if ":" in host else host
-        return f"{self._server.scheme}://{host}:{self._server.port}/metrics"
+        return f"{self._server.scheme}://{host_port(self._server.host, self._server.port)}/metrics"
 
     @property
     def pusher(self) -> OtlpMetricsPusher | None:

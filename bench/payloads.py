@@ -6,27 +6,15 @@ import os
 import random
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from tokenpath import attributes as A
+from tokenpath.otlp_values import key_value
 from tokenpath.stages import STAGES, Phase
 
 SPANS_PER_REQUEST = 100
-
-
-def _kv(key: str, value: str | int | float | bool | list[str]) -> KeyValue:
-    if isinstance(value, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    if isinstance(value, float):
-        return KeyValue(key=key, value=AnyValue(double_value=value))
-    if isinstance(value, list):
-        items = [AnyValue(string_value=v) for v in value]
-        return KeyValue(key=key, value=AnyValue(array_value=ArrayValue(values=items)))
-    return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
 # Payload shapes the whole-collector bench is fed with (issue A5): 15-stage traces of
@@ -46,16 +34,16 @@ def _trace(rng: random.Random, t0: int) -> list[Span]:
             trace_id=trace_id, span_id=root_id, name="POST /v1/chat/completions", kind=2,
             start_time_unix_nano=t0, end_time_unix_nano=t0 + 900_000_000,
             attributes=[
-                _kv(A.GEN_AI_REQUEST_MODEL, "llama-3.1-8b"),
-                _kv(A.GEN_AI_USAGE_INPUT_TOKENS, rng.randint(100, 4000)),
-                _kv(A.GEN_AI_USAGE_OUTPUT_TOKENS, rng.randint(10, 400)),
-                _kv(A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, rng.randint(0, 90)),
-                _kv(A.TTFT_SECONDS, rng.uniform(0.05, 0.5)),
-                _kv(A.NODE, "gpu-node-07"),
-                _kv(A.POOL, "h100-pool"),
-                _kv(A.PREFIX_FINGERPRINTS, [os.urandom(8).hex() for _ in range(4)]),
-                _kv("http.route", "/v1/chat/completions"),
-                _kv("http.request.method", "POST"),
+                key_value(A.GEN_AI_REQUEST_MODEL, "llama-3.1-8b"),
+                key_value(A.GEN_AI_USAGE_INPUT_TOKENS, rng.randint(100, 4000)),
+                key_value(A.GEN_AI_USAGE_OUTPUT_TOKENS, rng.randint(10, 400)),
+                key_value(A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, rng.randint(0, 90)),
+                key_value(A.TTFT_SECONDS, rng.uniform(0.05, 0.5)),
+                key_value(A.NODE, "gpu-node-07"),
+                key_value(A.POOL, "h100-pool"),
+                key_value(A.PREFIX_FINGERPRINTS, [os.urandom(8).hex() for _ in range(4)]),
+                key_value("http.route", "/v1/chat/completions"),
+                key_value("http.request.method", "POST"),
             ],
         )
     ]
@@ -66,9 +54,10 @@ def _trace(rng: random.Random, t0: int) -> list[Span]:
             name=f"tokenpath.stage.{stage.id.value}", kind=1,
             start_time_unix_nano=t0 + stage.order * 1000,
             end_time_unix_nano=t0 + stage.order * 1000 + rng.randint(1000, 50_000_000),
-            attributes=[_kv(A.STAGE, stage.id.value), _kv(A.PHASE, phase.value),
-                        _kv(A.PROVENANCE, "measured"), _kv("thread.id", 1234),
-                        _kv("code.function", "handle"), _kv("service.version", "1.4.2")],
+            attributes=[key_value(A.STAGE, stage.id.value), key_value(A.PHASE, phase.value),
+                        key_value(A.PROVENANCE, "measured"), key_value("thread.id", 1234),
+                        key_value("code.function", "handle"),
+                        key_value("service.version", "1.4.2")],
         ))
     return spans
 
@@ -85,8 +74,8 @@ def make_requests(export_requests: int, spans_per_request: int = SPANS_PER_REQUE
             spans.extend(_trace(rng, t0))
             t0 += 1_000_000
         message = ExportTraceServiceRequest(resource_spans=[ResourceSpans(
-            resource=Resource(attributes=[_kv("service.name", "gateway"),
-                                          _kv("host.name", "gpu-node-07")]),
+            resource=Resource(attributes=[key_value("service.name", "gateway"),
+                                          key_value("host.name", "gpu-node-07")]),
             scope_spans=[ScopeSpans(spans=spans[:spans_per_request])],
         )])
         out.append(message.SerializeToString())

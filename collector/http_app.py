@@ -48,6 +48,7 @@ from tokenpath.collector.whatif_view import (
     whatif_view,
 )
 from tokenpath.config import ConfigError, parse_duration
+from tokenpath.endpoints import host_port
 from tokenpath.last_mile import DEFAULT_PACKETS_PER_TOKEN_THRESHOLD
 from tokenpath.query import Window
 from tokenpath.tls import TlsConfig
@@ -322,8 +323,7 @@ class HttpListener:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self._scheme}://{host}:{self.port}"
+        return f"{self._scheme}://{host_port(self.host, self.port)}"
 
     def start(self) -> None:
         if self._thread is not None:

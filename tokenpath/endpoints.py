@@ -18,3 +18,8 @@ COLLECTOR_GRPC: Final = f"{LOOPBACK}:{COLLECTOR_GRPC_PORT}"
 COLLECTOR_HTTP: Final = f"{LOOPBACK}:{COLLECTOR_HTTP_PORT}"
 COLLECTOR_URL: Final = f"http://{COLLECTOR_HTTP}"
 AGENT_LISTEN: Final = f"{LOOPBACK}:{AGENT_PORT}"
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL or a gRPC target writes it: an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

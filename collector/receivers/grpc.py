@@ -35,6 +35,7 @@ from tokenpath.collector.receivers.otlp_decode import (
 )
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
+from tokenpath.endpoints import host_port
 from tokenpath.tls import TlsConfig
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ class GrpcReceiver:
             _handler(METRICS_SERVICE, services.export_metrics),
             _handler(LOGS_SERVICE, services.export_logs),
         ))
-        self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._address = host_port(host, port)
         self._host = host
         self._tls = tls or TlsConfig()
         self.port = port

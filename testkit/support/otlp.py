@@ -11,11 +11,11 @@ from typing import Any
 
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenpath import attributes as A
+from tokenpath.otlp_values import key_values
 from tokenpath.stages import StageId
 
 _counter = itertools.count(1)
@@ -27,26 +27,6 @@ def new_trace_id() -> bytes:
 
 def new_span_id() -> bytes:
     return next(_counter).to_bytes(4, "big") + os.urandom(4)
-
-
-def any_value(value: Any) -> AnyValue:
-    if isinstance(value, bool):
-        return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
-    if isinstance(value, float):
-        return AnyValue(double_value=value)
-    if isinstance(value, bytes):
-        return AnyValue(bytes_value=value)
-    if isinstance(value, list | tuple):
-        out = AnyValue()
-        out.array_value.values.extend(any_value(v) for v in value)
-        return out
-    return AnyValue(string_value=str(value))
-
-
-def key_values(attrs: Mapping[str, Any]) -> list[KeyValue]:
-    return [KeyValue(key=k, value=any_value(v)) for k, v in attrs.items()]
 
 
 def make_span(trace_id: bytes, span_id: bytes | None = None, parent: bytes = b"",

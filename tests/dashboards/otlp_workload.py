@@ -13,24 +13,14 @@ from pathlib import Path
 
 import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from tests.dashboards.prometheus_stack import free_port
 from tokenpath import attributes as attr
+from tokenpath.otlp_values import key_value
 from tokenpath.stages import STAGES, Phase
 
 READY_TIMEOUT_SECONDS = 60.0
-
-
-def _kv(key: str, value: object) -> KeyValue:
-    if isinstance(value, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    if isinstance(value, float):
-        return KeyValue(key=key, value=AnyValue(double_value=value))
-    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
 
 
 def request_trace(rng: random.Random, model: str, start_unix_nano: int, *,
@@ -44,25 +34,26 @@ def request_trace(rng: random.Random, model: str, start_unix_nano: int, *,
                 kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=start_unix_nano,
                 end_time_unix_nano=start_unix_nano + 900_000_000)
     root.attributes.extend([
-        _kv(attr.GEN_AI_REQUEST_MODEL, model), _kv(attr.POOL, pool),
-        _kv(attr.GEN_AI_USAGE_INPUT_TOKENS, input_tokens),
-        _kv(attr.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, int(input_tokens * share)),
-        _kv(attr.GEN_AI_USAGE_OUTPUT_TOKENS, rng.randint(1, 500)),
-        _kv(attr.TTFT_SECONDS, rng.uniform(0.01, 2.0)),
-        _kv(attr.RESPONSE_CHUNKS, 40), _kv(attr.RESPONSE_SMALL_CHUNKS, rng.randint(0, 40)),
+        key_value(attr.GEN_AI_REQUEST_MODEL, model), key_value(attr.POOL, pool),
+        key_value(attr.GEN_AI_USAGE_INPUT_TOKENS, input_tokens),
+        key_value(attr.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, int(input_tokens * share)),
+        key_value(attr.GEN_AI_USAGE_OUTPUT_TOKENS, rng.randint(1, 500)),
+        key_value(attr.TTFT_SECONDS, rng.uniform(0.01, 2.0)),
+        key_value(attr.RESPONSE_CHUNKS, 40),
+        key_value(attr.RESPONSE_SMALL_CHUNKS, rng.randint(0, 40)),
     ])
     for stage in STAGES:
         event = root.events.add()
         event.name = attr.STAGE_EVENT
         event.time_unix_nano = start_unix_nano + stage.order * 1_000_000
-        event.attributes.extend([_kv(attr.STAGE, stage.id.value),
-                                 _kv(attr.STAGE_SECONDS, rng.uniform(1e-4, 0.2)),
-                                 _kv(attr.PHASE, (Phase.PREFILL if stage.order % 2
+        event.attributes.extend([key_value(attr.STAGE, stage.id.value),
+                                 key_value(attr.STAGE_SECONDS, rng.uniform(1e-4, 0.2)),
+                                 key_value(attr.PHASE, (Phase.PREFILL if stage.order % 2
                                                   else Phase.DECODE).value)])
     child = Span(trace_id=trace_id, span_id=rng.randbytes(8), parent_span_id=root.span_id,
                  name="engine step", start_time_unix_nano=start_unix_nano + 1_000_000,
                  end_time_unix_nano=start_unix_nano + 51_000_000)
-    child.attributes.extend([_kv(attr.STAGE, STAGES[4].id.value)])
+    child.attributes.extend([key_value(attr.STAGE, STAGES[4].id.value)])
     return trace_id, [child, root]
 
 
