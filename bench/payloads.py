@@ -17,7 +17,7 @@ from tokenpath.stages import STAGES, Phase
 SPANS_PER_REQUEST = 100
 
 
-# Payload shapes the whole-collector bench is fed with (issue A5): 15-stage traces of
+# Payload shapes the whole-collector bench is fed with: 15-stage traces of
 # separate spans with 6 attributes each, and the reference serving path's own traces.
 SHAPE_STAGE_SPANS = "stage_spans"
 SHAPE_REFERENCE_PATH = "reference_path"

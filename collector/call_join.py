@@ -49,7 +49,8 @@ from tokenpath.collector.interfaces import RecordSink
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.records import IdleCost, RequestRecord, StageTiming
-from tokenpath.stages import CLIENT_DECODE, CLIENT_TOKENIZE, DERIVED, StageId
+from tokenpath.stage_members import CLIENT_DECODE, CLIENT_TOKENIZE, DERIVED
+from tokenpath.stages import StageId
 
 DEFAULT_WAIT_SECONDS = 10.0  # two OTLP batch delays (5 s each by default) apart
 DEFAULT_ACTIVE_SECONDS = 600.0

@@ -67,7 +67,7 @@ from tokenpath.records import (
     RequestRecord,
     StageTiming,
 )
-from tokenpath.stages import (
+from tokenpath.stage_members import (
     API_GATEWAY,
     AUTH_RATELIMIT,
     DECODE,
@@ -78,12 +78,14 @@ from tokenpath.stages import (
     KV_TRANSFER,
     MEASURED,
     MODELED,
-    PHASE_BY_VALUE,
     PREFILL,
-    PROVENANCE_BY_VALUE,
-    PROVENANCE_RANK,
     ROUTER,
     SCHEDULER_QUEUE,
+)
+from tokenpath.stages import (
+    PHASE_BY_VALUE,
+    PROVENANCE_BY_VALUE,
+    PROVENANCE_RANK,
     STAGE_BY_VALUE,
     Phase,
     Provenance,

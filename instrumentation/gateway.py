@@ -219,7 +219,7 @@ class _TracedSend:
     it was scheduled in. Inside the request's context that copy would hold the request,
     its span and its stage entries as long as the timer lives (a cancelled one stays in
     the event loop's heap until purged, for up to the keep-alive timeout), for every
-    request served on a kept-alive connection (docs/performance.md, ninth A5 run)."""
+    request served on a kept-alive connection (docs/performance.md)."""
 
     __slots__ = ("_link", "_outer", "_request", "_send", "status_code")
 

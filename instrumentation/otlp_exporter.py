@@ -6,7 +6,7 @@ that encodes each span as it ends.
 otlp-proto-http``) in every respect (endpoint, headers, compression, timeout, retries,
 the request size limit, its own export metrics, shutdown), except that a batch's request
 body is written by tokenpath's encoder: the same bytes as the stock encoder, at about a
-sixth of its CPU (docs/performance.md, seventh A5 run). In a gateway or an engine
+sixth of its CPU (docs/performance.md). In a gateway or an engine
 process the exporter's thread shares the interpreter lock with the requests, so its CPU
 is the served requests' CPU.
 
@@ -24,7 +24,7 @@ of a :class:`TokenpathOTLPSpanExporter`, queues each ended span already encoded 
 ``EncodedSpan``: its message bytes and its resource and scope). The span's objects are
 then freed as the request ends; queued whole for up to the schedule delay, they outlive
 the garbage collector's young generation, and the collector runs more often and longer
-for them (docs/performance.md, seventh A5 run). In front of any other exporter, or on an
+for them (docs/performance.md). In front of any other exporter, or on an
 SDK without the queue it relies on (the stock processor's ``_batch_processor``) or outside the
 tested versions, it is the stock processor.
 """

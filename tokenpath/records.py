@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenpath.metric_names import UNKNOWN
-from tokenpath.stages import MEASURED, PLAIN_VALUES, STAGE_IDS, Phase, Provenance, StageId
+from tokenpath.stage_members import MEASURED
+from tokenpath.stages import PLAIN_VALUES, STAGE_IDS, Phase, Provenance, StageId
 
 # Who said how many prompt tokens came from the prefix cache (``cache_read_source``): the
 # engine itself (tokenpath's vLLM plugin, an engine span), the gateway (the usage details

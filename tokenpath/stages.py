@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
 
 
 class StageId(StrEnum):
@@ -63,40 +62,6 @@ class StageGroup(StrEnum):
     ENGINE = "engine"
     GPU = "gpu"
     NETWORK = "network"
-
-
-# Every member again as a module constant, for the compiled core's per-request code. On
-# CPython 3.11 ``EnumType`` defines ``__getattr__``, so reading a member off its class
-# (``Phase.PREFILL``) takes the interpreter's generic attribute hook: about 880
-# instructions a read in the compiled pricing (callgrind), where a module constant is one
-# dictionary lookup (docs/performance.md, tenth run). Same objects: ``PREFILL is
-# Phase.PREFILL``.
-CLIENT_TOKENIZE: Final = StageId.CLIENT_TOKENIZE
-API_GATEWAY: Final = StageId.API_GATEWAY
-AUTH_RATELIMIT: Final = StageId.AUTH_RATELIMIT
-ROUTER: Final = StageId.ROUTER
-SCHEDULER_QUEUE: Final = StageId.SCHEDULER_QUEUE
-KV_CACHE_LOOKUP: Final = StageId.KV_CACHE_LOOKUP
-GPU_DISPATCH: Final = StageId.GPU_DISPATCH
-HBM_LOAD: Final = StageId.HBM_LOAD
-KERNEL_EXEC: Final = StageId.KERNEL_EXEC
-NVLINK: Final = StageId.NVLINK
-SWITCH_HOP: Final = StageId.SWITCH_HOP
-NIC_TX: Final = StageId.NIC_TX
-ETHERNET_SERIALIZE: Final = StageId.ETHERNET_SERIALIZE
-RESPONSE_PATH: Final = StageId.RESPONSE_PATH
-CLIENT_DECODE: Final = StageId.CLIENT_DECODE
-PREFILL: Final = Phase.PREFILL
-DECODE: Final = Phase.DECODE
-KV_TRANSFER: Final = Phase.KV_TRANSFER
-MEASURED: Final = Provenance.MEASURED
-DERIVED: Final = Provenance.DERIVED
-MODELED: Final = Provenance.MODELED
-GROUP_CLIENT: Final = StageGroup.CLIENT
-GROUP_GATEWAY: Final = StageGroup.GATEWAY
-GROUP_ENGINE: Final = StageGroup.ENGINE
-GROUP_GPU: Final = StageGroup.GPU
-GROUP_NETWORK: Final = StageGroup.NETWORK
 
 
 # The plain ``str`` value of every stage, phase and provenance member, for code that runs

@@ -56,7 +56,8 @@ from itertools import pairwise
 
 from tokenpath.collector.cost.energy import IDLE_POWER_FRACTION
 from tokenpath.roofline import Roofline
-from tokenpath.stages import DECODE, PREFILL, Phase
+from tokenpath.stage_members import DECODE, PREFILL
+from tokenpath.stages import Phase
 
 GroupKey = tuple[str, str, str, int]  # (engine, model, gpu type, tensor parallel)
 IDLE_ROUNDING_FLOOR = 1e-12  # relative; below this a slice's leftover is float rounding

@@ -69,7 +69,7 @@ from tokenpath.config import ConfigError
 from tokenpath.identity import pricing_unit
 from tokenpath.records import IdleCost, RequestRecord
 from tokenpath.roofline import Roofline
-from tokenpath.stages import DECODE, GPU_DISPATCH, MODELED, PREFILL
+from tokenpath.stage_members import DECODE, GPU_DISPATCH, MODELED, PREFILL
 from tokenpath.telemetry import Count, Level, Telemetry
 
 log = logging.getLogger(__name__)

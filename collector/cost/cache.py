@@ -283,7 +283,7 @@ class PrefixCacheTracker:
 
 def prefill_dollars(record: RequestRecord) -> float:
     """The record's apportioned prefill dollars (sum of its GPU stages' prefill phase)."""
-    from tokenpath.stages import PREFILL
+    from tokenpath.stage_members import PREFILL
 
     return sum(t.phases[PREFILL].cost_dollars for t in record.stages.values()
                if PREFILL in t.phases)

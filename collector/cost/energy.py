@@ -34,7 +34,7 @@ from tokenpath import metric_names as M
 from tokenpath.collector.receivers.otlp_decode import MetricPoint
 from tokenpath.identity import node_of_resource
 from tokenpath.roofline import GPUS
-from tokenpath.stages import MEASURED, MODELED
+from tokenpath.stage_members import MEASURED, MODELED
 from tokenpath.telemetry import LabelledCount, Telemetry
 
 # a record's energy_provenance: the stage provenance spellings

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.roofline import Roofline
-from tokenpath.stages import (
+from tokenpath.stage_members import (
     CLIENT_DECODE,
     CLIENT_TOKENIZE,
     DECODE,
     DERIVED,
     GPU_DISPATCH,
-    GPU_STAGES,
     GROUP_CLIENT,
     GROUP_GATEWAY,
     HBM_LOAD,
@@ -30,13 +29,10 @@ from tokenpath.stages import (
     KV_CACHE_LOOKUP,
     KV_TRANSFER,
     MODELED,
-    NETWORK_STAGES,
     NVLINK,
     PREFILL,
-    STAGE_BY_ID,
-    Phase,
-    StageId,
 )
+from tokenpath.stages import GPU_STAGES, NETWORK_STAGES, STAGE_BY_ID, Phase, StageId
 
 # Stages priced as CPU time. Waiting in the scheduler queue costs no extra hardware (the
 # GPU it waits for is paid by the requests being served), so it carries no dollars.

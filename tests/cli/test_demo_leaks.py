@@ -1,4 +1,4 @@
-"""The default demo makes each money leak material (issue A3): prefix-cache misses of
+"""The default demo makes each money leak material: prefix-cache misses of
 every cause, priced; a long-context tail past 8k tokens; a packet per streamed token. A
 second run of the same workload with a prefix-affine router and 8-token writes has next
 to no routing misses, the cache-hit gain the routing what-if of the first run predicted,

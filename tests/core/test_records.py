@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from tokenpath.records import RequestRecord
-from tokenpath.stages import DECODE, PREFILL, STAGE_IDS, StageId
+from tokenpath.stage_members import DECODE, PREFILL
+from tokenpath.stages import STAGE_IDS, StageId
 
 
 def _distinct_value(field: dataclasses.Field[object], index: int) -> object:

@@ -8,7 +8,7 @@ A ``tokenpath agent`` subprocess scrapes vLLM's /metrics; its normalized engine 
 must agree with vLLM's page too.
 
 The same vLLM (started with ``--enable-prompt-tokens-details`` and
-``--enable-per-request-metrics``) then serves the clients and engines issue B4 names: the
+``--enable-per-request-metrics``) then serves the clients and engines users run: the
 real openinference-instrumentation-openai and OpenLIT clients straight to vLLM (their own
 venvs, scripts/client_env.sh), a plain FastAPI gateway (stock OpenTelemetry only: the
 proxy's ``--plain``), and tokenpath's gateway's cached-token reading. The collector joins
@@ -311,7 +311,7 @@ def test_agent_reports_vllms_prefix_cache_counters_across_new_connections(
     assert errors.get((source,), 0.0) == 0.0, errors
 
 
-# --- issue B4: every client and engine tells its part ------------------------------------
+# --- every client and engine tells its part ---------------------------------------------
 
 
 def _api_records(stack: Stack) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The what-if page's projections (GET /api/whatif) and the hit-ratio cap (issue B6).
+"""The what-if page's projections (GET /api/whatif) and the hit-ratio cap.
 
 A hit-ratio change is in percentage points of the window's prompt tokens and cannot pass
 what the window's repeats allow; the routing projection lands on the router replay's hit

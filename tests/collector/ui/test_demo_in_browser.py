@@ -68,7 +68,7 @@ def _same_projection(page: dict[str, Any], cli: dict[str, Any]) -> None:
 
 
 def _check_whatif_page(browser_page: Any, url: str, store: Path) -> None:
-    """Issue B6 acceptance: the page opens (no click) with the routing projection and the
+    """The page opens (no click) with the routing projection and the
     default scenarios, the numbers `tokenpath whatif` gives for the same window, a +0.10
     hit-ratio change shown in points and relative changes labelled relative."""
     _open(browser_page, url, "/whatif")
