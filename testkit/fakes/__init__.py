@@ -10,5 +10,6 @@
   clickhouse-connect client;
 - ``otel_sink``, ``otlp_capture``, ``otlp_http``: receivers that keep what the real
   OpenTelemetry SDK and exporters send (in memory, OTLP/gRPC, OTLP/HTTP);
-- ``spans``: collector ``SpanData`` built directly and an in-memory trace consumer.
+- ``spans``: collector ``SpanData`` built directly and an in-memory trace consumer;
+- ``clock``: a clock the test moves by hand (``clock=``).
 """

@@ -8,6 +8,7 @@ import itertools
 import pynvml
 import pytest
 
+from testkit.fakes.clock import FakeClock
 from testkit.fakes.fake_nvml import (
     AGENT_NVML_FUNCTIONS,
     NVML_ERROR_GPU_IS_LOST,
@@ -22,14 +23,6 @@ from tokenpath.agent.node_poller import NodePoller
 from tokenpath.agent.nvml_sampler import NvmlSampler
 from tokenpath.agent.snapshot import ErrorCounts
 from tokenpath.labels import BoundedLabel
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_poller(nvml: object, clock: FakeClock, tmp_path: object = None) -> NodePoller:
@@ -52,7 +45,7 @@ def four_gpus() -> list[FakeGpu]:
 
 def test_several_gpus_with_one_failing_counts_the_failure_and_reports_the_rest() -> None:
     nvml = FakeNvml(four_gpus())
-    poller = make_poller(nvml, FakeClock())
+    poller = make_poller(nvml, FakeClock(1000.0))
     snap = poller.poll()
     assert snap.get(mn.AGENT_NVML_UP) == 1.0
     assert snap.get(mn.GPU_UTILIZATION, ("0",)) == pytest.approx(0.8)
@@ -80,7 +73,7 @@ def test_several_gpus_with_one_failing_counts_the_failure_and_reports_the_rest()
 
 def test_unsupported_calls_are_not_repeated() -> None:
     nvml = FakeNvml([FakeGpu(has_nvlink=False, has_power=False, has_pcie_counters=False)])
-    poller = make_poller(nvml, FakeClock())
+    poller = make_poller(nvml, FakeClock(1000.0))
     for _ in range(3):
         poller.poll()
     assert nvml.calls["nvmlDeviceGetPowerUsage"] == 1
@@ -89,7 +82,7 @@ def test_unsupported_calls_are_not_repeated() -> None:
 
 
 def test_pcie_throughput_is_the_byte_counters_increase_over_the_poll_interval() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu(pcie_tx_bytes=1_000, pcie_rx_bytes=5_000, has_nvlink=False)]
     nvml = FakeNvml(gpus)
     poller = make_poller(nvml, clock)
@@ -114,7 +107,7 @@ def test_pcie_throughput_is_the_byte_counters_increase_over_the_poll_interval() 
 
 
 def test_32_bit_counters_wrap_instead_of_resetting() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     top = 2**32
     gpus = [FakeGpu(counter_value_type=NVML_VALUE_TYPE_UNSIGNED_INT, nvlink_tx_kib=top - 100,
                     pcie_tx_bytes=top - 1_000, pcie_rx_bytes=0)]
@@ -130,11 +123,11 @@ def test_32_bit_counters_wrap_instead_of_resetting() -> None:
 
 def test_without_pcie_throughput_the_fields_request_has_only_nvlink() -> None:
     nvml = FakeNvml([FakeGpu(nvlink_tx_kib=1)])
-    sampler = NvmlSampler(nvml, FakeClock(), pcie_throughput=False)
+    sampler = NvmlSampler(nvml, FakeClock(1000.0), pcie_throughput=False)
     sampler.start()
     poller = NodePoller(nvml_sampler=sampler, nic_sampler=NicSampler(
         source="sysfs", sysfs_root="/nonexistent-sysfs"),  # type: ignore[arg-type]
-        engine_scraper=None, clock=FakeClock(), wall_clock_ns=lambda: 1,
+        engine_scraper=None, clock=FakeClock(1000.0), wall_clock_ns=lambda: 1,
         max_devices=4, max_sources=4)
     poller.poll()
     snap = poller.poll()
@@ -145,7 +138,7 @@ def test_without_pcie_throughput_the_fields_request_has_only_nvlink() -> None:
 def test_nvlink_counters_never_go_backwards_across_a_device_reset() -> None:
     gpus = [FakeGpu(nvlink_tx_kib=1000, nvlink_rx_kib=4000)]
     nvml = FakeNvml(gpus)
-    poller = make_poller(nvml, FakeClock())
+    poller = make_poller(nvml, FakeClock(1000.0))
     first = poller.poll().get(mn.GPU_NVLINK_TX, ("0",))
     assert first == 1000 * 1024
     gpus[0].nvlink_tx_kib = 1500
@@ -160,7 +153,7 @@ def test_nvlink_counters_never_go_backwards_across_a_device_reset() -> None:
 def test_gpu_that_fails_then_recovers_gets_a_fresh_handle() -> None:
     gpus = [FakeGpu(failing=True)]
     nvml = FakeNvml(gpus)
-    poller = make_poller(nvml, FakeClock())
+    poller = make_poller(nvml, FakeClock(1000.0))
     assert poller.poll().get(mn.GPU_UTILIZATION, ("0",)) is None
     gpus[0].failing = False
     assert poller.poll().get(mn.GPU_UTILIZATION, ("0",)) == pytest.approx(0.5)
@@ -168,7 +161,7 @@ def test_gpu_that_fails_then_recovers_gets_a_fresh_handle() -> None:
 
 
 def test_busy_seconds_integrate_utilization_over_elapsed_time() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu(utilization_percent=50)]
     poller = make_poller(FakeNvml(gpus), clock)
     assert poller.poll().get(mn.GPU_BUSY_SECONDS, ("0",)) == 0.0
@@ -183,7 +176,7 @@ def test_busy_seconds_integrate_utilization_over_elapsed_time() -> None:
 
 
 def test_without_a_driver_nvml_up_is_zero_and_the_poll_still_works(tmp_path: object) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     nvml = FakeNvml(library_missing=True)
     poller = make_poller(nvml, clock)
     snap = poller.poll()
@@ -200,7 +193,7 @@ def test_without_a_driver_nvml_up_is_zero_and_the_poll_still_works(tmp_path: obj
 
 
 def test_no_nvml_module_at_all() -> None:
-    sampler = NvmlSampler(None, FakeClock())
+    sampler = NvmlSampler(None, FakeClock(1000.0))
     sampler.start()
     assert not sampler.up
     readings = sampler.read(ErrorCounts(8), BoundedLabel(8))
@@ -210,7 +203,7 @@ def test_no_nvml_module_at_all() -> None:
 
 def test_never_asks_for_process_lists() -> None:
     nvml = FakeNvml(four_gpus())
-    poller = make_poller(nvml, FakeClock())
+    poller = make_poller(nvml, FakeClock(1000.0))
     for _ in range(3):
         poller.poll()
     called = set(nvml.calls)
@@ -241,7 +234,7 @@ def test_fake_constants_match_pynvml() -> None:
 
 
 def test_a_driver_without_the_pcie_fields_drops_them_without_counting_errors() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     nvml = FakeNvml([FakeGpu(pcie_fields_unknown=True, nvlink_tx_kib=1)])
     poller = make_poller(nvml, clock)
     for _ in range(3):
@@ -253,7 +246,7 @@ def test_a_driver_without_the_pcie_fields_drops_them_without_counting_errors() -
 
 
 def test_a_failing_field_read_is_counted_and_the_next_reading_catches_up() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu(nvlink_tx_kib=100, pcie_tx_bytes=1_000)]
     poller = make_poller(FakeNvml(gpus), clock)
     poller.poll()
@@ -277,7 +270,7 @@ def test_a_failing_field_read_is_counted_and_the_next_reading_catches_up() -> No
 
 
 def test_a_pair_dropped_later_keeps_the_other_pairs_history() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu(nvlink_tx_kib=1_000, pcie_tx_bytes=5_000)]
     poller = make_poller(FakeNvml(gpus), clock)
     poller.poll()
@@ -299,7 +292,7 @@ def test_a_pair_dropped_later_keeps_the_other_pairs_history() -> None:
 def test_a_pair_that_keeps_failing_does_not_hide_the_other_pair() -> None:
     # PCIe fields answering an error on every poll (as a locked-down vGPU might): the
     # NVLink pair is still read, and each poll counts one error.
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu(nvlink_tx_kib=1, pcie_field_error=NVML_ERROR_NO_PERMISSION)]
     poller = make_poller(FakeNvml(gpus), clock)
     for poll in range(1, 4):
@@ -322,7 +315,7 @@ def test_a_pair_that_keeps_failing_does_not_hide_the_other_pair() -> None:
 
 
 def test_nvlink_dropped_later_leaves_the_pcie_rate_continuous() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu(nvlink_tx_kib=5, pcie_tx_bytes=1_000)]
     poller = make_poller(FakeNvml(gpus), clock)
     poller.poll()
@@ -339,7 +332,7 @@ def test_nvlink_dropped_later_leaves_the_pcie_rate_continuous() -> None:
 
 def test_a_gpu_without_either_pair_stops_asking_for_field_values() -> None:
     nvml = FakeNvml([FakeGpu(has_nvlink=False, has_pcie_counters=False)])
-    poller = make_poller(nvml, FakeClock())
+    poller = make_poller(nvml, FakeClock(1000.0))
     for _ in range(3):
         snap = poller.poll()
     assert nvml.calls["nvmlDeviceGetFieldValues"] == 1
@@ -358,7 +351,7 @@ class _OldPynvml(FakeNvml):
 
 
 def test_an_older_pynvml_without_the_pcie_field_constants_still_reads_them() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu()]
     poller = make_poller(_OldPynvml(gpus), clock)
     poller.poll()
@@ -370,7 +363,7 @@ def test_an_older_pynvml_without_the_pcie_field_constants_still_reads_them() -> 
 
 
 def test_a_pcie_rate_is_not_averaged_over_a_long_gap() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu()]
     poller = make_poller(FakeNvml(gpus), clock)
     poller.poll()
@@ -384,11 +377,11 @@ def test_a_pcie_rate_is_not_averaged_over_a_long_gap() -> None:
 
 def test_gpus_past_max_devices_add_up_under_other() -> None:
     nvml = FakeNvml([FakeGpu(memory_used_bytes=2**30) for _ in range(4)])
-    sampler = NvmlSampler(nvml, FakeClock())
+    sampler = NvmlSampler(nvml, FakeClock(1000.0))
     sampler.start()
     poller = NodePoller(nvml_sampler=sampler, nic_sampler=NicSampler(
         source="sysfs", sysfs_root="/nonexistent-sysfs"),  # type: ignore[arg-type]
-        engine_scraper=None, clock=FakeClock(), wall_clock_ns=lambda: 1,
+        engine_scraper=None, clock=FakeClock(1000.0), wall_clock_ns=lambda: 1,
         max_devices=2, max_sources=4)
     snap = poller.poll()
     used = snap.points[mn.GPU_MEMORY_USED]
@@ -398,7 +391,7 @@ def test_gpus_past_max_devices_add_up_under_other() -> None:
 
 def test_a_gpu_without_utilization_keeps_its_other_readings_without_errors() -> None:
     # MIG mode: the utilization query answers NOT_SUPPORTED on every poll.
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     nvml = FakeNvml([FakeGpu(has_utilization=False, nvlink_tx_kib=5)])
     poller = make_poller(nvml, clock)
     for _ in range(3):
@@ -417,7 +410,7 @@ def test_a_gpu_without_utilization_keeps_its_other_readings_without_errors() -> 
 
 
 def test_a_failing_utilization_reading_is_counted_and_keeps_the_row() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu(utilization_percent=50)]
     nvml = FakeNvml(gpus)
     poller = make_poller(nvml, clock)
@@ -471,7 +464,7 @@ def assert_never_backwards(history: list[list[float]]) -> None:
 
 @pytest.mark.parametrize("break_gpu", ["failing", "field_error", "gone"])
 def test_other_never_goes_backwards_when_a_folded_gpu_misses_a_poll(break_gpu: str) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu(nvlink_tx_kib=1000 * (i + 1), nvlink_rx_kib=500) for i in range(3)]
     nvml = FakeNvml(gpus)
     poller = folded_poller(nvml, clock)
@@ -495,7 +488,7 @@ def test_other_never_goes_backwards_when_a_folded_gpu_misses_a_poll(break_gpu: s
 
 
 def test_other_never_goes_backwards_when_a_folded_gpu_loses_utilization() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu() for _ in range(3)]
     poller = folded_poller(FakeNvml(gpus), clock)
     history = [poll_folded(poller, clock, gpus) for _ in range(3)]
@@ -506,7 +499,7 @@ def test_other_never_goes_backwards_when_a_folded_gpu_loses_utilization() -> Non
 
 
 def test_energy_is_nvmls_total_energy_counter_in_joules() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu(energy_millijoules=5_000_000)]
     poller = make_poller(FakeNvml(gpus), clock)
     assert poller.poll().get(mn.GPU_ENERGY, ("0",)) == pytest.approx(5_000.0)
@@ -516,7 +509,7 @@ def test_energy_is_nvmls_total_energy_counter_in_joules() -> None:
 
 
 def test_without_the_counter_energy_is_power_integrated_over_time() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     gpus = [FakeGpu(has_energy=False, power_milliwatts=350_000)]
     nvml = FakeNvml(gpus)
     poller = make_poller(nvml, clock)

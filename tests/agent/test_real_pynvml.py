@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.fakes import fake_libnvml as driver
+from testkit.fakes.clock import FakeClock
 from testkit.support.processes import stop_process
 from tests.agent.conftest import free_port
 from tests.agent.test_cli_agent import agent_env, wait_healthy
@@ -25,14 +26,6 @@ from tokenpath import metric_names as mn
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.node_poller import NodePoller
 from tokenpath.agent.nvml_sampler import NvmlSampler
-
-
-class StepClock:
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +36,7 @@ def library_dir() -> str:
         pytest.skip(f"{exc} (scripts/install-system-deps.sh installs gcc)")
 
 
-def poller_for(nvml: object, clock: StepClock) -> NodePoller:
+def poller_for(nvml: object, clock: FakeClock) -> NodePoller:
     sampler = NvmlSampler(nvml, clock)
     sampler.start()
     assert sampler.up, sampler.init_error
@@ -55,7 +48,7 @@ def poller_for(nvml: object, clock: StepClock) -> NodePoller:
 
 
 def test_every_reading_decodes_from_pynvml_structures(library_dir: str) -> None:
-    clock = StepClock()
+    clock = FakeClock(500.0)
     with driver.real_pynvml_over_fake_library(4, failing=(2,), no_nvlink=(3,),
                                               no_power=(3,)) as (pynvml, library):
         poller = poller_for(pynvml, clock)
@@ -171,7 +164,7 @@ def test_the_fake_driver_counts_inits_like_the_driver(library_dir: str) -> None:
 
 def test_a_gpu_without_utilization_keeps_its_row_through_real_pynvml(
         library_dir: str) -> None:
-    clock = StepClock()
+    clock = FakeClock(500.0)
     with driver.real_pynvml_over_fake_library(2, no_utilization=(1,)) as (pynvml, _library):
         poller = poller_for(pynvml, clock)
         poller.poll()

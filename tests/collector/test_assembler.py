@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from testkit.fakes.spans import FakeClock, TraceSink, new_trace_id, span
+from testkit.fakes.clock import FakeClock
+from testkit.fakes.spans import TraceSink, new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import Assembler, AssemblerConfig
 from tokenpath.collector.stats import CollectorStats

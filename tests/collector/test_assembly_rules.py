@@ -9,6 +9,7 @@ import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testkit.fakes.clock import FakeClock
 from testkit.support.otlp import PROTOBUF_HEADERS, export_request, make_span, new_trace_id
 from tests.collector.conftest import ServiceFactory, wait_for
 from tokenpath import attributes as A
@@ -19,14 +20,6 @@ from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore
 from tokenpath.records import RequestRecord
 from tokenpath.stages import StageId
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class _Traces:
@@ -50,8 +43,8 @@ def _span(trace: str, span: str, parent: str = "", start_s: float = 0.0,
 TRACE = "0" * 31 + "1"
 
 
-def _assembler(**cfg: float) -> tuple[Assembler, _Traces, _Clock, CollectorStats]:
-    clock, out, stats = _Clock(), _Traces(), CollectorStats()
+def _assembler(**cfg: float) -> tuple[Assembler, _Traces, FakeClock, CollectorStats]:
+    clock, out, stats = FakeClock(1000.0), _Traces(), CollectorStats()
     config = AssemblerConfig(root_grace_seconds=cfg.get("grace", 1.0),
                              idle_timeout_seconds=cfg.get("idle", 30.0))
     return Assembler(out, config, stats, clock), out, clock, stats

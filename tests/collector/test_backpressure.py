@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.fakes.clock import FakeClock
 from tests.collector.conftest import wait_for
 from tests.collector.test_store import record
 from tokenpath.collector.backpressure import (
@@ -181,18 +182,10 @@ def test_a_dead_writer_leaves_its_queue_to_the_caller(tmp_path: Path) -> None:
 # --- the bounded-rate drop log -------------------------------------------------------------
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_drops_are_counted_each_and_logged_at_most_once_per_interval(
         caplog: pytest.LogCaptureFixture) -> None:
     stats = CollectorStats()
-    clock = _Clock()
+    clock = FakeClock(1000.0)
     drops = DropLog(stats, log, "store", every_seconds=10.0, clock=clock)
     with caplog.at_level(logging.WARNING, logger=log.name):
         for _ in range(1000):

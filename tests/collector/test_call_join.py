@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from testkit.fakes.spans import FakeClock, new_trace_id, span
+from testkit.fakes.clock import FakeClock
+from testkit.fakes.spans import new_trace_id, span
 from tests.collector.cost.helpers import RecordingSink
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace

@@ -127,7 +127,8 @@ def test_an_agent_with_a_35_s_tool_step_loses_nothing(remote_parents: bool) -> N
     rest arrives as its continuation. Three complete records, no span late. With the
     SDK's remote-parent flags on the gateway and engine spans (local roots), the first
     call's grace hands it on as early, and the trace stays open all the same."""
-    from tests.collector.cost.helpers import FakeClock, RecordingSink
+    from testkit.fakes.clock import FakeClock
+    from tests.collector.cost.helpers import RecordingSink
     from tokenpath.collector.assembler import Assembler, AssemblerConfig
     from tokenpath.collector.mapping import StageMapper
     from tokenpath.collector.stats import CollectorStats
@@ -182,8 +183,9 @@ def test_a_client_that_exports_elsewhere_leaves_a_local_root() -> None:
     (OTLP span flags: parent is remote); the client exports elsewhere, so no root ever
     comes. The server span is the local root: the record is final after the root grace,
     not the idle timeout."""
+    from testkit.fakes.clock import FakeClock
     from testkit.support.otlp import new_span_id
-    from tests.collector.cost.helpers import FakeClock, RecordingSink
+    from tests.collector.cost.helpers import RecordingSink
     from tokenpath.collector.assembler import Assembler, AssemblerConfig
     from tokenpath.collector.limits import IngestLimits
     from tokenpath.collector.mapping import StageMapper
@@ -212,7 +214,8 @@ def test_a_stream_longer_than_the_idle_timeout_is_one_record() -> None:
     """A 50 s stream: the gateway's auth stage span is exported at once, the server and
     engine spans when the stream ends. The stage span alone holds no call: it waits one
     more idle period, and the request is one record, not two."""
-    from tests.collector.cost.helpers import FakeClock, RecordingSink
+    from testkit.fakes.clock import FakeClock
+    from tests.collector.cost.helpers import RecordingSink
     from tokenpath.collector.assembler import Assembler, AssemblerConfig
     from tokenpath.collector.mapping import StageMapper
     from tokenpath.collector.stats import CollectorStats

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from testkit.fakes.spans import FakeClock, new_trace_id, span
+from testkit.fakes.clock import FakeClock
+from testkit.fakes.spans import new_trace_id, span
 from testkit.support.otlp import export_request, make_span
 from testkit.support.otlp import new_trace_id as new_trace_bytes
 from tests.collector.conftest import ServiceFactory, wait_for

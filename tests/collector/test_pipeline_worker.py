@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.fakes.clock import FakeClock
 from testkit.fakes.spans import new_trace_id, span
 from tests.collector.conftest import wait_for
-from tests.collector.cost.helpers import FakeClock, RecordingSink, engine_record
+from tests.collector.cost.helpers import RecordingSink, engine_record
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
 from tokenpath.collector.assembler import AssembledTrace, Assembler, AssemblerConfig

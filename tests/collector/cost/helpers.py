@@ -27,14 +27,6 @@ class RecordingSink:
         return sum(item.dollars for item in self.idle)
 
 
-class FakeClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def engine_record(
     index: int,
     prefill_start: float,

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from testkit.fakes.clock import FakeClock
 from tokenpath.collector.cost.accuracy import compare_to_ground_truth
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.cost.stepsim import random_workload, simulate
 from tokenpath.roofline import roofline_for
 
-from .helpers import FakeClock, RecordingSink
+from .helpers import RecordingSink
 
 PRICES = load_price_sheet()
 

@@ -5,12 +5,13 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testkit.fakes.clock import FakeClock
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
 from tokenpath.collector.cost.prices import load_price_sheet, price_sheet_from_mapping
 from tokenpath.records import StageTiming
 from tokenpath.stages import GPU_STAGES, Phase, Provenance, StageId
 
-from .helpers import FakeClock, RecordingSink, engine_record
+from .helpers import RecordingSink, engine_record
 
 PRICES = load_price_sheet()
 H100_PER_SECOND = PRICES.gpus["H100-SXM"].dollars_per_hour / 3600.0

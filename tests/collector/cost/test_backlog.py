@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from testkit.fakes.clock import FakeClock
 from tests.deploy.engine_traffic import engine_traffic, peak_in_flight
 from tokenpath.collector.assembler import AssembledTrace, Assembler, AssemblerConfig
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
@@ -30,7 +31,7 @@ from tokenpath.collector.stats import CollectorStats
 from tokenpath.identity import pricing_unit
 from tokenpath.records import RequestRecord
 
-from .helpers import FakeClock, RecordingSink, engine_record
+from .helpers import RecordingSink, engine_record
 
 PRICES = load_price_sheet()
 TRAFFIC_END = 1_750_000_000.0  # the live traffic ends just before this

@@ -3,6 +3,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testkit.fakes.clock import FakeClock
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
 from tokenpath.collector.cost.cache import HeavyHitters, PrefixCacheTracker
 from tokenpath.collector.cost.prices import load_price_sheet
@@ -10,7 +11,7 @@ from tokenpath.collector.cost.stepsim import SimRequest, simulate
 from tokenpath.roofline import roofline_for
 from tokenpath.stages import Phase
 
-from .helpers import FakeClock, RecordingSink, engine_record
+from .helpers import RecordingSink, engine_record
 
 ROOFLINE = roofline_for("H100-SXM", "llama-3.1-8b")
 PRICES = load_price_sheet()

@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from testkit.fakes.clock import FakeClock
 from tests.deploy.engine_traffic import peak_in_flight
 from tokenpath.collector.cost.attributor import (
     DEFAULT_CLOSE_STEP_SECONDS,
@@ -21,7 +22,7 @@ from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
 
-from .helpers import FakeClock, RecordingSink, engine_record
+from .helpers import RecordingSink, engine_record
 
 RECORDS = 3000  # over SPREAD_SECONDS on two nodes: about 200 in flight at a time
 SPREAD_SECONDS = 30.0

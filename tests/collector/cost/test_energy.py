@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from testkit.fakes.clock import FakeClock
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
@@ -23,7 +24,7 @@ from tokenpath.records import RequestRecord
 from tokenpath.report import build_report
 from tokenpath.roofline import GPUS
 
-from .helpers import FakeClock, RecordingSink, engine_record
+from .helpers import RecordingSink, engine_record
 
 PRICES = load_price_sheet()
 GPU = "H100-SXM"

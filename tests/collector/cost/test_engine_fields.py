@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from testkit.fakes.clock import FakeClock
 from testkit.fakes.spans import new_trace_id, span
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace
@@ -16,7 +17,7 @@ from tokenpath.collector.mapping import map_trace
 from tokenpath.collector.spans import SPAN_KIND_SERVER
 from tokenpath.records import RequestRecord
 
-from .helpers import FakeClock, RecordingSink
+from .helpers import RecordingSink
 
 ATTRS = {
     A.GEN_AI_REQUEST_MODEL: "llama-3.1-8b",

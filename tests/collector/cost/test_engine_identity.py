@@ -7,6 +7,7 @@ import math
 import time
 from collections import defaultdict
 
+from testkit.fakes.clock import FakeClock
 from testkit.fakes.spans import new_trace_id, span
 from tests.deploy.engine_traffic import engine_traffic
 from tokenpath import attributes as A
@@ -20,7 +21,7 @@ from tokenpath.collector.spans import SPAN_KIND_SERVER
 from tokenpath.identity import EngineIdentity, identity_from, pricing_resource
 from tokenpath.records import RequestRecord
 
-from .helpers import FakeClock, RecordingSink
+from .helpers import RecordingSink
 
 PRICES = load_price_sheet()
 VLLM = {A.GEN_AI_REQUEST_MODEL: "llama-3.1-8b", A.VLLM_USAGE_PROMPT_TOKENS: 100,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from testkit.fakes.clock import FakeClock
 from tokenpath.cli.main import app
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
 from tokenpath.collector.cost.prices import load_price_sheet
@@ -25,7 +26,7 @@ from tokenpath.collector.cost.whatif_rules import check_rules_of_thumb
 from tokenpath.records import RequestRecord
 from tokenpath.roofline import roofline_for
 
-from .helpers import FakeClock, RecordingSink
+from .helpers import RecordingSink
 
 PRICES = load_price_sheet()
 
