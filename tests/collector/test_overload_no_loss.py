@@ -17,7 +17,7 @@ import pytest
 
 from bench.no_loss import clients_for
 from testkit.support.otlp import metric_samples
-from testkit.support.processes import start_collector
+from testkit.support.processes import FAST_CONFIG, start_collector
 from tokenpath import metric_names as M
 
 pytestmark = pytest.mark.integration
@@ -26,16 +26,7 @@ REQUESTS = 30_000
 PER_EXPORT = 50  # gateway + vLLM span pairs per export request
 CLIENTS = 4
 # Small store queue, one record per transaction: the store is slower than the pipeline.
-CONFIG = """\
-assembler:
-  root_grace_seconds: 0.3
-cost:
-  min_delay_seconds: 0.3
-  max_delay_seconds: 2.0
-  tick_seconds: 0.1
-store_queue_size: 64
-store_batch_size: 1
-"""
+CONFIG = FAST_CONFIG + "store_queue_size: 64\nstore_batch_size: 1\n"
 DEADLINE_SECONDS = 300  # a hang, not a speed check: the test waits for conditions
 
 
