@@ -44,7 +44,9 @@ _INT64_MIN: Final = -(1 << 63)
 _INT64_MAX: Final = (1 << 63) - 1
 _UINT64: Final = 1 << 64
 
-# SpanFlags (trace.proto): the parent's is_remote is known; the parent is remote.
+# SpanFlags (trace.proto): the parent's is_remote is known; the parent is remote. Literal
+# values here (mypyc folds them); tests/instrumentation checks them against
+# trace_pb2.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK and SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK.
 _FLAG_HAS_IS_REMOTE: Final = 0x100
 _FLAG_IS_REMOTE: Final = 0x200
 

@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1 import trace_pb2
 
 from tokenpath import install_check
 from tokenpath.attributes import GEN_AI_CONTENT_EVENT_NAMES, GEN_AI_CONTENT_PREFIXES
@@ -374,9 +375,11 @@ def decode_trace_payload(body: bytes, content_type: str, limits: IngestLimits
     return decode_traces(parse_trace_request(body, content_type), limits), DECODER_REFERENCE
 
 
-# OTLP span flags: bit 8 says whether the parent's remoteness is known, bit 9 that it is
-# remote (the span continues a trace another process started: a local root).
-_REMOTE_PARENT_FLAGS = 0x100 | 0x200
+# OTLP span flags (trace.proto's SpanFlags): whether the parent's remoteness is known, and
+# that it is remote (the span continues a trace another process started: a local root).
+# The C decoder (_otlp_native.c, REMOTE_PARENT_FLAGS) reads the same two bits.
+_REMOTE_PARENT_FLAGS = (trace_pb2.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
+                        | trace_pb2.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK)
 
 
 def _read_events(raw_events: Any, reader: _AttributeReader, max_events: int,

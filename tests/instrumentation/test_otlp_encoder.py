@@ -207,3 +207,10 @@ def test_spans_encoded_as_they_end_make_the_same_request(
     finally:
         logging.disable(logging.NOTSET)
     assert ours == stock
+
+
+def test_the_remote_parent_flags_are_the_protos() -> None:
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    assert otlp_encoder._FLAG_HAS_IS_REMOTE == trace_pb2.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
+    assert otlp_encoder._FLAG_IS_REMOTE == trace_pb2.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
