@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tokenpath import record_fields as RF
 from tokenpath.collector import store_layout as L
-from tokenpath.collector import store_sql as S
+from tokenpath.collector import store_measures as S
 from tokenpath.identity import pricing_unit
 from tokenpath.query import (
     DEFAULT_PARAMS,
