@@ -40,16 +40,23 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tokenpath.collector import store_layout as L
 from tokenpath.collector import store_measures as S
 from tokenpath.identity import pricing_unit
-from tokenpath.query import DEFAULT_PARAMS, HISTOGRAMS, Aggregates, GroupBy
+from tokenpath.leaks import LONG_CONTEXT_TOKENS
+from tokenpath.query import DEFAULT_PARAMS, HISTOGRAMS, STAGE_VALUES, Aggregates, GroupBy
 
 if TYPE_CHECKING:
     from tokenpath.collector.store_clickhouse import Connection
 
 log = logging.getLogger(__name__)
 
-ROLLUP_TABLES = ("rollup", "rollup_by", "rollup_hist", "rollup_units")
+ROLLUP_TABLES = ("rollup", "rollup_by", "rollup_hist", "rollup_units", "records_long")
+# records_long: the columns the last doubling's prefill dollars (a measure of each model's
+# roofline constants, which no rollup can hold) reads, of the long-context records only.
+LONG_COLUMNS = ("end_unix", "model", "input_tokens", "output_tokens", "cache_read_tokens",
+                *(L.phase_column(s, "prefill", "c") for s in STAGE_VALUES))
+LONG_WHERE = f"{S.CLICKHOUSE.context()} >= {LONG_CONTEXT_TOKENS}"
 DEDUPLICATION_WINDOW = 1000  # inserts whose tokens a table remembers (a retried batch)
 # Settings every insert into ``records`` carries: a retried batch is dropped by the
 # rollups' views too (ClickHouse before 25.x does not by default).
@@ -70,6 +77,12 @@ def ttl(retention_seconds: float, seconds_expr: str) -> str:
 
 
 ROLLUP_TTL_SECONDS = f"greatest((period + 1) * {S.ROLLUP_SECONDS}, 0)"
+RECORDS_TTL_SECONDS = "greatest(end_unix, 0)"
+
+
+def ttl_seconds(table: str) -> str:
+    """The time a row of ``table`` (a rollup or the records) is kept from."""
+    return ROLLUP_TTL_SECONDS if table.startswith("rollup") else RECORDS_TTL_SECONDS
 
 
 def _column_type(measure: str) -> str:
@@ -115,6 +128,7 @@ def _views() -> dict[str, str]:
         "rollup_hist": histogram_rows_sql(HISTOGRAMS, _ROLLED, _PERIOD, "period"),
         "rollup_units": (f"SELECT DISTINCT {_PERIOD} AS period, node, engine_id FROM records "
                          f"WHERE {_ROLLED} AND gpu_inventory = 0"),
+        "records_long": f"SELECT {', '.join(LONG_COLUMNS)} FROM records WHERE {LONG_WHERE}",
     }
 
 
@@ -155,6 +169,11 @@ def _tables(types: Mapping[str, str], retention_seconds: float) -> dict[str, str
     {names('node', 'engine_id').rstrip().rstrip(',')}
 ) ENGINE = ReplacingMergeTree ORDER BY (period, node, engine_id)
 {tail}""",
+        "records_long": f"""CREATE TABLE IF NOT EXISTS records_long (
+    {names(*LONG_COLUMNS).rstrip().rstrip(',')}
+) ENGINE = MergeTree PARTITION BY toDate(toDateTime(greatest(end_unix, 0))) ORDER BY end_unix
+{ttl(retention_seconds, RECORDS_TTL_SECONDS)}
+{settings}""",
     }
 
 

@@ -33,6 +33,7 @@ from tokenpath.collector import store_clickhouse_rollups as R
 from tokenpath.collector import store_layout as L
 from tokenpath.collector import store_measures as S
 from tokenpath.identity import pricing_unit
+from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.query import (
     DEFAULT_PARAMS,
     Aggregates,
@@ -102,8 +103,8 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 _DAY = "toDate(toDateTime(greatest(end_unix, 0)))"
 
 
-def _ttl(retention_seconds: float, column: str = "end_unix") -> str:
-    return R.ttl(retention_seconds, f"greatest({column}, 0)")
+def _ttl(retention_seconds: float) -> str:
+    return R.ttl(retention_seconds, R.RECORDS_TTL_SECONDS)
 
 
 def schema_statements(retention_seconds: float) -> list[str]:
@@ -237,7 +238,7 @@ def ensure_schema(conn: Connection, retention_seconds: float) -> None:
     if kept is not None and float(kept) != float(retention_seconds):
         ttls = {table: _ttl(retention_seconds) for table in ("records", "idle_cost",
                                                               "joined_traces")}
-        ttls.update((table, R.ttl(retention_seconds, R.ROLLUP_TTL_SECONDS))
+        ttls.update((table, R.ttl(retention_seconds, R.ttl_seconds(table)))
                     for table in R.ROLLUP_TABLES)
         for table, table_ttl in ttls.items():
             conn.command(f"ALTER TABLE {table} MODIFY {table_ttl} "
@@ -336,11 +337,15 @@ class ClickHouseQueries:
 
         if sums:
             select = ", ".join(S.measure_sql(m, params, None, d) for m in sums)
-            rows_where = f"({where})"
+            rows_where, table = f"({where})", "records"
             if list(sums) == ["last_doubling"]:  # only long contexts count
-                rows_where += f" AND {d.context()} >= {int(params.long_context_tokens)}"
+                threshold = int(params.long_context_tokens)
+                rows_where += f" AND {d.context()} >= {threshold}"
+                if (threshold == LONG_CONTEXT_TOKENS and group_by is None
+                        and self._rollup_from() is not None):
+                    table = "records_long"  # those records' columns alone
             sql = (f"SELECT {key_sql}{select} FROM "
-                   f"{S.source_sql(rows_where, select, 'records', d)}{group_sql} "
+                   f"{S.source_sql(rows_where, select, table, d)}{group_sql} "
                    "HAVING count() > 0")
             for row in self._conn.rows(sql):
                 key = None if group is None else row[0]
@@ -422,10 +427,19 @@ class ClickHouseQueries:
     def idle_energy_joules(self, since_unix: float | None = None) -> float:
         return self._idle("energy_joules", since_unix)
 
-    def coverage(self, now_unix: float | None = None) -> Coverage:
+    def _oldest_end(self) -> float | None:
+        """The oldest record's end time: among the records before the end of the oldest
+        period the rollups hold (the primary key skips the rest), else among all."""
+        if self._rollup_from() is not None:
+            oldest = self._conn.rows(
+                "SELECT minOrNull(end_unix) FROM records WHERE end_unix < "
+                f"(SELECT (min(period) + 1) * {S.ROLLUP_SECONDS} FROM rollup)")[0][0]
+            if oldest is not None:
+                return float(oldest)
         oldest = self._conn.rows("SELECT minOrNull(end_unix) FROM records")[0][0]
-        retention = self._retention
-        if retention is None:
-            kept = _meta(self._conn, "retention_seconds")
-            retention = float(kept) if kept is not None else None
-        return Coverage(retention, None if oldest is None else float(oldest), now_unix)
+        return None if oldest is None else float(oldest)
+
+    def coverage(self, now_unix: float | None = None) -> Coverage:
+        oldest = self._oldest_end()
+        self._rollup_from()  # reads the retention kept in meta (a read-only store)
+        return Coverage(self._retention, oldest, now_unix)

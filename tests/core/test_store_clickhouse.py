@@ -492,6 +492,8 @@ def _rollups(conn: ch.Connection) -> dict[str, list[tuple[Any, ...]]]:
                                  "GROUP BY ALL ORDER BY ALL"),
         "rollup_units": conn.rows("SELECT DISTINCT period, node, engine_id FROM rollup_units "
                                   "ORDER BY ALL"),
+        "records_long": conn.rows("SELECT count(), sum(input_tokens), min(end_unix) "
+                                  "FROM records_long"),
     }
 
 
@@ -508,6 +510,8 @@ def test_late_records_are_added_to_their_periods(late: tuple[Store, ClickHouseSt
     ttft = chsql.S.HISTOGRAM_INDEX["ttft"]
     assert conn.rows(f"SELECT sum(n) FROM rollup_hist WHERE histogram = {ttft}") == conn.rows(
         "SELECT count() FROM records WHERE ttft_seconds IS NOT NULL")
+    assert conn.rows("SELECT count() FROM records_long") == conn.rows(
+        f"SELECT count() FROM records WHERE {chsql.R.LONG_WHERE}") != [(0,)]
 
 
 CUTS = {"since, mid-period": Window(END - 4 * 3600 - 123.25),
@@ -528,9 +532,9 @@ def test_windows_cutting_periods_match_the_sqlite_store(
     close(views.report_view(store, window).to_json(),
           views.report_view(sqlite, window).to_json(), "report", frozenset(QUANTILE_KEYS))
     for by in ("tenant", "model", "pool"):
-        close([r.to_json() for r in views.chargeback_view(store, window, IdlePolicy.PROPORTIONAL, by)],
-              [r.to_json() for r in views.chargeback_view(sqlite, window, IdlePolicy.PROPORTIONAL, by)],
-              "chargeback")
+        mine, theirs = ([r.to_json() for r in views.chargeback_view(s, window, by=by)]
+                        for s in (store, sqlite))
+        close(mine, theirs, "chargeback")
     close(views.leaks_view(store, window, 10, 3000, network_dollars_per_byte=1e-10),
           views.leaks_view(sqlite, window, 10, 3000, network_dollars_per_byte=1e-10), "leaks")
 
