@@ -9,12 +9,15 @@ seconds ``Float64``. ``records`` is a MergeTree partitioned by day of end time, 
 (end hour, model, end time): every view filters on end time, and the chargeback groups by
 model. Rows older than the retention are dropped by the table's TTL. ``schema_version``
 records each schema applied; a column the layout gained since is added at start
-(ALTER TABLE ADD COLUMN), nothing is dropped.
+(ALTER TABLE ADD COLUMN), nothing is dropped. The rollups, which materialized views on
+``records`` keep, are collector/store_clickhouse_rollups.py's.
 
-**Queries** are tokenpath.query's measures in ClickHouse SQL (collector/store_sql.py's
-measures in its ClickHouse dialect), over ``records`` directly: no rollups (the engine
-scans the columns a view reads). Percentiles come from the same log-spaced buckets, so
-the same 1% bound holds.
+**Queries** are tokenpath.query's measures in ClickHouse SQL (collector/store_measures.py's
+measures in its ClickHouse dialect). A window is split as the SQLite store splits it
+(store_measures.plan): its whole periods are read from the rollups, its partial first and
+last periods from ``records`` in one query; what the rollups do not hold (a parameter
+other than the default, a time-bucketed view) from ``records`` alone. Percentiles come
+from the same log-spaced buckets, so the same 1% bound holds.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import logging
 import math
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from tokenpath import record_fields as RF
@@ -274,10 +277,14 @@ def _by_key(rows: Sequence[Sequence[Any]], grouped: bool
 class ClickHouseQueries:
     """tokenpath.query.RecordQueries over ClickHouse."""
 
-    def __init__(self, conn: Connection, retention_seconds: float | None) -> None:
+    def __init__(self, conn: Connection, retention_seconds: float | None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``clock``: the time the retention's edge is counted from (TTL deletes by the
+        server's wall clock)."""
         self._conn = conn
         self._decoder = L.RowDecoder(TextNames())
         self._retention = retention_seconds
+        self._clock = clock
         self._rollups: bool | None = None  # whether the rollups are this version's
 
     @staticmethod
@@ -291,18 +298,22 @@ class ClickHouseQueries:
             raise ValueError(f"cannot group by {group_by!r}")
         return str(group_by)
 
-    def _rollup_from(self) -> int | None:
-        """The first period the rollups are read from (the retention's edge); None when
-        they are not this version's (a store another version wrote, opened read-only)."""
+    def _read_meta(self) -> None:
+        """Whether the rollups are this version's, and (read-only) the retention kept."""
         if self._rollups is None:
             kept = dict(self._conn.rows("SELECT key, value FROM meta FINAL WHERE key IN "
                                         "('rollup', 'retention_seconds')"))
             self._rollups = kept.get("rollup") == R.signature(COLUMN_TYPES)
             if self._retention is None and "retention_seconds" in kept:
                 self._retention = float(kept["retention_seconds"])
+
+    def _rollup_from(self) -> int | None:
+        """The first period the rollups are read from (the retention's edge); None when
+        they are not this version's (a store another version wrote, opened read-only)."""
+        self._read_meta()
         if not self._rollups:
             return None
-        return R.first_kept_period(self._retention, time.time())
+        return R.first_kept_period(self._retention, self._clock())
 
     def aggregate(self, window: Window, measures: Sequence[str],
                   histograms: Sequence[str] = (), group_by: GroupBy = None,
@@ -431,15 +442,17 @@ class ClickHouseQueries:
         """The oldest record's end time: among the records before the end of the oldest
         period the rollups hold (the primary key skips the rest), else among all."""
         if self._rollup_from() is not None:
-            oldest = self._conn.rows(
-                "SELECT minOrNull(end_unix) FROM records WHERE end_unix < "
-                f"(SELECT (min(period) + 1) * {S.ROLLUP_SECONDS} FROM rollup)")[0][0]
-            if oldest is not None:
-                return float(oldest)
+            (first,) = self._conn.rows("SELECT minOrNull(period) FROM rollup")[0]
+            if first is not None:  # a constant, which the primary key can use
+                oldest = self._conn.rows(
+                    "SELECT minOrNull(end_unix) FROM records WHERE end_unix < "
+                    f"{(int(first) + 1) * S.ROLLUP_SECONDS}")[0][0]
+                if oldest is not None:
+                    return float(oldest)
         oldest = self._conn.rows("SELECT minOrNull(end_unix) FROM records")[0][0]
         return None if oldest is None else float(oldest)
 
     def coverage(self, now_unix: float | None = None) -> Coverage:
         oldest = self._oldest_end()
-        self._rollup_from()  # reads the retention kept in meta (a read-only store)
+        self._read_meta()
         return Coverage(self._retention, oldest, now_unix)

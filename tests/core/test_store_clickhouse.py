@@ -581,7 +581,7 @@ def test_the_retention_edge_is_read_from_records(late: tuple[Store, ClickHouseSt
     ``records``, the newer ones from the rollups: the views are the same."""
     sqlite, store, _ = late
     now = END + RETENTION - 4 * 3600
-    monkeypatch.setattr(chsql.time, "time", lambda: now)
+    monkeypatch.setattr(store.queries, "_clock", lambda: now)
     first = chsql.R.first_kept_period(RETENTION, now)
     assert (END - 6 * 3600) / 600 < first < (END - 3600) / 600
     assert store.queries._rollup_from() == first
