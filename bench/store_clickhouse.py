@@ -6,7 +6,8 @@ The records (bench/store_workload.py) are written as a collector writes them, th
 ``ClickHouseStore``'s sender, for the first ``DISTINCT``; the engine then copies those rows
 (``INSERT ... SELECT`` with new record ids and end times spread over the day) up to each
 size: making 10M records in Python would take most of an hour and measure nothing of the
-store. The views read every record of the day either way.
+store. The rollups' materialized views add the copies as they are inserted, as they add
+a collector's batches, so the views read the same rollups either way.
 
 The baseline, run side by side on the same records: the same commands at 1M, so the ratio
 10M / 1M says how the views scale with the records they read.

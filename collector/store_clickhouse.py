@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
+from tokenpath.collector import store_clickhouse_rollups as chrollups
 from tokenpath.collector import store_clickhouse_sql as chsql
 from tokenpath.collector import store_layout as L
 from tokenpath.collector.backpressure import DROP_STORE_CLOSED, Backlog, DropLog
@@ -248,7 +249,8 @@ class Connection:
             return
         with self.lock:
             self.client.insert(table, rows, column_names=list(columns),
-                               settings={"insert_deduplication_token": token})
+                               settings={"insert_deduplication_token": token,
+                                         **chrollups.INSERT_SETTINGS})
 
     def close(self) -> None:
         with self.lock:

@@ -9,12 +9,15 @@ seconds ``Float64``. ``records`` is a MergeTree partitioned by day of end time, 
 (end hour, model, end time): every view filters on end time, and the chargeback groups by
 model. Rows older than the retention are dropped by the table's TTL. ``schema_version``
 records each schema applied; a column the layout gained since is added at start
-(ALTER TABLE ADD COLUMN), nothing is dropped.
+(ALTER TABLE ADD COLUMN), nothing is dropped. The rollups, which materialized views on
+``records`` keep, are collector/store_clickhouse_rollups.py's.
 
-**Queries** are tokenpath.query's measures in ClickHouse SQL (collector/store_sql.py's
-measures in its ClickHouse dialect), over ``records`` directly: no rollups (the engine
-scans the columns a view reads). Percentiles come from the same log-spaced buckets, so
-the same 1% bound holds.
+**Queries** are tokenpath.query's measures in ClickHouse SQL (collector/store_measures.py's
+measures in its ClickHouse dialect). A window is split as the SQLite store splits it
+(store_measures.plan): its whole periods are read from the rollups, its partial first and
+last periods from ``records`` in one query; what the rollups do not hold (a parameter
+other than the default, a time-bucketed view) from ``records`` alone. Percentiles come
+from the same log-spaced buckets, so the same 1% bound holds.
 """
 
 from __future__ import annotations
@@ -25,13 +28,15 @@ import logging
 import math
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from tokenpath import record_fields as RF
+from tokenpath.collector import store_clickhouse_rollups as R
 from tokenpath.collector import store_layout as L
-from tokenpath.collector import store_sql as S
+from tokenpath.collector import store_measures as S
 from tokenpath.identity import pricing_unit
+from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.query import (
     DEFAULT_PARAMS,
     Aggregates,
@@ -41,6 +46,7 @@ from tokenpath.query import (
     Sample,
     TimeBuckets,
     Window,
+    merge_groups,
 )
 from tokenpath.records import RequestRecord
 
@@ -49,8 +55,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-DEDUPLICATION_WINDOW = 1000  # inserts whose tokens a table remembers (a retried batch)
+SCHEMA_VERSION = 2  # 2: the rollups (collector/store_clickhouse_rollups.py)
+DEDUPLICATION_WINDOW = R.DEDUPLICATION_WINDOW
 
 # --- the schema, from the column layout ----------------------------------------------------
 
@@ -100,9 +106,8 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 _DAY = "toDate(toDateTime(greatest(end_unix, 0)))"
 
 
-def _ttl(retention_seconds: float, column: str = "end_unix") -> str:
-    return (f"TTL toDateTime(greatest({column}, 0)) + "
-            f"toIntervalSecond({max(1, math.ceil(retention_seconds))})")
+def _ttl(retention_seconds: float) -> str:
+    return R.ttl(retention_seconds, R.RECORDS_TTL_SECONDS)
 
 
 def schema_statements(retention_seconds: float) -> list[str]:
@@ -157,13 +162,20 @@ def _num(value: float) -> str:
     return repr(value)
 
 
+def _bind(where: S.Where) -> str:
+    """A condition with its arguments written in place of its ``?``."""
+    sql, args = where
+    pieces = sql.split("?")
+    assert len(pieces) == len(args) + 1, sql
+    out = [pieces[0]]
+    for arg, piece in zip(args, pieces[1:], strict=True):
+        out.append(str(int(arg)) if isinstance(arg, int) else _num(arg))
+        out.append(piece)
+    return "".join(out)
+
+
 def _where(window: Window) -> str:
-    conditions = []
-    if window.since_unix is not None:
-        conditions.append(f"end_unix >= {_num(window.since_unix)}")
-    if window.until_unix is not None:
-        conditions.append(f"end_unix <= {_num(window.until_unix)}")
-    return " AND ".join(conditions) or "1"
+    return _bind(S.window_where(window))
 
 
 # --- rows ------------------------------------------------------------------------------------
@@ -224,14 +236,19 @@ def ensure_schema(conn: Connection, retention_seconds: float) -> None:
         if name not in have:
             log.warning("store: adding column %s to records", name)
             conn.command(f"ALTER TABLE records ADD COLUMN IF NOT EXISTS `{name}` {kind}")
+    rollups = R.ensure(conn, COLUMN_TYPES, retention_seconds, _meta(conn, "rollup"))
     kept = _meta(conn, "retention_seconds")
     if kept is not None and float(kept) != float(retention_seconds):
-        for table in ("records", "idle_cost", "joined_traces"):
-            conn.command(f"ALTER TABLE {table} MODIFY {_ttl(retention_seconds)} "
+        ttls = {table: _ttl(retention_seconds) for table in ("records", "idle_cost",
+                                                              "joined_traces")}
+        ttls.update((table, R.ttl(retention_seconds, R.ttl_seconds(table)))
+                    for table in R.ROLLUP_TABLES)
+        for table, table_ttl in ttls.items():
+            conn.command(f"ALTER TABLE {table} MODIFY {table_ttl} "
                          "SETTINGS materialize_ttl_after_modify = 0")
     now = time.time()
     conn.insert("meta", [["retention_seconds", repr(float(retention_seconds)), now],
-                         ["layout", str(L.LAYOUT_VERSION), now]],
+                         ["layout", str(L.LAYOUT_VERSION), now], ["rollup", rollups, now]],
                 ("key", "value", "at"), f"meta-{now!r}")
     versions = conn.rows("SELECT version, columns_signature FROM schema_version FINAL")
     if (SCHEMA_VERSION, COLUMNS_SIGNATURE) not in versions:
@@ -247,13 +264,28 @@ def _meta(conn: Connection, key: str) -> str | None:
 # --- the queries -----------------------------------------------------------------------------
 
 
+def _by_key(rows: Sequence[Sequence[Any]], grouped: bool
+            ) -> dict[Any, list[Sequence[Any]]]:
+    """Rows of (group key if ``grouped``, values...) as the values' rows by key."""
+    out: dict[Any, list[Sequence[Any]]] = {}
+    for row in rows:
+        out.setdefault(row[0] if grouped else None, []).append(row[1:] if grouped else row)
+    return out
+
+
+
 class ClickHouseQueries:
     """tokenpath.query.RecordQueries over ClickHouse."""
 
-    def __init__(self, conn: Connection, retention_seconds: float | None) -> None:
+    def __init__(self, conn: Connection, retention_seconds: float | None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``clock``: the time the retention's edge is counted from (TTL deletes by the
+        server's wall clock)."""
         self._conn = conn
         self._decoder = L.RowDecoder(TextNames())
         self._retention = retention_seconds
+        self._clock = clock
+        self._rollups: bool | None = None  # whether the rollups are this version's
 
     @staticmethod
     def _group_sql(group_by: GroupBy) -> str | None:
@@ -266,13 +298,46 @@ class ClickHouseQueries:
             raise ValueError(f"cannot group by {group_by!r}")
         return str(group_by)
 
+    def _read_meta(self) -> None:
+        """Whether the rollups are this version's, and (read-only) the retention kept."""
+        if self._rollups is None:
+            kept = dict(self._conn.rows("SELECT key, value FROM meta FINAL WHERE key IN "
+                                        "('rollup', 'retention_seconds')"))
+            self._rollups = kept.get("rollup") == R.signature(COLUMN_TYPES)
+            if self._retention is None and "retention_seconds" in kept:
+                self._retention = float(kept["retention_seconds"])
+
+    def _rollup_from(self) -> int | None:
+        """The first period the rollups are read from (the retention's edge); None when
+        they are not this version's (a store another version wrote, opened read-only)."""
+        self._read_meta()
+        if not self._rollups:
+            return None
+        return R.first_kept_period(self._retention, self._clock())
+
     def aggregate(self, window: Window, measures: Sequence[str],
                   histograms: Sequence[str] = (), group_by: GroupBy = None,
                   params: Params = DEFAULT_PARAMS) -> dict[Any, Aggregates]:
+        """The whole periods of the window from the rollups (what they hold for this
+        grouping and these parameters), the partial ones at its edges and the rest from
+        ``records``: one query for the edges, whose conditions never overlap."""
+        split = S.plan(window, measures, histograms, group_by, params, self._rollup_from(),
+                       None, S.CLICKHOUSE)
+        parts = []
+        if split.edges and any(split.rolled):
+            edges = " OR ".join(f"({_bind(w)})" for w in split.edges)
+            parts.append(self._raw(edges, *split.rolled, group_by, params))
+        if split.periods is not None and any(split.rolled):
+            parts.append(R.read(self._conn, split.periods, *split.rolled, group_by))
+        if any(split.rest):
+            parts.append(self._raw(_where(window), *split.rest, group_by, params))
+        return merge_groups(parts)
+
+    def _raw(self, where: str, sums: Sequence[str], histograms: Sequence[str],
+             sets: Sequence[str], group_by: GroupBy, params: Params
+             ) -> dict[Any, Aggregates]:
+        """The measures over the ``records`` rows matching ``where``."""
         d = S.CLICKHOUSE
-        sums = [m for m in measures if not m.startswith("set:")]
-        sets = [m for m in measures if m.startswith("set:")]
-        where = _where(window)
         group = self._group_sql(group_by)
         key_sql = "" if group is None else f"{group} AS grp, "
         group_sql = "" if group is None else " GROUP BY grp"
@@ -283,27 +348,26 @@ class ClickHouseQueries:
 
         if sums:
             select = ", ".join(S.measure_sql(m, params, None, d) for m in sums)
-            rows_where = where
-            if sums == ["last_doubling"]:  # only long contexts count
-                rows_where += f" AND {d.context()} >= {int(params.long_context_tokens)}"
+            rows_where, table = f"({where})", "records"
+            if list(sums) == ["last_doubling"]:  # only long contexts count
+                threshold = int(params.long_context_tokens)
+                rows_where += f" AND {d.context()} >= {threshold}"
+                if (threshold == LONG_CONTEXT_TOKENS and group_by is None
+                        and self._rollup_from() is not None):
+                    table = "records_long"  # those records' columns alone
             sql = (f"SELECT {key_sql}{select} FROM "
-                   f"{S.source_sql(rows_where, select, 'records', d)}{group_sql} "
+                   f"{S.source_sql(rows_where, select, table, d)}{group_sql} "
                    "HAVING count() > 0")
             for row in self._conn.rows(sql):
                 key = None if group is None else row[0]
                 values = row if group is None else row[1:]
                 agg(key).merge(Aggregates({m: v for m, v in zip(sums, values, strict=True)
                                            if v is not None}))
-        for name in histograms:
-            value, condition = S.histogram_value_sql(name)
-            sql = (f"SELECT {key_sql}{S.bucket_key_sql(value, d)} AS bucket, count() "
-                   f"FROM records WHERE {where} AND {condition}"
-                   f"{group_sql or ' GROUP BY'}{',' if group else ''} bucket")
-            for row in self._conn.rows(sql):
-                key = None if group is None else row[0]
-                bucket, count = row[-2], row[-1]
-                hist = agg(key).histograms.setdefault(name, {})
-                hist[int(bucket)] = hist.get(int(bucket), 0) + int(count)
+        if histograms:
+            names = {S.HISTOGRAM_INDEX[h]: h for h in histograms}
+            rows = self._conn.rows(R.histogram_rows_sql(histograms, f"({where})", group))
+            for key, part in _by_key(rows, group is not None).items():
+                R.add_histogram_rows(agg(key), names, part)
         for name in sets:
             if name == "set:models":
                 sql = f"SELECT DISTINCT {key_sql}model FROM records WHERE {where}"
@@ -312,7 +376,7 @@ class ClickHouseQueries:
                     agg(key).sets.setdefault(name, set()).add(row[-1] or "")
             elif name == "set:units":
                 sql = (f"SELECT DISTINCT {key_sql}node, engine_id FROM records "
-                       f"WHERE {where} AND gpu_inventory = 0")
+                       f"WHERE ({where}) AND gpu_inventory = 0")
                 for row in self._conn.rows(sql):
                     key = None if group is None else row[0]
                     agg(key).sets.setdefault(name, set()).add(pricing_unit(row[-2], row[-1]))
@@ -374,10 +438,21 @@ class ClickHouseQueries:
     def idle_energy_joules(self, since_unix: float | None = None) -> float:
         return self._idle("energy_joules", since_unix)
 
-    def coverage(self, now_unix: float | None = None) -> Coverage:
+    def _oldest_end(self) -> float | None:
+        """The oldest record's end time: among the records before the end of the oldest
+        period the rollups hold (the primary key skips the rest), else among all."""
+        if self._rollup_from() is not None:
+            (first,) = self._conn.rows("SELECT minOrNull(period) FROM rollup")[0]
+            if first is not None:  # a constant, which the primary key can use
+                oldest = self._conn.rows(
+                    "SELECT minOrNull(end_unix) FROM records WHERE end_unix < "
+                    f"{(int(first) + 1) * S.ROLLUP_SECONDS}")[0][0]
+                if oldest is not None:
+                    return float(oldest)
         oldest = self._conn.rows("SELECT minOrNull(end_unix) FROM records")[0][0]
-        retention = self._retention
-        if retention is None:
-            kept = _meta(self._conn, "retention_seconds")
-            retention = float(kept) if kept is not None else None
-        return Coverage(retention, None if oldest is None else float(oldest), now_unix)
+        return None if oldest is None else float(oldest)
+
+    def coverage(self, now_unix: float | None = None) -> Coverage:
+        oldest = self._oldest_end()
+        self._read_meta()
+        return Coverage(self._retention, oldest, now_unix)

@@ -1,9 +1,6 @@
-"""The embedded store's queries: tokenpath.query's measures as SQL over the record columns
+"""The embedded store's queries: tokenpath.query's measures (their SQL in
+collector/store_measures.py, SQLite's dialect) over the record columns
 (collector/store_layout.py), and the rollups that keep a long window's views cheap.
-
-**Measures.** Each measure name (tokenpath/query.py) has one SQL aggregate over a
-``records`` row here; a view asks for the measures it needs and gets one row per group
-back: only aggregates cross into Python.
 
 **Rollups.** The writer adds the records it commits to four tables, by SQL over the rows
 just inserted, in runs (every ROLLUP_EVERY_RECORDS records or ROLLUP_EVERY_SECONDS, in the
@@ -26,31 +23,39 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
-import re
 import sqlite3
 import sys
 import threading
 from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tokenpath.collector import store_layout as L
+from tokenpath.collector.store_measures import (
+    GROUP_MEASURES,
+    HISTOGRAM_INDEX,
+    NAME_GROUPS,
+    ROLLUP_MEASURES,
+    ROLLUP_SECONDS,
+    SQLITE,
+    Where,
+    bucket_key_sql,
+    histogram_value_sql,
+    is_float,
+    measure_sql,
+    nullable_sum,
+    plan,
+    rollup_column,
+    rollup_function,
+    source_sql,
+    window_where,
+)
 from tokenpath.identity import pricing_unit
-from tokenpath.instrumentation.network import DEFAULT_MSS_BYTES
-from tokenpath.leaks import CONTEXT_BUCKET_BOUNDS, LONG_CONTEXT_TOKENS
+from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.query import (
-    ALL_MEASURES,
-    CAUSE_VALUES,
-    CONTEXT_BUCKETS,
     DEFAULT_PARAMS,
     HISTOGRAMS,
-    LOG_GAMMA,
-    NEGATIVE_BASE,
-    STAGE_VALUES,
-    ZERO_KEY,
     Aggregates,
     Coverage,
     GroupBy,
@@ -64,278 +69,23 @@ from tokenpath.records import RequestRecord
 
 log = logging.getLogger(__name__)
 
-ROLLUP_SECONDS = 600  # one rollup row per 10 minutes of end time (and group)
 ROLLUP_EVERY_RECORDS = 10_000  # the writer adds records to the rollups in runs of this many
 ROLLUP_EVERY_SECONDS = 5.0  # or of what it wrote in this long
 # The writer's page cache: a run's rows (about 1.2 KB each) stay in it between the passes
 # the rollups make over them.
 WRITER_CACHE_KIB = 32 * 1024
-NAME_GROUPS = ("tenant", "model", "pool")
 SAMPLE_CHUNK = 1000
-
-
-def _name_id(text: str) -> str:
-    return f"coalesce((SELECT id FROM names WHERE text = '{text}'), -1)"
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-@dataclass(frozen=True, slots=True)
-class Dialect:
-    """Where a store's SQL differs: SQLite (names coded as ids, ``total``, the scalar
-    two-argument ``max``/``min``, integer ``/``) or ClickHouse (names as text,
-    ``greatest``/``least``, ``intDiv``). The measures are written once, against this."""
-
-    name: str
-
-    @property
-    def clickhouse(self) -> bool:
-        return self.name == "clickhouse"
-
-    def greatest(self, *args: str) -> str:
-        return f"{'greatest' if self.clickhouse else 'max'}({', '.join(args)})"
-
-    def least(self, *args: str) -> str:
-        return f"{'least' if self.clickhouse else 'min'}({', '.join(args)})"
-
-    def total(self, expr: str) -> str:
-        """The sum of the non-NULL values as a float; 0.0 over none."""
-        return f"coalesce(sum(toFloat64({expr})), 0.0)" if self.clickhouse else f"total({expr})"
-
-    def idiv(self, expr: str, by: str) -> str:
-        return f"intDiv({expr}, {by})" if self.clickhouse else f"{expr} / {by}"
-
-    def name_value(self, text: str) -> str:
-        """A name as the records' name columns hold it (an id in SQLite, text here)."""
-        return _quote(text) if self.clickhouse else _name_id(text)
-
-    def context(self) -> str:
-        return (f"({self.greatest('0', 'input_tokens')} + {self.greatest('0', 'output_tokens')})"
-                if self.clickhouse else L.CONTEXT_SQL)
-
-
-SQLITE = Dialect("sqlite")
-CLICKHOUSE = Dialect("clickhouse")
-
-
-def derived_sql(d: Dialect) -> dict[str, str]:
-    """Per-row values several measures use, computed once a row in the subquery every
-    measure reads from (:func:`source_sql`; in SQLite LIMIT keeps it from inlining them
-    back into each measure)."""
-    context = d.context()
-    cached = d.greatest("0", d.least("cache_read_tokens", "input_tokens - 1"))
-    new = d.greatest("1", f"input_tokens - {cached}")
-    return {
-        "d_ctx": context,
-        "d_cb": "(CASE " + " ".join(f"WHEN {context} < {bound} THEN {i}"
-                                    for i, bound in enumerate(CONTEXT_BUCKET_BOUNDS))
-                + f" ELSE {len(CONTEXT_BUCKET_BOUNDS)} END)",
-        "d_cached": cached,
-        "d_new": new,
-        "d_q": f"({new} * {cached} + {new} * ({new} + 1) / 2.0)",
-        "d_pfd": "(" + " + ".join(f"coalesce({L.phase_column(s, 'prefill', 'c')}, 0.0)"
-                                  for s in STAGE_VALUES) + ")",
-        "d_stream": "(response_chunks > 1 AND output_tokens > 0)",
-        "d_pk": ("(CASE WHEN response_packets != 0 THEN response_packets "
-                 "ELSE response_chunks END)"),
-    }
-
-
-_CONTEXT_SQL = L.CONTEXT_SQL
-DERIVED: dict[str, str] = derived_sql(SQLITE)
-_CTX, _BUCKET, _CACHED, _NEW, _Q = "d_ctx", "d_cb", "d_cached", "d_new", "d_q"
-_PREFILL_DOLLARS, _STREAM, _PACKETS = "d_pfd", "d_stream", "d_pk"
-
-
-def source_sql(where: str, uses: str = "", table: str = "records",
-               d: Dialect = SQLITE) -> str:
-    """The rows measures read: ``records`` rows matching ``where``, with the values of
-    :data:`DERIVED` that ``uses`` (the measures' SQL) names."""
-    derived = "".join(f", {expr} AS {name}" for name, expr in derived_sql(d).items()
-                      if re.search(rf"\b{name}\b", uses))
-    if not derived:
-        return f"{table} WHERE {where}"
-    limit = "" if d.clickhouse else " LIMIT -1"
-    return f"(SELECT *{derived} FROM {table} WHERE {where}{limit})"
-
-
-def _ceil_div(expr: str, by: int, d: Dialect = SQLITE) -> str:
-    return (f"(CASE WHEN {expr} >= 0 THEN {d.idiv(f'({expr} + {by - 1})', str(by))} "
-            f"ELSE -({d.idiv(f'(-{expr})', str(by))}) END)")
-
-
-def bucket_key_sql(value: str, d: Dialect = SQLITE) -> str:
-    """tokenpath.query.bucket_key in SQL (in SQLite the same libm ``log``, so the same
-    bucket; ClickHouse's ``log`` may differ in the last bit at a bucket's edge, which moves
-    a value to the next bucket: still within the quantiles' bound)."""
-    lg = repr(LOG_GAMMA)
-    if d.clickhouse:  # toInt64 of a NaN fails even in a branch not taken: log of |v| > 0
-        safe = f"greatest(abs({value}), 1e-300)"
-        return (f"(CASE WHEN {value} > 0 THEN toInt64(ceil(log({safe}) / {lg})) "
-                f"WHEN {value} < 0 THEN {NEGATIVE_BASE} - toInt64(ceil(log({safe}) / {lg})) "
-                f"ELSE {ZERO_KEY} END)")
-    return (f"(CASE WHEN {value} > 0 THEN CAST(ceil(ln({value}) / {lg}) AS INTEGER) "
-            f"WHEN {value} < 0 THEN {NEGATIVE_BASE} - CAST(ceil(ln(-({value})) / {lg}) AS INTEGER) "
-            f"ELSE {ZERO_KEY} END)")
-
-
-def _coalesced(tokens_per_write: int, d: Dialect = SQLITE) -> str:
-    token_writes = d.least("response_chunks", "output_tokens")
-    writes = (f"({_ceil_div(token_writes, tokens_per_write, d)} + response_chunks - "
-              f"{token_writes})")
-    return (f"(CASE WHEN {_STREAM} THEN "
-            f"{d.greatest(writes, _ceil_div('response_bytes', DEFAULT_MSS_BYTES, d), '1')} END)")
-
-
-def _last_doubling(params: Params, args: list[Any], d: Dialect = SQLITE) -> str:
-    """Each long-context record's prefill dollars times the share of its prefill FLOPs
-    that halving its prompt removes (collector/cost/longcontext.py), by its model's
-    constants; half its prefill dollars for a model without them."""
-    dollars = _PREFILL_DOLLARS
-    half_new = d.greatest("1", d.idiv(_NEW, "2"))
-    half_cached = f"({d.idiv(_CACHED, '2')})"
-    half_q = f"({half_new} * {half_cached} + {half_new} * ({half_new} + 1) / 2.0)"
-    whens = []
-    for model, p2, a in params.model_constants:
-        full = f"({p2!r} * {_NEW} + {a!r} * {_Q})"
-        half = f"({p2!r} * {half_new} + {a!r} * {half_q})"
-        if d.clickhouse:
-            model_value = _quote(model)
-        else:
-            model_value = "(SELECT id FROM names WHERE text = ?)"
-            args.append(model)
-        whens.append(f"WHEN {model_value} THEN "
-                     f"(CASE WHEN {full} > 0 THEN {dollars} * (1.0 - {half} / {full}) "
-                     "ELSE 0.0 END)")
-    by_model = (f"CASE model {' '.join(whens)} ELSE {dollars} / 2.0 END" if whens
-                else f"{dollars} / 2.0")
-    return d.total(f"CASE WHEN {_CTX} >= {int(params.long_context_tokens)} AND {dollars} > 0 "
-                   f"THEN {by_model} END")
-
-
-def measure_sql(name: str, params: Params = DEFAULT_PARAMS,
-                args: list[Any] | None = None, d: Dialect = SQLITE) -> str:
-    """The SQL aggregate of measure ``name`` over ``records`` rows. ``args`` receives
-    the parameters the expression binds, in order (none in ClickHouse: values inline)."""
-    if name == "last_doubling":
-        return _last_doubling(params, [] if args is None else args, d)
-    parts = name.split(":")
-    kind = parts[0]
-    total = d.total
-    measured, empty = d.name_value("measured"), d.name_value("")
-    simple: dict[str, str] = {
-        "n": "count(*)",
-        "complete_n": "coalesce(sum(complete), 0)",
-        "simulated_n": "coalesce(sum(simulated), 0)",
-        "fingerprinted_n": ("countIf(notEmpty(prefix_fingerprints))" if d.clickhouse
-                            else "count(prefix_fingerprints)"),
-        "priced_n": "coalesce(sum(cost_dollars > 0 OR naive_cost_dollars > 0), 0)",
-        "input_tokens": "coalesce(sum(input_tokens), 0)",
-        "cache_read_tokens": "coalesce(sum(cache_read_tokens), 0)",
-        "output_tokens": "coalesce(sum(output_tokens), 0)",
-        "input_tokens_pos": f"coalesce(sum({d.greatest('0', 'input_tokens')}), 0)",
-        "output_tokens_pos": f"coalesce(sum({d.greatest('0', 'output_tokens')}), 0)",
-        "cost": total("cost_dollars"),
-        "naive_cost": total("naive_cost_dollars"),
-        "waste": total("cache_miss_waste_dollars"),
-        "energy": total("energy_joules"),
-        "energy_pos": total(d.greatest("0.0", "energy_joules")),
-        "energy_measured_n": f"coalesce(sum(energy_provenance = {measured}), 0)",
-        "energy_other_n": (f"coalesce(sum(energy_provenance IS NOT NULL AND energy_provenance "
-                           f"NOT IN ({measured}, {empty})), 0)"),
-        "prefill_seconds": total("prefill_seconds"),
-        "decode_seconds": total("decode_seconds"),
-        "response_chunks": "coalesce(sum(response_chunks), 0)",
-        "small_chunks": "coalesce(sum(small_chunks), 0)",
-        "response_bytes": "coalesce(sum(response_bytes), 0)",
-        "min_start": "min(start_unix)",
-        "max_end": "max(end_unix)",
-        "prefill_cost": total(_PREFILL_DOLLARS),
-        "lm_streams": f"coalesce(sum({_STREAM}), 0)",
-        "lm_tokens": f"coalesce(sum(CASE WHEN {_STREAM} THEN output_tokens END), 0)",
-        "lm_bytes": f"coalesce(sum(CASE WHEN {_STREAM} THEN response_bytes END), 0)",
-        "lm_packets": f"coalesce(sum(CASE WHEN {_STREAM} THEN {_PACKETS} END), 0)",
-        "lm_resp_s": total(f"CASE WHEN {_STREAM} THEN s_response_path END"),
-        "lm_resp_c": total(f"CASE WHEN {_STREAM} THEN c_response_path END"),
-        "lm_tpot_sum": total(f"CASE WHEN {_STREAM} THEN tpot_seconds END"),
-        "lm_tpot_n": f"coalesce(sum({_STREAM} AND tpot_seconds IS NOT NULL), 0)",
-        "lm_est_n": f"coalesce(sum({_STREAM} AND response_packets = 0), 0)",
-    }
-    if name in simple:
-        return simple[name]
-    threshold = int(params.long_context_tokens)
-    long_ = f"{_CTX} >= {threshold}"
-    if name == "lc_n":
-        return f"coalesce(sum({long_}), 0)"
-    if name == "lc_cost":
-        return total(f"CASE WHEN {long_} THEN cost_dollars END")
-    if name == "lc_prefill_s":
-        return total(f"CASE WHEN {long_} THEN prefill_seconds END")
-    if name == "lc_prefill_c":
-        return total(f"CASE WHEN {long_} THEN {_PREFILL_DOLLARS} END")
-    if name == "lm_leaking":
-        ratio = repr(float(params.packets_per_token_threshold))
-        return (f"coalesce(sum({_STREAM} AND {_PACKETS} * 1.0 / output_tokens >= {ratio}), 0)")
-    if kind in ("st_n", "st_s", "st_c", "max_prov") and parts[1] in STAGE_VALUES:
-        stage = parts[1]
-        return {"st_n": f"count(p_{stage})",
-                "st_s": total(f"s_{stage}"), "st_c": total(f"c_{stage}"),
-                "max_prov": f"max(p_{stage})"}[kind]
-    if kind in ("ph_s", "ph_c") and len(parts) == 3:  # NULL: no record has the share
-        return f"sum({L.phase_column(parts[1], parts[2], kind[-1])})"
-    if kind in ("mt", "md") and parts[1] in CAUSE_VALUES:
-        column = f"{kind}_{parts[1]}"
-        return f"coalesce(sum({column}), 0)" if kind == "mt" else total(column)
-    if kind.startswith("cb_") and len(parts) == 2:
-        i = int(parts[1])
-        in_bucket = f"{_BUCKET} = {i}"
-        return {"cb_n": f"coalesce(sum({in_bucket}), 0)",
-                "cb_cost": total(f"CASE WHEN {in_bucket} THEN cost_dollars END"),
-                "cb_prefill_s": total(f"CASE WHEN {in_bucket} THEN prefill_seconds END"),
-                "cb_new": f"coalesce(sum(CASE WHEN {in_bucket} THEN {_NEW} END), 0)",
-                "cb_q": total(f"CASE WHEN {in_bucket} THEN {_Q} END")}[kind]
-    if kind == "lm_coal" and int(parts[1]) > 0:
-        return f"coalesce(sum({_coalesced(int(parts[1]), d)}), 0)"
-    raise ValueError(f"unknown measure {name!r}")
-
-
-def histogram_value_sql(name: str) -> tuple[str, str]:
-    """(value, condition) of histogram ``name`` on a ``records`` row."""
-    if name == "ttft":
-        return "ttft_seconds", "ttft_seconds IS NOT NULL"
-    if name == "tpot":
-        return "tpot_seconds", "tpot_seconds IS NOT NULL"
-    stage = name.split(":", 1)[1]
-    if not name.startswith("stage:") or stage not in STAGE_VALUES:
-        raise ValueError(f"unknown histogram {name!r}")
-    return f"s_{stage}", f"p_{stage} IS NOT NULL"
 
 
 # --- rollups ----------------------------------------------------------------------------------
 
-# ``rollup``: every unparameterized measure, per period. ``rollup_by``: the measures grouped
-# views ask for (chargeback; the long-context roofline terms by model), per period, tenant,
-# model and pool.
-ROLLUP_MEASURES = tuple(m for m in ALL_MEASURES if m != "last_doubling")
-GROUP_MEASURES = ("n", "input_tokens_pos", "output_tokens_pos", "cost", "energy_pos",
-                  "energy_measured_n", "energy_other_n",
-                  *(f"{kind}:{i}" for i in range(CONTEXT_BUCKETS) for kind in ("cb_new", "cb_q")))
-ROLLUP_SET = frozenset(ROLLUP_MEASURES)
-GROUP_SET = frozenset(GROUP_MEASURES)
-HISTOGRAM_INDEX = {name: i for i, name in enumerate(HISTOGRAMS)}
-
-
-def rollup_column(measure: str) -> str:
-    return "m_" + measure.replace(":", "__")
-
-
-_PERIOD = f"CAST(end_unix / {ROLLUP_SECONDS} AS INTEGER)"
+# What each rollup holds is store_measures' (ROLLUP_MEASURES, GROUP_MEASURES, HISTOGRAMS).
+_PERIOD = SQLITE.period()
+_CONTEXT_SQL = L.CONTEXT_SQL
 
 
 def _columns_sql(measures: Sequence[str]) -> str:
-    return ",\n    ".join(f"{rollup_column(m)} {'REAL' if _is_float(m) else 'INTEGER'}"
+    return ",\n    ".join(f"{rollup_column(m)} {'REAL' if is_float(m) else 'INTEGER'}"
                           for m in measures)
 
 
@@ -371,16 +121,6 @@ CREATE TABLE IF NOT EXISTS rollup_units (
 ROLLUP_TABLES = ("rollup", "rollup_by", "rollup_hist", "rollup_units")
 
 
-def _is_float(measure: str) -> bool:
-    sql = measure_sql(measure)
-    return (sql.startswith("total(") or measure in ("min_start", "max_end")
-            or measure.startswith(("ph_s:", "ph_c:")))
-
-
-def _nullable_sum(measure: str) -> bool:
-    return measure.startswith(("ph_s:", "ph_c:"))
-
-
 def _upsert(table: str, keys: Sequence[str], key_exprs: Sequence[str],
             measures: Sequence[str], where: str = "", grouped: bool = True) -> str:
     columns = [rollup_column(m) for m in measures]
@@ -390,7 +130,7 @@ def _upsert(table: str, keys: Sequence[str], key_exprs: Sequence[str],
             fn = measure[:3]
             updates.append(f"{column} = {fn}(coalesce({column}, excluded.{column}), "
                            f"coalesce(excluded.{column}, {column}))")
-        elif _nullable_sum(measure):
+        elif nullable_sum(measure):
             updates.append(f"{column} = CASE WHEN {column} IS NULL THEN excluded.{column} "
                            f"WHEN excluded.{column} IS NULL THEN {column} "
                            f"ELSE {column} + excluded.{column} END")
@@ -547,52 +287,6 @@ def apply_rollup_retention(db: sqlite3.Connection, cutoff: float) -> None:
                    (str(period + 1),))
 
 
-# --- windows ----------------------------------------------------------------------------------
-
-Where = tuple[str, list[Any]]  # a condition on records rows and its arguments
-
-
-def _window_where(window: Window) -> Where:
-    conditions, args = [], []
-    if window.since_unix is not None:
-        conditions.append("end_unix >= ?")
-        args.append(window.since_unix)
-    if window.until_unix is not None:
-        conditions.append("end_unix <= ?")
-        args.append(window.until_unix)
-    return " AND ".join(conditions) or "1", args
-
-
-def split_window(window: Window, rollup_from: int | None, rolled_rid: int = 0
-                 ) -> tuple[tuple[int, int | None] | None, list[Where]]:
-    """The rollup periods ``[first, last)`` the window covers whole (None: none; last None:
-    to the newest), and the conditions that select the rest of it from ``records``: the
-    partial first and last periods, and the records of the whole periods the rollups do not
-    hold yet (past the watermark ``rolled_rid``). A record's period is the rollups' own
-    expression, so the parts never overlap."""
-    since, until = window.since_unix, window.until_unix
-    if rollup_from is None:
-        return None, [_window_where(window)]
-    first = 0 if since is None or since <= 0 else math.ceil(since / ROLLUP_SECONDS)
-    first = max(first, rollup_from)
-    last = None if until is None else math.floor(until / ROLLUP_SECONDS)
-    if last is not None and last <= first:
-        return None, [_window_where(window)]
-    parts: list[Where] = []
-    head, head_args = _window_where(Window(since, None))
-    # the index bounds the scan (a second past the period's start), the period decides
-    parts.append((f"{head} AND end_unix < ? AND ({_PERIOD} < ? OR end_unix < 0)",
-                  [*head_args, first * ROLLUP_SECONDS + 1.0, first]))
-    if last is not None:
-        tail, tail_args = _window_where(Window(None, until))
-        parts.append((f"end_unix >= ? AND end_unix >= 0 AND {_PERIOD} >= ? AND {tail}",
-                       [last * ROLLUP_SECONDS - 1.0, last, *tail_args]))
-    newest = "" if last is None else f" AND {_PERIOD} < ?"
-    parts.append((f"rid > ? AND end_unix >= 0 AND {_PERIOD} >= ?{newest}",
-                   [rolled_rid, first, *([] if last is None else [last])]))
-    return (first, last), parts
-
-
 # --- the queries ------------------------------------------------------------------------------
 
 
@@ -639,44 +333,16 @@ class SqliteQueries:
                   params: Params = DEFAULT_PARAMS) -> dict[Any, Aggregates]:
         """What the rollups hold for this grouping and these parameters comes from them
         (and the window's partial periods from ``records``); the rest from ``records``."""
-        sums = [m for m in measures if not m.startswith("set:")]
-        sets = [m for m in measures if m.startswith("set:")]
         with self._lock:
             rollup_from, rolled_rid = self._rollup_state()
-            held = (set() if rollup_from is None
-                    else self._held(sums, histograms, sets, group_by, params))
-            parts = []
-            if held:
-                periods, wheres = split_window(window, rollup_from, rolled_rid)
-                rolled = ([m for m in sums if m in held], [h for h in histograms if h in held],
-                          [m for m in sets if m in held])
-                parts += [self._raw(w, *rolled, group_by, params) for w in wheres]
-                if periods is not None:
-                    parts.append(self._from_rollups(periods, *rolled, group_by))
-            rest = ([m for m in sums if m not in held], [h for h in histograms if h not in held],
-                    [m for m in sets if m not in held])
-            if any(rest):
-                parts.append(self._raw(_window_where(window), *rest, group_by, params))
+            split = plan(window, measures, histograms, group_by, params, rollup_from,
+                         rolled_rid)
+            parts = [self._raw(w, *split.rolled, group_by, params) for w in split.edges]
+            if split.periods is not None:
+                parts.append(self._from_rollups(split.periods, *split.rolled, group_by))
+            if any(split.rest):
+                parts.append(self._raw(window_where(window), *split.rest, group_by, params))
         return merge_groups(parts)
-
-    @staticmethod
-    def _held(sums: Sequence[str], histograms: Sequence[str], sets: Sequence[str],
-              group_by: GroupBy, params: Params) -> set[str]:
-        """The measures, histograms and sets the rollups hold for this grouping."""
-        if group_by is None:
-            held = {m for m in sums if m in ROLLUP_SET}
-            held.update(histograms)
-            held.update(m for m in sets if m in ("set:models", "set:units"))
-        elif group_by in NAME_GROUPS:
-            held = {m for m in sums if m in GROUP_SET}
-            held.update(m for m in sets if m == "set:models")
-        else:
-            return set()
-        if params.long_context_tokens != DEFAULT_PARAMS.long_context_tokens:
-            held = {m for m in held if not m.startswith("lc_")}
-        if params.packets_per_token_threshold != DEFAULT_PARAMS.packets_per_token_threshold:
-            held.discard("lm_leaking")
-        return held
 
     def _group_sql(self, group_by: GroupBy) -> str:
         if group_by is None:
@@ -757,9 +423,7 @@ class SqliteQueries:
         group = "NULL" if group_by is None else str(group_by)
         out: dict[Any, Aggregates] = {}
         if sums:
-            select = ", ".join(
-                f"{m[:3]}({rollup_column(m)})" if m.startswith(("min_", "max_"))
-                else f"sum({rollup_column(m)})" for m in sums)
+            select = ", ".join(f"{rollup_function(m)}({rollup_column(m)})" for m in sums)
             table = "rollup" if group_by is None else "rollup_by"
             sql = f"SELECT {group}, {select} FROM {table} WHERE {where} GROUP BY 1"
             for row in self._db.execute(sql, args):
@@ -794,7 +458,7 @@ class SqliteQueries:
         return out
 
     def end_range(self, window: Window) -> tuple[float, float] | None:
-        where, args = _window_where(window)
+        where, args = window_where(window)
         with self._lock:
             row = self._db.execute(
                 f"SELECT min(end_unix), max(end_unix) FROM records WHERE {where}",
@@ -804,7 +468,7 @@ class SqliteQueries:
         return float(row[0]), float(row[1])
 
     def count(self, window: Window = Window()) -> int:
-        where, args = _window_where(window)
+        where, args = window_where(window)
         with self._lock:
             (n,) = self._db.execute(f"SELECT count(*) FROM records WHERE {where}",
                                     args).fetchone()
@@ -817,7 +481,7 @@ class SqliteQueries:
 
     def records(self, limit: int | None = None, since_unix: float | None = None,
                 until_unix: float | None = None) -> list[RequestRecord]:
-        where, args = _window_where(Window(since_unix, until_unix))
+        where, args = window_where(Window(since_unix, until_unix))
         sql = f"SELECT {L.SELECT_COLUMNS} FROM records WHERE {where} ORDER BY end_unix DESC"
         if limit is not None:
             sql += " LIMIT ?"
@@ -829,7 +493,7 @@ class SqliteQueries:
         must see them all; memory stays one chunk)."""
         after = (float("-inf"), 0)
         while True:
-            where, window_args = _window_where(window)
+            where, window_args = window_where(window)
             args: list[Any] = [after[0], after[0], after[1], *window_args]
             sql = (f"SELECT rid, {L.SELECT_COLUMNS} FROM records WHERE "
                    f"(end_unix > ? OR (end_unix = ? AND rid > ?)) AND {where} "
@@ -844,7 +508,7 @@ class SqliteQueries:
             after = (chunk[-1][1].end_unix, chunk[-1][0])
 
     def sample(self, window: Window, limit: int, fingerprinted: bool = False) -> Sample:
-        where, args = _window_where(window)
+        where, args = window_where(window)
         if fingerprinted:
             where += " AND prefix_fingerprints IS NOT NULL"
         with self._lock:

@@ -33,7 +33,7 @@ from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, Store, StoreConfig, make_store
 from tokenpath.collector.store_clickhouse import ClickHouseStore
 from tokenpath.config import ConfigError
-from tokenpath.query import QUANTILE_RELATIVE_ERROR
+from tokenpath.query import QUANTILE_RELATIVE_ERROR, Window
 from tokenpath.records import IdleCost
 from tokenpath.report import build_report
 
@@ -209,7 +209,7 @@ def test_the_schema_follows_the_layout(pair: tuple[Store, Store]) -> None:
     # another retention: the TTL follows it
     for retention in (RETENTION + 3600, RETENTION):
         chsql.ensure_schema(conn, retention)
-        for table in ("records", "idle_cost", "joined_traces"):
+        for table in ("records", "idle_cost", "joined_traces", *chsql.R.ROLLUP_TABLES):
             ((create,),) = conn.rows("SELECT create_table_query FROM system.tables WHERE "
                                      f"database = currentDatabase() AND name = '{table}'")
             assert f"toIntervalSecond({int(retention)})" in create, create
@@ -405,3 +405,201 @@ def test_non_finite_values_are_stored_as_the_sqlite_store_stores_them() -> None:
     row = chsql.encode(L.RowEncoder(chsql.TextNames()), record)
     assert row[L.COLUMN_INDEX["ttft_seconds"]] is None
     assert row[L.COLUMN_INDEX["cost_dollars"]] == 0.0
+
+
+# --- the rollups -----------------------------------------------------------------------------
+
+
+class _InDatabase:
+    """The module's chDB client, used in another database (chDB opens one folder in a
+    process): a second store beside ``pair``'s."""
+
+    def __init__(self, conn: ch.Connection, database: str) -> None:
+        self._conn = conn
+        self._database = database
+        conn.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        with self._conn.lock:
+            client = self._conn.client
+            before = client.database
+            client.database = self._database
+            try:
+                return getattr(client, method)(*args, **kwargs)
+            finally:
+                client.database = before
+
+    def query(self, sql: str) -> Any:
+        return self._call("query", sql)
+
+    def command(self, sql: str) -> Any:
+        return self._call("command", sql)
+
+    def insert(self, table: str, rows: list[list[Any]], column_names: Any,
+               settings: dict[str, Any]) -> None:
+        self._call("insert", table, rows, column_names=column_names, settings=settings)
+
+    def close(self) -> None:
+        pass
+
+
+LATE_BATCH = 250
+
+
+@pytest.fixture(scope="module")
+def late(pair: tuple[Store, Store], tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[tuple[Store, ClickHouseStore, list[Any]]]:
+    """A SQLite and a ClickHouse store given 3,000 records over 6 hours, then (after the
+    rollups hold their periods, merged) 600 that ended in the first 3 of those hours: late
+    records, into periods already rolled up. The ClickHouse store's batches (of
+    LATE_BATCH, by its writer) are returned, to send one again."""
+    _, clickhouse = pair
+    assert isinstance(clickhouse, ClickHouseStore)
+    store = ClickHouseStore(StoreConfig(path="clickhouse://test@db/late",
+                                        retention_seconds=RETENTION),
+                            client=_InDatabase(clickhouse._conn, "late"))
+    sqlite = RecordStore(StoreConfig(path=str(tmp_path_factory.mktemp("late") / "s.db"),
+                                     retention_seconds=RETENTION), clock=lambda: END)
+    on_time = list(synthetic_records(3000, END, span_seconds=6 * 3600.0, seed=11))
+    late_ones = list(synthetic_records(600, END - 3 * 3600, span_seconds=3 * 3600.0, seed=12,
+                                       first=3000))
+    writer = ch.ClickHouseWriter(store._conn, CollectorStats())
+    batches = []
+    for records in (on_time, late_ones):
+        _write(sqlite, records)
+        for i in range(0, len(records), LATE_BATCH):
+            batches.append(writer.prepare(records[i:i + LATE_BATCH], []))
+            writer.write(batches[-1])
+        if records is on_time:
+            for table in chsql.R.ROLLUP_TABLES:
+                store._conn.command(f"OPTIMIZE TABLE {table} FINAL")
+            first = int((END - 6 * 3600) // 600) + 1
+            assert store._conn.rows(f"SELECT count() FROM rollup WHERE period = {first}"
+                                    ) == [(1,)]
+    yield sqlite, store, batches
+    sqlite.shutdown()
+
+
+def _rollups(conn: ch.Connection) -> dict[str, list[tuple[Any, ...]]]:
+    """What the rollups hold, each key's rows combined."""
+    return {
+        "rollup": conn.rows("SELECT period, sum(m_n), round(sum(m_cost), 9), "
+                            "min(m_min_start), max(m_max_end), sum(m_lm_streams) FROM rollup "
+                            "GROUP BY period ORDER BY period"),
+        "rollup_by": conn.rows("SELECT period, tenant, model, pool, sum(m_n), "
+                               "round(sum(m_cost), 9) FROM rollup_by GROUP BY ALL ORDER BY ALL"),
+        "rollup_hist": conn.rows("SELECT period, histogram, bucket, sum(n) FROM rollup_hist "
+                                 "GROUP BY ALL ORDER BY ALL"),
+        "rollup_units": conn.rows("SELECT DISTINCT period, node, engine_id FROM rollup_units "
+                                  "ORDER BY ALL"),
+        "records_long": conn.rows("SELECT count(), sum(input_tokens), min(end_unix) "
+                                  "FROM records_long"),
+    }
+
+
+def test_late_records_are_added_to_their_periods(late: tuple[Store, ClickHouseStore, Any]
+                                                 ) -> None:
+    _, store, _ = late
+    conn = store._conn
+    by_period = conn.rows(f"SELECT {chsql.S.CLICKHOUSE.period()} AS p, count() FROM records "
+                          "GROUP BY p ORDER BY p")
+    assert sum(n for _, n in by_period) == 3600
+    held = _rollups(conn)
+    assert [(p, n) for p, n, *_ in held["rollup"]] == by_period
+    assert conn.rows("SELECT sum(m_n) FROM rollup_by") == [(3600,)]
+    ttft = chsql.S.HISTOGRAM_INDEX["ttft"]
+    assert conn.rows(f"SELECT sum(n) FROM rollup_hist WHERE histogram = {ttft}") == conn.rows(
+        "SELECT count() FROM records WHERE ttft_seconds IS NOT NULL")
+    assert conn.rows("SELECT count() FROM records_long") == conn.rows(
+        f"SELECT count() FROM records WHERE {chsql.R.LONG_WHERE}") != [(0,)]
+
+
+CUTS = {"since, mid-period": Window(END - 4 * 3600 - 123.25),
+        "both ends mid-period": Window(END - 5 * 3600 - 299.5, END - 3000.75),
+        "on period edges": Window((END - 5 * 3600) // 600 * 600, (END - 3600) // 600 * 600),
+        "inside one period": Window((END - 3 * 3600) // 600 * 600 + 10.5,
+                                    (END - 3 * 3600) // 600 * 600 + 400.0),
+        "all": Window()}
+
+
+@pytest.mark.parametrize("name", list(CUTS))
+def test_windows_cutting_periods_match_the_sqlite_store(
+        late: tuple[Store, ClickHouseStore, Any], name: str) -> None:
+    sqlite, store, _ = late
+    window = CUTS[name]
+    assert views.report_view(store, window).requests == len(in_window(sqlite.records(),
+                                                                      window))
+    close(views.report_view(store, window).to_json(),
+          views.report_view(sqlite, window).to_json(), "report", frozenset(QUANTILE_KEYS))
+    for by in ("tenant", "model", "pool"):
+        mine, theirs = ([r.to_json() for r in views.chargeback_view(s, window, by=by)]
+                        for s in (store, sqlite))
+        close(mine, theirs, "chargeback")
+    close(views.leaks_view(store, window, 10, 3000, network_dollars_per_byte=1e-10),
+          views.leaks_view(sqlite, window, 10, 3000, network_dollars_per_byte=1e-10), "leaks")
+
+
+def test_the_views_read_the_rollups(late: tuple[Store, ClickHouseStore, Any],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report and chargeback of a long window read its whole periods from the rollups
+    and agree with the same views read from ``records`` alone."""
+    _, store, _ = late
+    read = chsql.R.read
+    calls: list[tuple[int, int | None]] = []
+
+    def counted(conn: Any, periods: tuple[int, int | None], *args: Any) -> Any:
+        calls.append(periods)
+        return read(conn, periods, *args)
+
+    monkeypatch.setattr(chsql.R, "read", counted)
+    window = CUTS["both ends mid-period"]
+    with_rollups = views.report_view(store, window).to_json()
+    grouped = [r.to_json() for r in views.chargeback_view(store, window)]
+    assert len(calls) == 2 and calls[0][1] is not None and calls[0][1] - calls[0][0] > 20
+    monkeypatch.setattr(store.queries, "_rollups", False)
+    close(with_rollups, views.report_view(store, window).to_json(), "report")
+    close(grouped, [r.to_json() for r in views.chargeback_view(store, window)], "chargeback")
+    assert len(calls) == 2
+
+
+def test_a_retried_batch_leaves_the_rollups_unchanged(
+        late: tuple[Store, ClickHouseStore, Any]) -> None:
+    """A batch sent again with its token (a retry after a lost answer) is dropped by
+    ``records`` and by every rollup's view."""
+    _, store, batches = late
+    before = _rollups(store._conn)
+    writer = ch.ClickHouseWriter(store._conn, CollectorStats())
+    for batch in (batches[0], batches[-1]):
+        writer.write(batch)
+    assert store.count() == 3600
+    assert _rollups(store._conn) == before
+
+
+def test_the_retention_edge_is_read_from_records(late: tuple[Store, ClickHouseStore, Any],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The periods whose records the TTL may have begun deleting are read from
+    ``records``, the newer ones from the rollups: the views are the same."""
+    sqlite, store, _ = late
+    now = END + RETENTION - 4 * 3600
+    monkeypatch.setattr(store.queries, "_clock", lambda: now)
+    first = chsql.R.first_kept_period(RETENTION, now)
+    assert (END - 6 * 3600) / 600 < first < (END - 3600) / 600
+    assert store.queries._rollup_from() == first
+    close(views.report_view(store, Window()).to_json(),
+          views.report_view(sqlite, Window()).to_json(), "report", frozenset(QUANTILE_KEYS))
+
+
+def test_a_store_without_rollups_gets_them_built(late: tuple[Store, ClickHouseStore, Any]
+                                                 ) -> None:
+    """A store whose rollups are missing or another version's (meta's signature) gets
+    them rebuilt from ``records`` at start: the same rollups."""
+    _, store, _ = late
+    conn = store._conn
+    before = _rollups(conn)
+    conn.command("DROP VIEW rollup_hist_mv")
+    conn.command("DROP TABLE rollup_hist")
+    conn.insert("meta", [["rollup", "another version", time.time()]], ("key", "value", "at"),
+                "meta-old-rollups")
+    chsql.ensure_schema(conn, RETENTION)
+    assert _rollups(conn) == before
+    assert chsql._meta(conn, "rollup") == chsql.R.signature(chsql.COLUMN_TYPES)
