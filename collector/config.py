@@ -20,7 +20,6 @@ from tokenpath.collector.gc_tuning import DEFAULT_GC_YOUNG_THRESHOLD
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.pipeline_worker import DEFAULT_SHED_AT
 from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
-from tokenpath.collector.store import DEFAULT_BATCH_SIZE as DEFAULT_STORE_BATCH_SIZE
 from tokenpath.collector.store import DEFAULT_QUEUE_SIZE as DEFAULT_STORE_QUEUE_SIZE
 from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
 from tokenpath.config import (
@@ -88,8 +87,9 @@ class CollectorConfig:
     # Records (and idle-cost slices) waiting for the store's writer: past half of it the
     # receivers shed load; when full, the pipeline worker waits (never a drop).
     store_queue_size: int = DEFAULT_STORE_QUEUE_SIZE
-    # Records the store's writer commits in one transaction, at most.
-    store_batch_size: int = DEFAULT_STORE_BATCH_SIZE
+    # Records the store's writer writes in one transaction or insert, at most; None: the
+    # store's default (500 for SQLite, 5,000 for ClickHouse).
+    store_batch_size: int | None = None
     join: JoinConfig = field(default_factory=JoinConfig)
     # The garbage collector's young threshold in the collector process (gc_tuning.py);
     # 0 keeps Python's default.
@@ -114,7 +114,7 @@ class CollectorConfig:
             raise ConfigError("pipeline_shed_at", "must be >= 1")
         if self.store_queue_size < 1:
             raise ConfigError("store_queue_size", "must be >= 1")
-        if self.store_batch_size < 1:
+        if self.store_batch_size is not None and self.store_batch_size < 1:
             raise ConfigError("store_batch_size", "must be >= 1")
         if self.gc_young_threshold < 0:
             raise ConfigError("gc_young_threshold", "must be >= 0 (0: Python's default)")
@@ -173,7 +173,7 @@ class CollectorConfig:
         shed_at = _pipeline_shed_at(f)
         store_queue = resolve("store_queue_size", None, None, f, DEFAULT_STORE_QUEUE_SIZE,
                               lambda v: typed_value("store_queue_size", "int", v))
-        store_batch = resolve("store_batch_size", None, None, f, DEFAULT_STORE_BATCH_SIZE,
+        store_batch = resolve("store_batch_size", None, None, f, None,
                               lambda v: typed_value("store_batch_size", "int", v))
         gc_young = resolve("gc_young_threshold", None, None, f, DEFAULT_GC_YOUNG_THRESHOLD,
                            lambda v: typed_value("gc_young_threshold", "int", v))

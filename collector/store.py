@@ -110,7 +110,9 @@ def decode_body(body: str | bytes) -> dict[str, Any]:
 class StoreConfig:
     path: str = MEMORY
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
-    batch_size: int = DEFAULT_BATCH_SIZE
+    # records written in one batch, at most; None: the backend's default
+    # (DEFAULT_BATCH_SIZE for SQLite, the ClickHouse store's larger one)
+    batch_size: int | None = None
     retention_check_seconds: float = DEFAULT_RETENTION_CHECK_SECONDS
     queue_size: int = DEFAULT_QUEUE_SIZE
     read_only: bool = False  # a reader (CLI): the file is opened read-only, never changed
@@ -122,7 +124,7 @@ class StoreConfig:
     def validate(self) -> None:
         if self.retention_seconds <= 0:
             raise ConfigError("store.retention_seconds", "must be > 0")
-        if self.batch_size < 1:
+        if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError("store.batch_size", "must be >= 1")
         every = self.retention_check_seconds
         if not (every > 0 and math.isfinite(every)):
@@ -513,7 +515,7 @@ class RecordStore(Store):
                 return
             batch: list[_Item] = [first]
             stop = False
-            while len(batch) < self._config.batch_size:
+            while len(batch) < (self._config.batch_size or DEFAULT_BATCH_SIZE):
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:

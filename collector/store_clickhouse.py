@@ -65,6 +65,9 @@ ENV_PASSWORD_FILE = "TOKENPATH_CLICKHOUSE_PASSWORD_FILE"
 DEFAULT_DATABASE = "tokenpath"
 # a failed insert is retried while the collector runs (it pushes back meanwhile)
 DEFAULT_WRITE_RETRY_SECONDS = math.inf
+# Rows an insert carries, at most: each insert costs the server (and the rollups' views)
+# about the same whatever its size, so ClickHouse wants them large (docs/operations.md).
+DEFAULT_BATCH_SIZE = 5_000
 DEFAULT_SHUTDOWN_SECONDS = 30.0  # to write what is queued at shutdown, then count the rest
 DROP_STORE_WRITE_FAILED = "store_write_failed"  # the inserts failed past the retry time
 # ClickHouse error codes that pass: a retry may succeed (the rest are refusals for good)
@@ -367,7 +370,7 @@ class ClickHouseStore(Store):
         self._shut = False
         self._prepared: tuple[list[RequestRecord | IdleCost], Batch] | None = None
         self._sender: BatchSender[RequestRecord | IdleCost] = BatchSender(
-            "store", SenderConfig(config.queue_size, config.batch_size,
+            "store", SenderConfig(config.queue_size, config.batch_size or DEFAULT_BATCH_SIZE,
                                   config.write_retry_seconds, config.shutdown_seconds),
             self._export, self._dropped)
         self.queries = chsql.ClickHouseQueries(

@@ -28,7 +28,9 @@ schema. A store created without them (or whose rollups another version defined: 
 keeps a signature of their SQL) gets them rebuilt at start: the views created, then
 filled from ``records`` with ``INSERT ... SELECT`` (logged; as long as one report over
 every record). That start must be the only writer of the store meanwhile (a collector
-opening its own store is: it writes after).
+opening its own store is: it writes after; on a shared server, start one collector of
+the new version before the others). A fresh store is only created, never rebuilt, so
+collectors starting together on one server do not undo each other's tables.
 """
 
 from __future__ import annotations
@@ -193,25 +195,32 @@ def schema_statements(types: Mapping[str, str], retention_seconds: float) -> lis
 def ensure(conn: Connection, types: Mapping[str, str], retention_seconds: float,
            kept_signature: str | None) -> str:
     """Create the rollups (their views on ``records`` last); rebuild them from
-    ``records`` when ``kept_signature`` (meta's) is not theirs. Returns the signature
-    to keep."""
+    ``records`` when ``kept_signature`` (meta's) is not theirs and ``records`` holds rows
+    they may lack. Returns the signature to keep.
+
+    A fresh store (no rows) only gets ``CREATE ... IF NOT EXISTS``: several collectors
+    starting at once on one server create the same tables and views, none drops what
+    another made. Rebuilding drops and refills them, so it must be the store's only
+    writer meanwhile (the start after an upgrade: docs/operations.md)."""
     mine = signature(types)
+    rebuild = False
     if kept_signature != mine:
+        counted = conn.rows("SELECT count() FROM records")
+        rebuild = bool(counted and int(counted[0][0]))
+    if rebuild:
         for table in ROLLUP_TABLES:
             conn.command(f"DROP VIEW IF EXISTS {table}_mv")
             conn.command(f"DROP TABLE IF EXISTS {table}")
     for statement in schema_statements(types, retention_seconds):
         conn.command(statement)
-    if kept_signature != mine:
-        counted = conn.rows("SELECT count() FROM records")
-        n = int(counted[0][0]) if counted else 0
+    if rebuild:
+        n = int(conn.rows("SELECT count() FROM records")[0][0])
         if kept_signature is not None:
             log.info("store: the rollups were defined by another version; rebuilding them")
         log.info("store: building the rollups of %d records", n)
         started = time.monotonic()
-        if n:
-            for table, select in VIEWS.items():
-                conn.command(f"INSERT INTO {table} {select}")
+        for table, select in VIEWS.items():
+            conn.command(f"INSERT INTO {table} {select}")
         log.info("store: rollups built in %.1f s", time.monotonic() - started)
     return mine
 

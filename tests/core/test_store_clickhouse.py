@@ -39,6 +39,7 @@ from tokenpath.report import build_report
 
 # The records are from 2023; the TTL deletes by the wall clock: keep them.
 RETENTION = 20 * 365 * 86400.0
+FIRST_BATCH = 500
 
 
 def _write(store: Store, items: list[Any]) -> None:
@@ -66,8 +67,11 @@ def pair(tmp_path_factory: pytest.TempPathFactory
     records = list(synthetic_records(4000, END, span_seconds=6 * 3600.0, seed=3))
     idle = [IdleCost("pool-a", END - (hour + 1) * 3600, END - hour * 3600, 0.5 + hour,
                      1000.0 * hour) for hour in range(7)]
-    for store in (sqlite, clickhouse):
-        _write(store, [*records, *idle])
+    _write(sqlite, [*records, *idle])
+    # the first 500 as one batch of known content (test_a_batch_written_again_...)
+    writer = ch.ClickHouseWriter(clickhouse._conn, CollectorStats())
+    writer.write(writer.prepare(records[:FIRST_BATCH], []))
+    _write(clickhouse, [*records[FIRST_BATCH:], *idle])
     yield sqlite, clickhouse
     clickhouse.shutdown()
     sqlite.shutdown()
@@ -98,7 +102,8 @@ def test_a_batch_written_again_is_not_written_twice(pair: tuple[Store, Store]
     keeps one copy."""
     _, clickhouse = pair
     assert isinstance(clickhouse, ClickHouseStore)
-    records = list(synthetic_records(4000, END, span_seconds=6 * 3600.0, seed=3))[:500]
+    records = list(synthetic_records(4000, END, span_seconds=6 * 3600.0, seed=3))
+    records = records[:FIRST_BATCH]
     writer = ch.ClickHouseWriter(clickhouse._conn, CollectorStats())
     writer.write(writer.prepare(records, []))
     assert clickhouse.count() == 4000
