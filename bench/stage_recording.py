@@ -29,11 +29,9 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import psutil
@@ -44,6 +42,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import NoOpTracerProvider, set_span_in_context
 
 from bench.ingest import process_cpu_seconds
+from testkit.support.loopback_http import LoopbackHTTPServer, QuietHandler
 from tokenpath import attributes as attr
 from tokenpath.instrumentation.otlp_exporter import (
     TokenpathBatchSpanProcessor,
@@ -228,10 +227,7 @@ class _ExportSink:
         sink = self
         reply = ExportTraceServiceResponse().SerializeToString()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 size = int(self.headers.get("Content-Length", 0))
                 self.rfile.read(size)
@@ -244,13 +240,11 @@ class _ExportSink:
                 self.end_headers()
                 self.wfile.write(reply)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = LoopbackHTTPServer(Handler)
+        self.url = self._server.base_url
 
     def close(self) -> None:
         self._server.shutdown()
-        self._server.server_close()
 
 
 class GcClock:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from testkit.support.loopback_http import LoopbackHTTPServer
 
 
 class GrafanaDouble:
@@ -19,21 +21,17 @@ class GrafanaDouble:
         self.dashboards: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = LoopbackHTTPServer(self._handler(), start=False)
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._server.base_url
 
     def start(self) -> None:
-        self._thread.start()
+        self._server.start()
 
     def shutdown(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-        self._server.server_close()
+        self._server.shutdown()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         double = self

@@ -4,10 +4,10 @@ what real exporters send."""
 from __future__ import annotations
 
 import gzip
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from testkit.support.loopback_http import LoopbackHTTPServer, QuietHandler
 
 
 class OtlpHttpReceiver:
@@ -18,10 +18,7 @@ class OtlpHttpReceiver:
         self.status = 200
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if self.headers.get("Content-Encoding") == "gzip":
@@ -34,10 +31,8 @@ class OtlpHttpReceiver:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1/traces"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = LoopbackHTTPServer(Handler)
+        self.url = f"{self._server.base_url}/v1/traces"
 
     def close(self) -> None:
         self._server.shutdown()
-        self._server.server_close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import httpx
@@ -18,6 +17,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 
+from testkit.support.loopback_http import LoopbackHTTPServer, QuietHandler
 from testkit.support.otlp import export_request, request_span
 from tests.collector.conftest import ServiceFactory, wait_for
 from tests.collector.cost.helpers import engine_record
@@ -40,10 +40,7 @@ class _Peer:
         self.statuses = list(statuses)
         peer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:
-                del format, args
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if release is not None:
@@ -59,9 +56,8 @@ class _Peer:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1/logs"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = LoopbackHTTPServer(Handler)
+        self.url = f"{self._server.base_url}/v1/logs"
 
     def records(self) -> list[RequestRecord]:
         out = []
@@ -71,7 +67,6 @@ class _Peer:
 
     def close(self) -> None:
         self._server.shutdown()
-        self._server.server_close()
 
 
 @pytest.fixture

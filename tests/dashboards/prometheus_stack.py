@@ -10,12 +10,12 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from testkit.support.loopback_http import LoopbackHTTPServer, QuietHandler
 from testkit.support.processes import free_port
 
 PROMETHEUS_BINARIES = ("prometheus",)
@@ -141,10 +141,7 @@ class WebhookReceiver:
         self._lock = threading.Lock()
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 with receiver._lock:
@@ -152,20 +149,17 @@ class WebhookReceiver:
                 self.send_response(200)
                 self.end_headers()
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = LoopbackHTTPServer(Handler, start=False)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/alerts"
+        return f"{self._server.base_url}/alerts"
 
     def start(self) -> None:
-        self._thread.start()
+        self._server.start()
 
     def shutdown(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-        self._server.server_close()
+        self._server.shutdown()
 
     def alerts(self) -> list[dict[str, Any]]:
         with self._lock:
