@@ -25,6 +25,7 @@ import queue
 import sqlite3
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,7 +197,7 @@ def split_batch(batch: Sequence[_Item], stats: CollectorStats,
     return records, idle
 
 
-class Store:
+class Store(ABC):
     """A store: a sink of records and idle cost (its writer), and the reader the API,
     the UI and the CLI use (``queries``, one per backend). Two backends:
     :class:`RecordStore` (SQLite) and ``ClickHouseStore`` (collector/store_clickhouse.py).
@@ -208,27 +209,33 @@ class Store:
     queries: StoreQueries
     _clock: Callable[[], float]
 
+    @abstractmethod
     def consume_record(self, record: RequestRecord) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def consume_idle_cost(self, idle: IdleCost) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def backlog(self) -> Backlog:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def flush(self) -> bool:
         """Write what was handed in so far before returning; False when that could not
         be waited for (a ClickHouse store's sender stopped)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def shutdown(self) -> None:
-        raise NotImplementedError
+        ...
 
-    def announce_api(self, url: str) -> None:
+    def announce_api(self, url: str) -> None:  # noqa: B027 - most stores have nothing to say
         """The collector's API URL, once it listens (a chDB store names it to readers)."""
 
     # --- reader ------------------------------------------------------------------------------
