@@ -8,7 +8,9 @@ owns the rest, the way the OpenTelemetry SDK's ``BatchProcessor`` does for spans
   want of room: a caller of :meth:`put` waits while it is full (back-pressure), and
   :meth:`backlog` tells admission (collector/backpressure.py) to refuse new data once it
   is half full;
-- one thread takes batches of up to ``batch_size`` and calls ``export(batch)``. An export
+- one thread takes batches of up to ``batch_size``, turns each into what is sent once
+  (``prepare(batch)``: an encoded body, rows with their deduplication tokens), and calls
+  ``export(prepared)`` with it, again on each retry. An export
   that raises :class:`Retry` is tried again after a backoff (doubling from
   ``INITIAL_BACKOFF_SECONDS``, at most ``MAX_BACKOFF_SECONDS``; ``Retry.after``, a
   ``Retry-After``, wins) until ``max_retry_seconds`` have passed; one that raises
@@ -41,6 +43,7 @@ from tokenpath.collector.backpressure import Backlog, high_water
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+P = TypeVar("P")  # a batch as sent
 
 INITIAL_BACKOFF_SECONDS = 0.5
 MAX_BACKOFF_SECONDS = 30.0
@@ -82,13 +85,15 @@ class SenderConfig:
     shutdown_seconds: float
 
 
-class BatchSender(Generic[T]):
+class BatchSender(Generic[T, P]):
     def __init__(self, name: str, config: SenderConfig,
-                 export: Callable[[list[T]], None],
+                 prepare: Callable[[list[T]], P],
+                 export: Callable[[P], None],
                  on_dropped: Callable[[str, Sequence[T]], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self._config = config
+        self._prepare = prepare
         self._export = export
         self._on_dropped = on_dropped
         self._clock = clock
@@ -231,9 +236,10 @@ class BatchSender(Generic[T]):
         deadline = self._clock() + self._config.max_retry_seconds
         backoff = INITIAL_BACKOFF_SECONDS
         try:
+            prepared = self._prepare(batch)
             while True:
                 try:
-                    self._export(batch)
+                    self._export(prepared)
                     return
                 except GiveUp as exc:
                     log.error("%s: %d items refused: %s", self.name, len(batch), exc)

@@ -73,6 +73,18 @@ class ForwarderConfig:
                 raise ConfigError(f"forward_records.{key}", "must be >= 0")
 
 
+@dataclass(frozen=True, slots=True)
+class _Body:
+    """A batch as it is posted (encoded once, sent again as it is on a retry)."""
+
+    body: bytes
+    records: int
+
+
+def _encode(records: list[RequestRecord]) -> _Body:
+    return _Body(encode_records(records).SerializeToString(), len(records))
+
+
 def _retry_after(response: httpx.Response) -> float | None:
     value = response.headers.get("retry-after")
     if value is None:
@@ -98,11 +110,11 @@ class RecordForwarder:
             headers["Authorization"] = f"Bearer {auth_token}"
         self._client = client or httpx.Client(timeout=config.timeout_seconds)
         self._headers = headers
-        self._sender: BatchSender[RequestRecord] = BatchSender(
+        self._sender: BatchSender[RequestRecord, _Body] = BatchSender(
             "forwarder",
             SenderConfig(config.max_queue_records, config.batch_records,
                          config.max_retry_seconds, config.shutdown_seconds),
-            self._export, self._dropped, clock)
+            _encode, self._export, self._dropped, clock)
 
     # --- RecordSink ----------------------------------------------------------------------
 
@@ -137,11 +149,11 @@ class RecordForwarder:
     def _dropped(self, reason: str, records: Sequence[RequestRecord]) -> None:
         self._stats.records_forward_dropped.inc(reason, len(records))
 
-    def _export(self, batch: list[RequestRecord]) -> None:
+    def _export(self, batch: _Body) -> None:
         """One POST of the batch; counts what the receiver took and refused."""
-        body = encode_records(batch).SerializeToString()
         try:
-            response = self._client.post(self._config.url, content=body, headers=self._headers)
+            response = self._client.post(self._config.url, content=batch.body,
+                                         headers=self._headers)
         except httpx.HTTPError as exc:
             raise Retry(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code in RETRYABLE_STATUSES:
@@ -158,4 +170,4 @@ class RecordForwarder:
             log.warning("forwarder: %d records refused: %s", rejected,
                         parsed.partial_success.error_message)
             self._stats.records_forward_dropped.inc(DROP_REJECTED, rejected)
-        self._stats.records_forwarded.inc(len(batch) - rejected)
+        self._stats.records_forwarded.inc(batch.records - rejected)

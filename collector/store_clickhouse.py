@@ -269,7 +269,7 @@ def is_transient(exc: BaseException) -> bool:
     """Whether a failed insert may succeed if tried again: the server unreachable or
     restarting (clickhouse-connect's OperationalError, a socket error) or a ClickHouse
     error code of :data:`TRANSIENT_ERROR_CODES`; not a refusal of the data itself."""
-    if isinstance(exc, OSError | TimeoutError):
+    if isinstance(exc, OSError):  # TimeoutError and ConnectionError included
         return True
     if type(exc).__name__ in ("OperationalError", "StreamClosedError"):
         return True
@@ -368,11 +368,10 @@ class ClickHouseStore(Store):
                               f"{type(exc).__name__}: {str(exc)[:300]}") from None
         self._writer = ClickHouseWriter(self._conn, self._stats)
         self._shut = False
-        self._prepared: tuple[list[RequestRecord | IdleCost], Batch] | None = None
-        self._sender: BatchSender[RequestRecord | IdleCost] = BatchSender(
+        self._sender: BatchSender[RequestRecord | IdleCost, Batch] = BatchSender(
             "store", SenderConfig(config.queue_size, config.batch_size or DEFAULT_BATCH_SIZE,
                                   config.write_retry_seconds, config.shutdown_seconds),
-            self._export, self._dropped)
+            self._prepare, self._export, self._dropped)
         self.queries = chsql.ClickHouseQueries(
             self._conn, None if config.read_only else config.retention_seconds)
         log.info("store: %s", target.describe())
@@ -421,14 +420,12 @@ class ClickHouseStore(Store):
         finally:
             self._release()
 
-    def _export(self, batch: list[RequestRecord | IdleCost]) -> None:
-        if self._prepared is None or self._prepared[0] is not batch:
-            records, idle = split_batch(batch, self._stats)
-            self._prepared = (batch, self._writer.prepare(records, idle))
-        prepared = self._prepared[1]
-        self._writer.write(prepared)
-        self._prepared = None
-        self._stats.records_stored.inc(prepared.records)
+    def _prepare(self, items: list[RequestRecord | IdleCost]) -> Batch:
+        return self._writer.prepare(*split_batch(items, self._stats))
+
+    def _export(self, batch: Batch) -> None:
+        self._writer.write(batch)
+        self._stats.records_stored.inc(batch.records)
 
     def _dropped(self, reason: str, items: Sequence[RequestRecord | IdleCost]) -> None:
         records = sum(1 for i in items if isinstance(i, RequestRecord))

@@ -38,11 +38,11 @@ class _Receiver:
         self.dropped.append((reason, list(items)))
 
 
-def _sender(receiver: _Receiver, **config: float) -> BatchSender[int]:
+def _sender(receiver: _Receiver, **config: float) -> BatchSender[int, list[int]]:
     settings = {"max_queue": 100, "batch_size": 4, "max_retry_seconds": 60.0,
                 "shutdown_seconds": 30.0, **config}
     return BatchSender("test", SenderConfig(**settings),  # type: ignore[arg-type]
-                       receiver.export, receiver.on_dropped)
+                       list, receiver.export, receiver.on_dropped)
 
 
 def test_flush_waits_for_what_was_handed_in() -> None:
@@ -63,12 +63,20 @@ def test_flush_waits_for_what_was_handed_in() -> None:
     assert receiver.dropped == [(DROP_CLOSED, [99])]
 
 
-def test_a_retry_after_is_waited_for_and_the_batch_is_sent_whole() -> None:
+def test_a_retry_after_is_waited_for_and_the_batch_is_sent_whole_as_prepared_once() -> None:
     receiver = _Receiver(failures=2, after=0.0)
-    sender = _sender(receiver)
+    prepared: list[list[int]] = []
+
+    def prepare(batch: list[int]) -> list[int]:
+        prepared.append(list(batch))
+        return list(batch)
+
+    sender = BatchSender("test", SenderConfig(100, 4, 60.0, 30.0), prepare, receiver.export,
+                         receiver.on_dropped)
     for i in range(3):
         sender.put(i)  # unstarted: sent on the caller's thread
     assert receiver.batches == [[0], [1], [2]]
+    assert prepared == [[0], [1], [2]]  # the first batch was tried three times, made once
     assert receiver.dropped == []
 
 
