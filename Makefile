@@ -3,6 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# pytest-xdist: a worker a core (at most 4), a test module to a worker, in the order
+# tests/conftest.py gives (the modules that start processes first).
+PYTEST_PARALLEL ?= -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 DEMO_DEFAULT_ARGS ?= --duration 45
 
 .PHONY: venv demo test lint typecheck bench system-deps clean dashboards
@@ -50,7 +53,7 @@ typecheck: venv
 	VENV=$(VENV) bash scripts/typecheck.sh
 
 test: system-deps venv lint
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m bench $(ARGS)

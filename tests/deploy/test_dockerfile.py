@@ -128,6 +128,7 @@ def _run_steps(stage: Stage, python_root: Path, cwd: Path, remap: dict[str, Path
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(1500)  # the build stage compiles the core; pip's steps time out at 1200
 def test_the_build_steps_run_and_the_installed_image_runs_compiled(tmp_path: Path) -> None:
     build, runtime = STAGES
     source = tmp_path / "src"

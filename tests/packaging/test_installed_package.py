@@ -40,7 +40,8 @@ from tokenpath import metric_names as M
 from tokenpath.install_check import CACHE_DIR_ENV, LIBRARY_GROUP
 from tokenpath.sample_traffic import sample_export
 
-pytestmark = pytest.mark.integration
+# Each build compiles the core (about 2 minutes of one core); on a shared machine, longer.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
 REQUESTS = 8

@@ -420,7 +420,10 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
         out.print()
         render_chargeback(rows, IdlePolicy.PROPORTIONAL)
     out.print()
-    out.print(f"This run: {report.requests} request records, stored in {config.store_path}.")
+    # Lines naming paths and commands are not folded (soft_wrap): a path broken at the
+    # console's width would not paste back whole.
+    out.print(f"This run: {report.requests} request records, stored in {config.store_path}.",
+              soft_wrap=True)
     # The collector suggested here listens where the demo's did, unless that was a free
     # port picked at random (0): then on the collector's default.
     from tokenpath.collector.config import DEFAULT_HTTP_HOST, DEFAULT_HTTP_PORT
@@ -431,10 +434,10 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
     out.print(f"Explore all stored runs: [bold]tokenpath report --store {config.store_path}[/]"
               ", or run "
               f"[bold]tokenpath collector --store {config.store_path}{listen}[/] and open the UI "
-              f"at http://{config.collector_host}:{port}/")
+              f"at http://{config.collector_host}:{port}/", soft_wrap=True)
     if config.ground_truth:
         out.print(f"Ground truth (simulated engine's GPU seconds and dollars per request): "
-                  f"{config.ground_truth}")
+                  f"{config.ground_truth}", soft_wrap=True)
     return DemoResult(records, report)
 
 
