@@ -227,6 +227,67 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     spans = sorted(trace.spans, key=_START)
     engine_spans = [s for s in spans if is_engine_span(s)]
     server_spans = [s for s in spans if is_http_server(s)]
+    upstream = _outermost_upstream(spans)
+    acc = _stage_times(spans, upstream)
+    if not engine_spans and not acc.stages and not any(is_call_span(s) for s in spans) and not (
+            server_spans and any(has_gen_ai(s) for s in spans)):
+        return None  # not an LLM call: startup spans, health checks, docs pages
+
+    roots = [s for s in spans if s.is_root]
+    layers: list[dict[str, AttrValue]] = list(trace.annotations)
+    for span in (*engine_spans, *roots, *spans):
+        layers.append(span.attributes)
+    for span in spans[:1]:
+        layers.append(span.resource)
+    look = _Lookup(layers)
+    client_spans = [s for s in spans if is_client_call_span(s)]
+
+    record = RequestRecord(trace_id=trace.trace_id, complete=trace.complete)
+    record.span_count = len(spans)
+    record.start_unix = spans[0].start_unix_nano / 1e9
+    record.end_unix = max(s.end_unix_nano for s in spans) / 1e9
+    record.model = _model(trace.annotations, engine_spans, server_spans, client_spans, look)
+    record.request_id = look.text(A.GEN_AI_REQUEST_ID)
+    _map_identity(record, trace, look, engine_spans)
+    token_layers = _map_tokens(record, trace, spans, engine_spans, server_spans)
+    record.response_id = _first_text(token_layers, A.GEN_AI_RESPONSE_ID)
+    record.outer_hop = _outer_hop(spans, engine_spans, server_spans, upstream)
+    if record.outer_hop == HOP_CLIENT:
+        client_span = client_spans[0]
+        record.client_start_unix = client_span.start_unix_nano / 1e9
+        record.client_end_unix = client_span.end_unix_nano / 1e9
+    outer_sends = trace.body_sends.get(server_spans[0].span_id) if server_spans else None
+    _map_response(record, look, outer_sends)
+    status = look.text(A.STATUS)
+    if status is None and any(s.status_code == STATUS_CODE_ERROR for s in roots):
+        status = ERROR_STATUS
+    if status is None:
+        status = _http_status(server_spans) or OK_STATUS
+    record.status = status
+
+    _map_engine(record, acc, engine_spans)
+    _map_gateway(acc, upstream, server_spans, engine_spans)
+    _map_client_gaps(acc, client_spans, server_spans, engine_spans)
+    _split_gpu_time(record, acc)
+    ttft = _ttft(look, spans, server_spans, engine_spans, outer_sends)
+    record.ttft_seconds = ttft
+    if record.output_tokens > 1:
+        if record.decode_seconds is not None:
+            record.tpot_seconds = record.decode_seconds / (record.output_tokens - 1)
+        elif ttft is not None:
+            record.tpot_seconds = max(0.0, record.duration_seconds - ttft) / (
+                record.output_tokens - 1
+            )
+    record.stages = acc.stages
+    return record
+
+
+def _stage_times(spans: list[SpanData], upstream: list[SpanData]) -> _StageAccumulator:
+    """Each span's stage (its stage attribute, else its name) and each stage event's.
+
+    The loop runs for every span and event of every trace: the lookups it repeats are bound
+    to locals once (a local read is cheaper than a global or attribute read, compiled or
+    not), and a float duration, the common case, skips the general parse."""
     acc = _StageAccumulator()
     add = acc.add
     stage_of = STAGE_BY_VALUE.get
@@ -234,7 +295,6 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     provenance_of = PROVENANCE_BY_VALUE.get
     measured = MEASURED
     stage_event = A.STAGE_EVENT
-    upstream = _outermost_upstream(spans)
     for span in spans:
         attributes = span.attributes
         stage = stage_of(attributes.get(A.STAGE))
@@ -270,25 +330,12 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
             value = ev_attributes.get(A.PHASE)
             add(ev_stage, ev_seconds, ev_provenance,
                 phase_of(value) if isinstance(value, str) else None)
-    if not engine_spans and not acc.stages and not any(is_call_span(s) for s in spans) and not (
-            server_spans and any(has_gen_ai(s) for s in spans)):
-        return None  # not an LLM call: startup spans, health checks, docs pages
+    return acc
 
-    roots = [s for s in spans if s.is_root]
-    layers: list[dict[str, AttrValue]] = list(trace.annotations)
-    for span in (*engine_spans, *roots, *spans):
-        layers.append(span.attributes)
-    for span in spans[:1]:
-        layers.append(span.resource)
-    look = _Lookup(layers)
 
-    record = RequestRecord(trace_id=trace.trace_id, complete=trace.complete)
-    record.span_count = len(spans)
-    record.start_unix = spans[0].start_unix_nano / 1e9
-    record.end_unix = max(s.end_unix_nano for s in spans) / 1e9
-    client_spans = [s for s in spans if is_client_call_span(s)]
-    record.model = _model(trace.annotations, engine_spans, server_spans, client_spans, look)
-    record.request_id = look.text(A.GEN_AI_REQUEST_ID)
+def _map_identity(record: RequestRecord, trace: AssembledTrace, look: _Lookup,
+                  engine_spans: list[SpanData]) -> None:
+    """Where the request ran: node, engine, pool, tenant, GPU type and parallelism."""
     if engine_spans:  # the engine's own spans name its GPUs, never the gateway's host
         identity = identity_from([*trace.annotations,
                                   *(s.attributes for s in engine_spans),
@@ -303,6 +350,13 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.gpu_type = look.text(A.GPU_TYPE)
     record.tensor_parallel = look.count(A.TENSOR_PARALLEL) or 1
     record.simulated = look.get(A.SIMULATED) is True
+
+
+def _map_tokens(record: RequestRecord, trace: AssembledTrace, spans: list[SpanData],
+                engine_spans: list[SpanData],
+                server_spans: list[SpanData]) -> list[dict[str, AttrValue]]:
+    """Input, output and cached tokens and the router's predicted hit; returns the layers
+    read, nearest the engine first, for the other fields the engine reports best."""
     # Tokens: engine > gateway > client (by span, then by key): annotations and engine
     # spans, then server spans, then the rest nearest the engine first (latest start).
     token_layers: list[dict[str, AttrValue]] = [
@@ -323,15 +377,14 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
                    if s.name == LLMD_PREFIX_SCORER_SPAN), None)
     if scored is not None:
         record.router_predicted_cache_hit = min(1.0, max(0.0, scored))
-    record.response_id = _first_text(token_layers, A.GEN_AI_RESPONSE_ID)
-    record.outer_hop = _outer_hop(spans, engine_spans, server_spans, upstream)
-    if record.outer_hop == HOP_CLIENT:
-        client_span = client_spans[0]
-        record.client_start_unix = client_span.start_unix_nano / 1e9
-        record.client_end_unix = client_span.end_unix_nano / 1e9
+    return token_layers
+
+
+def _map_response(record: RequestRecord, look: _Lookup,
+                  outer_sends: tuple[int, int] | None) -> None:
+    """The response's shape on the wire: bytes, chunks, packets, prefix fingerprints."""
     record.response_bytes = look.count(A.RESPONSE_BYTES) or 0
     record.response_chunks = look.count(A.RESPONSE_CHUNKS) or 0
-    outer_sends = trace.body_sends.get(server_spans[0].span_id) if server_spans else None
     if outer_sends is not None and not record.response_chunks:
         record.response_chunks = outer_sends[0]  # the ASGI body sends folded on ingest
     record.small_chunks = look.count(A.RESPONSE_SMALL_CHUNKS) or 0
@@ -340,31 +393,28 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     if isinstance(fingerprints, tuple):
         record.prefix_fingerprints = tuple(str(f) for f in fingerprints)
         record.prefix_block_tokens = look.count(A.PREFIX_BLOCK_TOKENS) or 0
-    status = look.text(A.STATUS)
-    if status is None and any(s.status_code == STATUS_CODE_ERROR for s in roots):
-        status = ERROR_STATUS
-    if status is None:
-        status = _http_status(server_spans) or OK_STATUS
-    record.status = status
 
-    _map_engine(record, acc, engine_spans)
-    _map_gateway(acc, upstream, server_spans, engine_spans)
-    client = client_spans[0] if client_spans else None
-    # the serving side a GenAI client span may be around: the outermost gateway, else the
-    # engine it called directly (OpenLIT's client propagates to vLLM)
+
+def _map_client_gaps(acc: _StageAccumulator, client_spans: list[SpanData],
+                     server_spans: list[SpanData], engine_spans: list[SpanData]) -> None:
+    """A GenAI client span around the serving side (the outermost gateway, else the engine
+    it called directly: OpenLIT's client propagates to vLLM) adds the client's own time
+    before and after it; a gateway's own upstream client span is not around it."""
     serving = server_spans[:1] or engine_spans
-    if client is not None and serving:
-        serving_start = min(s.start_unix_nano for s in serving)
-        serving_end = max(s.end_unix_nano for s in serving)
-        if client.start_unix_nano <= serving_start and client.end_unix_nano >= serving_end:
-            # a GenAI client span around the gateway or engine (not a gateway's own
-            # upstream client)
-            add_client_gaps(acc.stages, client.start_unix_nano / 1e9,
-                            client.end_unix_nano / 1e9, serving_start / 1e9, serving_end / 1e9)
-    _split_gpu_time(record, acc)
+    if not client_spans or not serving:
+        return
+    client = client_spans[0]
+    serving_start = min(s.start_unix_nano for s in serving)
+    serving_end = max(s.end_unix_nano for s in serving)
+    if client.start_unix_nano <= serving_start and client.end_unix_nano >= serving_end:
+        add_client_gaps(acc.stages, client.start_unix_nano / 1e9,
+                        client.end_unix_nano / 1e9, serving_start / 1e9, serving_end / 1e9)
 
-    # TTFT as the user saw it: a shim's measurement, else a GenAI client span's first
-    # chunk, else the engine's
+
+def _ttft(look: _Lookup, spans: list[SpanData], server_spans: list[SpanData],
+          engine_spans: list[SpanData], outer_sends: tuple[int, int] | None) -> float | None:
+    """TTFT as the user saw it: a shim's measurement, else a GenAI client span's first
+    chunk, else the outer server's first body send, else the engine's."""
     ttft = _seconds(look.get(A.TTFT_SECONDS, A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK))
     if ttft is None:
         ttft = _client_first_chunk(spans)
@@ -374,16 +424,7 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
         ttft = max(0.0, (outer_sends[1] - server_spans[0].start_unix_nano) / 1e9)
     if ttft is None and engine_spans:
         ttft = _seconds(engine_spans[0].attributes.get(A.VLLM_LATENCY_TIME_TO_FIRST_TOKEN))
-    record.ttft_seconds = ttft
-    if record.output_tokens > 1:
-        if record.decode_seconds is not None:
-            record.tpot_seconds = record.decode_seconds / (record.output_tokens - 1)
-        elif ttft is not None:
-            record.tpot_seconds = max(0.0, record.duration_seconds - ttft) / (
-                record.output_tokens - 1
-            )
-    record.stages = acc.stages
-    return record
+    return ttft
 
 
 def _map_engine(record: RequestRecord, acc: _StageAccumulator,
