@@ -23,7 +23,8 @@ err_console = Console(stderr=True)
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print a clear error and exit non-zero (no traceback)."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}")
+    # not folded at the console's width: a path or URL in it pastes back whole
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
