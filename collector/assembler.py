@@ -139,9 +139,11 @@ class _Pending:
     # span ids that may make room for an important span once the trace is at its cap;
     # None until the cap is first reached
     expendable: list[str] | None
+    earliest_nano: int  # the earliest start of a span it was given
 
     def __init__(self, spans: dict[str, SpanData], last_seen: float,
                  root_seen: bool = False, continued: bool = False) -> None:
+        self.earliest_nano = MAX_NANO
         self.spans = spans
         self.last_seen = last_seen
         self.root_seen = root_seen
@@ -151,6 +153,8 @@ class _Pending:
         self.body_sends = {}
         self.expendable = None
 
+
+MAX_NANO = 2**63 - 1  # no span start yet
 
 ASGI_EVENT_TYPE = "asgi.event.type"  # the ASGI instrumentation's per-message sub-spans
 ASGI_BODY_SEND = "http.response.body"
@@ -189,6 +193,9 @@ class Assembler:
         self._open: OrderedDict[str, set[str]] = OrderedDict()
         self._annotations: OrderedDict[str, tuple[float, Attributes]] = OrderedDict()
         self._span_count = 0
+        # traces handed on and not yet taken by downstream: their earliest span start
+        # (earliest_start_unix must see a trace wherever it is)
+        self._in_transit: dict[int, int] = {}
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
         # Wakes the finalization thread: set on shutdown, and when spans bring a deadline
@@ -241,6 +248,8 @@ class Assembler:
                 if span.span_id in pending.spans:
                     duplicate += 1
                     continue
+                if span.start_unix_nano < pending.earliest_nano:
+                    pending.earliest_nano = span.start_unix_nano
                 event_type = span.attributes.get(ASGI_EVENT_TYPE)
                 if event_type is not None:  # one span per ASGI message: fold, do not keep
                     summarised += 1
@@ -329,6 +338,7 @@ class Assembler:
             if len(self._finished) > self._config.finished_memory:
                 self._finished.popitem(last=False)
         spans = list(pending.spans.values())
+        self._in_transit[id(spans)] = pending.earliest_nano
         annotations = []
         for span in spans:
             request_id = span.attributes.get(GEN_AI_REQUEST_ID)
@@ -405,6 +415,20 @@ class Assembler:
             except Exception:
                 log.exception("downstream failed on trace %s", trace.trace_id)
                 self._stats.pipeline_errors.inc(PIPELINE_STEP_HAND_OFF)
+        if traces:
+            with self._lock:
+                for trace in traces:
+                    self._in_transit.pop(id(trace.spans), None)
+
+    def earliest_start_unix(self) -> float:
+        """The earliest span start (unix seconds) among the traces held or being handed
+        on: what a forwarding replica may still make records of (inf: none)."""
+        with self._lock:
+            earliest = min((p.earliest_nano for p in self._pending.values()),
+                           default=MAX_NANO)
+            if self._in_transit:
+                earliest = min(earliest, min(self._in_transit.values()))
+        return math.inf if earliest >= MAX_NANO else earliest / 1e9
 
     # --- lifecycle -----------------------------------------------------------------------
 

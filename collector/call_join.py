@@ -39,6 +39,7 @@ Records forwarded by other replicas are not joined here (docs/architecture.md).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -293,6 +294,19 @@ class CallJoiner:
     @property
     def held(self) -> int:
         return len(self._held)
+
+    def earliest_held_start(self) -> float:
+        """The earliest engine start (else start) among the records held (pipeline
+        thread): what a forwarding replica may still hand on (inf: none)."""
+        earliest = math.inf
+        for held in self._held.values():
+            record = held.record
+            start = record.prefill_start_unix
+            if start is None:
+                start = record.start_unix
+            if start < earliest:
+                earliest = start
+        return earliest
 
     def consume_record(self, record: RequestRecord) -> None:
         if self._config.mode == "off" or self._closed:

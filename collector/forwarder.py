@@ -17,14 +17,25 @@ retried on connection errors, 429, 502, 503 and 504 (honouring ``Retry-After``) 
 ``shutdown`` (still queued when the flush deadline ran out), ``queue_full`` (the oldest
 records made room: only once the shutdown deadline has passed, or with the sender thread
 gone) and ``closed`` (handed in after shutdown).
+
+Progress (collector/forward_progress.py): every ``progress_seconds`` (the pipeline's
+tick) the forwarder queues, behind the records, one progress message per pricing unit it
+forwards; they travel in the same batches, or alone as a heartbeat when no record is
+going. At shutdown each unit gets a final one, so the pricing collector stops waiting for
+this replica as soon as its records are in. Every log record names this replica
+(``source_id``: host, process and a random part, unless configured).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import httpx
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
@@ -37,7 +48,9 @@ from tokenpath.collector.batch_sender import (
     Retry,
     SenderConfig,
 )
-from tokenpath.collector.record_logs import encode_records
+from tokenpath.collector.cost.attributor import AttributorConfig
+from tokenpath.collector.forward_progress import ForwardProgress
+from tokenpath.collector.record_logs import OutgoingProgress, encode_records
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.records import IdleCost, RequestRecord
@@ -49,8 +62,15 @@ DEFAULT_BATCH_RECORDS = 512
 DEFAULT_MAX_RETRY_SECONDS = 300.0
 DEFAULT_TIMEOUT_SECONDS = 10.0
 DEFAULT_SHUTDOWN_SECONDS = 30.0
+DEFAULT_PROGRESS_SECONDS = 1.0
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
 PROTOBUF = "application/x-protobuf"
+
+
+def default_source_id() -> str:
+    """This process as a source of forwarded records: host, pid and a random part (a
+    restarted replica is a new source; the old one leaves when it times out)."""
+    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +81,8 @@ class ForwarderConfig:
     max_retry_seconds: float = DEFAULT_MAX_RETRY_SECONDS
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     shutdown_seconds: float = DEFAULT_SHUTDOWN_SECONDS
+    progress_seconds: float = DEFAULT_PROGRESS_SECONDS
+    source_id: str = field(default_factory=default_source_id)
 
     def validate(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -71,6 +93,10 @@ class ForwarderConfig:
         for key in ("max_retry_seconds", "timeout_seconds", "shutdown_seconds"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"forward_records.{key}", "must be >= 0")
+        if not self.progress_seconds > 0:
+            raise ConfigError("forward_records.progress_seconds", "must be > 0")
+        if not self.source_id:
+            raise ConfigError("forward_records.source_id", "must not be empty")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +105,10 @@ class _Body:
 
     body: bytes
     records: int
+    progress: int
 
 
-def _encode(records: list[RequestRecord]) -> _Body:
-    return _Body(encode_records(records).SerializeToString(), len(records))
+Item: TypeAlias = RequestRecord | OutgoingProgress
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -101,25 +127,46 @@ class RecordForwarder:
     def __init__(self, config: ForwarderConfig, stats: CollectorStats | None = None,
                  auth_token: str | None = None,
                  client: httpx.Client | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 progress: ForwardProgress | None = None) -> None:
+        """``progress``: this replica's per-unit progress (the service gives it the floor
+        of what the replica still holds); default: from the records alone."""
         config.validate()
         self._config = config
+        self._progress = progress or ForwardProgress(AttributorConfig().lateness_bounds)
         self._stats = stats or CollectorStats()
         headers = {"Content-Type": PROTOBUF}
         if auth_token:
             headers["Authorization"] = f"Bearer {auth_token}"
         self._client = client or httpx.Client(timeout=config.timeout_seconds)
         self._headers = headers
-        self._sender: BatchSender[RequestRecord, _Body] = BatchSender(
+        self._sender: BatchSender[Item, _Body] = BatchSender(
             "forwarder",
             SenderConfig(config.max_queue_records, config.batch_records,
                          config.max_retry_seconds, config.shutdown_seconds),
-            _encode, self._export, self._dropped, clock)
+            self._encode, self._export, self._dropped, clock)
+        self._finished = False
+
+    @property
+    def source_id(self) -> str:
+        return self._config.source_id
 
     # --- RecordSink ----------------------------------------------------------------------
 
     def consume_record(self, record: RequestRecord) -> None:
+        self._progress.observe(record)
         self._sender.put(record)
+
+    # --- Ticking (the pipeline thread) -----------------------------------------------------
+
+    @property
+    def tick_seconds(self) -> float:
+        return self._config.progress_seconds
+
+    def tick(self) -> None:
+        """Queue this replica's progress for every unit it forwards, behind its records."""
+        for mark in self._progress.marks():
+            self._sender.put(mark)
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
         """Nothing is priced here: idle cost is the pricing collector's."""
@@ -140,14 +187,26 @@ class RecordForwarder:
         self._sender.begin_shutdown()
 
     def shutdown(self) -> None:
-        """Send what is queued, until the flush deadline; count the rest. Idempotent."""
+        """Send what is queued and each unit's final progress, until the flush deadline;
+        count the rest. Idempotent."""
+        if not self._finished:
+            self._finished = True
+            for mark in self._progress.marks(final=True):
+                self._sender.put(mark)
         self._sender.shutdown()
         self._client.close()
 
     # --- the sender's side ---------------------------------------------------------------
 
-    def _dropped(self, reason: str, records: Sequence[RequestRecord]) -> None:
-        self._stats.records_forward_dropped.inc(reason, len(records))
+    def _encode(self, items: list[Item]) -> _Body:
+        records = sum(1 for item in items if isinstance(item, RequestRecord))
+        body = encode_records(items, self._config.source_id, time.time())
+        return _Body(body.SerializeToString(), records, len(items) - records)
+
+    def _dropped(self, reason: str, items: Sequence[Item]) -> None:
+        records = sum(1 for item in items if isinstance(item, RequestRecord))
+        if records:
+            self._stats.records_forward_dropped.inc(reason, records)
 
     def _export(self, batch: _Body) -> None:
         """One POST of the batch; counts what the receiver took and refused."""
@@ -167,7 +226,8 @@ class RecordForwarder:
             parsed.Clear()
         rejected = int(parsed.partial_success.rejected_log_records)
         if rejected:
-            log.warning("forwarder: %d records refused: %s", rejected,
+            log.warning("forwarder: %d log records refused: %s", rejected,
                         parsed.partial_success.error_message)
-            self._stats.records_forward_dropped.inc(DROP_REJECTED, rejected)
-        self._stats.records_forwarded.inc(batch.records - rejected)
+            self._stats.records_forward_dropped.inc(DROP_REJECTED, min(rejected, batch.records))
+        self._stats.records_forwarded.inc(max(0, batch.records - rejected))
+        self._stats.progress_forwarded.inc(batch.progress)

@@ -5,7 +5,7 @@
     receivers ──SpanConsumer──> assembler ──TraceConsumer──> pipeline worker
         │                                                       │ (one thread)
         ├──PointsConsumer──> node metrics ──> GPU energy         ├──> mapper ──RecordConsumer──>
-        └──RecordBatchConsumer (forwarded records) ──────────────┘      call joiner / attributor
+        └──RecordBatchConsumer (forwarded records, progress) ────┘      call joiner / attributor
                                                                           ──RecordSink──> sinks
 
 Each component is given its downstream at construction and knows nothing else of the
@@ -16,11 +16,12 @@ never called concurrently and needs no lock for what only that thread touches.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from tokenpath.collector.assembler import AssembledTrace
+    from tokenpath.collector.cost.sources import SourceProgress
     from tokenpath.collector.receivers.otlp_decode import MetricPoint
     from tokenpath.collector.spans import SpanData
     from tokenpath.records import IdleCost, RequestRecord
@@ -42,10 +43,23 @@ class PointsConsumer(Protocol):
 
 
 class RecordBatchConsumer(Protocol):
-    """Receivers -> pipeline worker: forwarded records to price. Called from any
-    receiver thread; never waits (admission has checked the backlogs before)."""
+    """Receivers -> pipeline worker: forwarded records to price, each with the replica
+    that sent it (``sources``, parallel to ``records``), and the replicas' progress
+    messages. Called from any receiver thread; never waits (admission has checked the
+    backlogs before); False: nothing taken (overloaded)."""
 
-    def offer_records(self, records: list[RequestRecord]) -> bool: ...
+    def offer_records(self, records: list[RequestRecord],
+                      sources: Sequence[str | None] = (),
+                      progress: Sequence[SourceProgress] = ()) -> bool: ...
+
+
+class ForwardedConsumer(Protocol):
+    """Pipeline worker -> attributor: forwarded records and progress, on the pipeline
+    thread only, in the order they arrived (a batch's records before its progress)."""
+
+    def consume_forwarded(self, record: RequestRecord, source: str | None) -> None: ...
+
+    def consume_progress(self, progress: SourceProgress) -> None: ...
 
 
 class TraceConsumer(Protocol):

@@ -19,14 +19,18 @@ behind, and the queue then fills past its mark, so the receivers refuse.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.backpressure import Backlog
-from tokenpath.collector.interfaces import RecordConsumer, Ticking, TraceConsumer
+from tokenpath.collector.cost.sources import SourceProgress
+from tokenpath.collector.interfaces import ForwardedConsumer, Ticking, TraceConsumer
 from tokenpath.collector.stats import PIPELINE_STEP_RECORDS, PIPELINE_STEP_TRACE, CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
@@ -41,15 +45,59 @@ DEFAULT_SHED_AT = 10_000
 _STOP = object()
 
 
+class _Forwarded(NamedTuple):
+    records: list[RequestRecord]
+    sources: Sequence[str | None]
+    progress: Sequence[SourceProgress]
+
+
+class _Queued(NamedTuple):
+    sequence: int
+    trace: AssembledTrace
+
+
+class QueuedStarts:
+    """The earliest span start among the traces queued and not yet mapped, for a
+    forwarding replica's progress (collector/forward_progress.py). Traces leave the queue
+    in the order they entered, so a monotonic deque gives the minimum."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+        self._starts: deque[tuple[int, float]] = deque()  # (sequence, start) increasing
+
+    def push(self, trace: AssembledTrace) -> int:
+        start = min((s.start_unix_nano for s in trace.spans), default=0) / 1e9
+        with self._lock:
+            sequence = self._next
+            self._next += 1
+            while self._starts and self._starts[-1][1] >= start:
+                self._starts.pop()
+            self._starts.append((sequence, start))
+        return sequence
+
+    def pop(self, sequence: int) -> None:
+        with self._lock:
+            while self._starts and self._starts[0][0] <= sequence:
+                self._starts.popleft()
+
+    def earliest(self) -> float:
+        with self._lock:
+            return self._starts[0][1] if self._starts else math.inf
+
+
 class PipelineWorker:
     """TraceConsumer for the assembler; runs ``traces`` (the mapper, whose downstream is
     the attributor or the forwarder), ``records`` (forwarded records to price) and
     each ticker's ``tick()`` (the call joiner's, the attributor's) on one thread."""
 
-    def __init__(self, traces: TraceConsumer, records: RecordConsumer | None,
+    def __init__(self, traces: TraceConsumer, records: ForwardedConsumer | None,
                  tickers: Sequence[Ticking] = (), stats: CollectorStats | None = None,
                  shed_at: int = DEFAULT_SHED_AT,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 track_starts: bool = False) -> None:
+        """``track_starts``: keep :attr:`queued_starts` (a forwarding replica's progress
+        needs the earliest start of what it has not mapped yet)."""
         if shed_at < 1:
             raise ConfigError("pipeline_shed_at", "must be >= 1")
         self._traces = traces
@@ -61,6 +109,7 @@ class PipelineWorker:
         self._clock = clock
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.queued_starts = QueuedStarts() if track_starts else None
 
     # --- feeding -------------------------------------------------------------------------
 
@@ -69,18 +118,25 @@ class PipelineWorker:
         if self._thread is None:
             self._run_trace(trace)
             return
-        self._queue.put(trace)
+        if self.queued_starts is not None:
+            self._queue.put(_Queued(self.queued_starts.push(trace), trace))
+        else:
+            self._queue.put(trace)
 
-    def offer_records(self, records: list[RequestRecord]) -> bool:
-        """From the record-log receiver: False (nothing taken) while overloaded."""
+    def offer_records(self, records: list[RequestRecord],
+                      sources: Sequence[str | None] = (),
+                      progress: Sequence[SourceProgress] = ()) -> bool:
+        """From the record-log receiver: forwarded records (``sources``: each one's
+        replica) and progress messages. False (nothing taken) while overloaded."""
         if self._records is None:
             raise RuntimeError("this collector does not price forwarded records")
+        batch = _Forwarded(records, sources, progress)
         if self._thread is None:
-            self._run_records(records)
+            self._run_records(batch)
             return True
         if self.overloaded:
             return False
-        self._queue.put(records)
+        self._queue.put(batch)
         return True
 
     @property
@@ -130,7 +186,11 @@ class PipelineWorker:
                 return
             if isinstance(item, AssembledTrace):
                 self._run_trace(item)
-            elif isinstance(item, list):
+            elif isinstance(item, _Queued):
+                self._run_trace(item.trace)
+                assert self.queued_starts is not None
+                self.queued_starts.pop(item.sequence)
+            elif isinstance(item, _Forwarded):
                 self._run_records(item)
             if next_tick is not None and interval is not None and self._clock() >= next_tick:
                 self._tick()
@@ -144,14 +204,23 @@ class PipelineWorker:
             log.exception("pipeline: trace %s failed downstream", trace.trace_id)
             self._stats.pipeline_errors.inc(PIPELINE_STEP_TRACE)
 
-    def _run_records(self, records: list[RequestRecord]) -> None:
+    def _run_records(self, batch: _Forwarded) -> None:
         assert self._records is not None
-        for record in records:
+        sources = batch.sources
+        for index, record in enumerate(batch.records):
             try:
-                self._records.consume_record(record)
+                self._records.consume_forwarded(
+                    record, sources[index] if index < len(sources) else None)
             except Exception:
                 log.exception("pipeline: forwarded record %s failed downstream",
                               record.trace_id)
+                self._stats.pipeline_errors.inc(PIPELINE_STEP_RECORDS)
+        for mark in batch.progress:
+            try:
+                self._records.consume_progress(mark)
+            except Exception:
+                log.exception("pipeline: progress of %s for %s failed downstream",
+                              mark.source, mark.unit)
                 self._stats.pipeline_errors.inc(PIPELINE_STEP_RECORDS)
 
     def _tick(self) -> None:

@@ -28,9 +28,10 @@ from tokenpath.collector.cost.attributor import CostAttributor
 from tokenpath.collector.cost.energy import GpuEnergyReadings
 from tokenpath.collector.cost.prices import PriceSheet, load_price_sheet
 from tokenpath.collector.fan_out import FanOut
+from tokenpath.collector.forward_progress import ForwardProgress
 from tokenpath.collector.forwarder import RecordForwarder
 from tokenpath.collector.http_app import HttpListener, build_app
-from tokenpath.collector.interfaces import RecordSink
+from tokenpath.collector.interfaces import RecordSink, Ticking
 from tokenpath.collector.mapping import StageMapper
 from tokenpath.collector.node_metrics import NodeMetricsState
 from tokenpath.collector.pipeline_worker import PipelineWorker
@@ -81,15 +82,23 @@ class CollectorService:
             self.prometheus.export_telemetry(holder)
         self.forwarder: RecordForwarder | None = None
         mapped: RecordSink = self.attributor
+        tickers: list[Ticking] = []
         if config.forwarder is not None:
-            self.forwarder = RecordForwarder(config.forwarder, self.stats, config.auth_token)
+            progress = ForwardProgress(config.cost.lateness_bounds, self._held_floor)
+            self.forwarder = RecordForwarder(config.forwarder, self.stats, config.auth_token,
+                                             progress=progress)
             mapped = _ForwardThenClose(self.forwarder, self.attributor)
         self.joiner = CallJoiner(mapped, config.join, self.stats)
         self.mapper = StageMapper(self.joiner, self.stats)
         self.prometheus.export_telemetry(self.mapper.engine_steps)
-        self.worker = PipelineWorker(self.mapper, self.attributor,
-                                     (self.joiner, self.attributor), self.stats,
-                                     shed_at=config.pipeline_shed_at)
+        # the forwarder ticks after the joiner: its progress covers what the joiner holds
+        tickers.append(self.joiner)
+        if self.forwarder is not None:
+            tickers.append(self.forwarder)
+        tickers.append(self.attributor)
+        self.worker = PipelineWorker(self.mapper, self.attributor, tickers, self.stats,
+                                     shed_at=config.pipeline_shed_at,
+                                     track_starts=self.forwarder is not None)
         self.assembler = Assembler(self.worker, config.assembler, self.stats)
         # Admission (collector/backpressure.py): the receivers refuse while any stage a
         # span or record still has to pass is past its high-water mark.
@@ -113,6 +122,17 @@ class CollectorService:
                                      config.tls)
         self._started = False
         self._stopped = False
+
+    def _held_floor(self) -> float:
+        """The earliest start of what this replica holds that may still become a record
+        (collector/forward_progress.py): the assembler's traces, then the pipeline queue
+        (read in that order, so a trace handed between them is seen), then the joiner's
+        held records. Called on the pipeline thread."""
+        earliest = self.assembler.earliest_start_unix()
+        queued = self.worker.queued_starts
+        if queued is not None:
+            earliest = min(earliest, queued.earliest())
+        return min(earliest, self.joiner.earliest_held_start())
 
     @property
     def http_url(self) -> str:

@@ -41,6 +41,7 @@ class CollectorStats(Telemetry):
         self.spans_buffered = Level(M.SPANS_BUFFERED)
         self.pipeline_queue_depth = Level(M.PIPELINE_QUEUE_DEPTH)
         self.records_forwarded = Count(M.RECORDS_FORWARDED)
+        self.progress_forwarded = Count(M.PROGRESS_FORWARDED)
         self.records_forward_dropped = LabelledCount(M.RECORDS_FORWARD_DROPPED)  # by reason
         self.records_received = LabelledCount(M.RECORDS_RECEIVED)  # by receiver
         # HTTP server traces that were not LLM calls (health checks, docs, 404s), by class

@@ -44,6 +44,8 @@ COMPILED_MODULES: Final[tuple[str, ...]] = (
     "tokenpath.collector.prometheus_sink",
     "tokenpath.collector.exposition",
     "tokenpath.collector.cost.apportion",
+    "tokenpath.collector.cost.watermark",
+    "tokenpath.collector.cost.sources",
     "tokenpath.collector.cost.attributor",
     "tokenpath.collector.cost.cache",
     "tokenpath.collector.cost.energy",

@@ -246,6 +246,16 @@ PRICING_FORCED_CLOSES = _m("collector_pricing_forced_closes", "counter", (),
                            "Times the attributor closed slices early (cost.max_pending_records).")
 RECORDS_PENDING_PRICE = _m("collector_records_pending_price", "gauge", (),
                            "Records held until their node's slices close.")
+PRICING_SOURCES_EXPIRED = _m("collector_pricing_sources_expired", "counter", (),
+                             "Forwarding replicas that sent a unit no progress for "
+                             "cost.source_timeout_seconds: the unit's window moved on "
+                             "without them (their records that still come are priced late).")
+PRICING_PROGRESS_IN = _m("collector_pricing_progress", "counter", (),
+                         "Progress messages received from forwarding replicas (their "
+                         "watermark per pricing unit, docs/deploy.md).")
+PROGRESS_FORWARDED = _m("collector_progress_forwarded", "counter", (),
+                        "Progress messages this forwarding replica sent (one per pricing "
+                        "unit per progress interval).")
 ENGINE_PLUGIN_STEPS = _m("collector_engine_plugin_steps", "counter", (LABEL_ENGINE,),
                          "Engine steps (iterations) the vLLM plugin reported, by engine.")
 ENGINE_PLUGIN_STEP_SECONDS = _m("collector_engine_plugin_step_seconds", "counter",

@@ -32,7 +32,7 @@ import heapq
 import logging
 import math
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -59,11 +59,13 @@ from tokenpath.collector.cost.energy import (
     modeled_joules_per_dollar,
 )
 from tokenpath.collector.cost.prices import PriceSheet
+from tokenpath.collector.cost.sources import SourceProgress, UnitSources
 from tokenpath.collector.cost.stage_cost import (
     has_kv_transfer,
     land_cpu_and_network_cost,
     land_gpu_cost,
 )
+from tokenpath.collector.cost.watermark import EventClock, LatenessBounds
 from tokenpath.collector.interfaces import RecordSink
 from tokenpath.config import ConfigError
 from tokenpath.identity import pricing_unit
@@ -94,7 +96,16 @@ DEFAULT_CLOSE_STEP_SECONDS = 0.1
 # at most this long behind the watermark (then its slices are priced with modeled joules)
 DEFAULT_ENERGY_MAX_WAIT_SECONDS = 30.0
 DEFAULT_MAX_PENDING_RECORDS = 100_000
+# Sharded pricing (.sources): a unit's window waits this long after its first forwarded
+# message before it trusts the set of replicas it has heard from, and a replica that sent
+# no progress for this long leaves the minimum (a dead replica holds its units no longer).
+# The timeout is well under the forwarder's max_retry_seconds (300 s): a replica retrying
+# longer than it is expired, and its records that then arrive are priced late.
+DEFAULT_SOURCE_DISCOVERY_SECONDS = 10.0
+DEFAULT_SOURCE_TIMEOUT_SECONDS = 60.0
 MAX_REMEMBERED_RECORD_IDS = 200_000  # to drop a record priced already (re-sent batches)
+# an expired or stopped source is forgotten after this many source timeouts
+SOURCE_MEMORY_TIMEOUTS = 10.0
 
 
 @dataclass(slots=True)
@@ -114,6 +125,13 @@ class AttributorConfig:
     # nothing this long: a restarted pod or a gone process stops costing idle
     engine_retire_seconds: float = DEFAULT_ENGINE_RETIRE_SECONDS
     energy_max_wait_seconds: float = DEFAULT_ENERGY_MAX_WAIT_SECONDS
+    source_discovery_seconds: float = DEFAULT_SOURCE_DISCOVERY_SECONDS
+    source_timeout_seconds: float = DEFAULT_SOURCE_TIMEOUT_SECONDS
+
+    @property
+    def lateness_bounds(self) -> LatenessBounds:
+        return LatenessBounds(self.min_delay_seconds, self.max_delay_seconds,
+                              self.lag_window, self.lag_margin_seconds)
 
     def validate(self) -> None:
         if not self.min_delay_seconds >= 0:
@@ -132,6 +150,10 @@ class AttributorConfig:
             raise ConfigError("cost.engine_retire_seconds", "must be > 0")
         if not self.energy_max_wait_seconds >= 0:
             raise ConfigError("cost.energy_max_wait_seconds", "must be >= 0")
+        if not self.source_discovery_seconds >= 0:
+            raise ConfigError("cost.source_discovery_seconds", "must be >= 0")
+        if not self.source_timeout_seconds > 0:
+            raise ConfigError("cost.source_timeout_seconds", "must be > 0")
         for key, value in (
             ("cost.max_pending_records", self.max_pending_records),
             ("cost.lag_window", self.lag_window),
@@ -199,6 +221,9 @@ class AttributorStats(Telemetry):
         # closed past a node's energy readings (those joules modeled)
         self.energy_waits_expired = Count(M.ENERGY_WAITS_EXPIRED)
         self.pending_records = Level(M.RECORDS_PENDING_PRICE, pending)
+        # a forwarding replica that sent no progress for cost.source_timeout_seconds
+        self.sources_expired = Count(M.PRICING_SOURCES_EXPIRED)
+        self.progress_in = Count(M.PRICING_PROGRESS_IN)
 
 
 @dataclass(slots=True, init=False)  # a written __init__: see tokenpath/records.py
@@ -214,42 +239,16 @@ class _Pending:
         self.roofline = roofline
 
 
-class _LagWindow:
-    """Sliding-window maximum of a unit's recent event-time lags."""
-
-    __slots__ = ("_lags", "_sequence", "_window")
-
-    def __init__(self, window: int) -> None:
-        self._window = window
-        self._sequence = 0
-        self._lags: deque[tuple[int, float]] = deque()  # (sequence, lag), lags decreasing
-
-    def observe(self, lag: float) -> None:
-        self._sequence += 1
-        while self._lags and self._lags[-1][1] <= lag:
-            self._lags.pop()
-        self._lags.append((self._sequence, lag))
-        while self._lags[0][0] <= self._sequence - self._window:
-            self._lags.popleft()
-
-    @property
-    def maximum(self) -> float | None:
-        return self._lags[0][1] if self._lags else None
-
-
 @dataclass(slots=True)
 class _Node:
     name: str
     ledger: NodeLedger
     timeline: NodeTimeline
-    lags: _LagWindow
+    # its records' event time and allowed lateness: its watermark as a lone collector
+    clock: EventClock
     pending: dict[int, _Pending] = field(default_factory=dict)
     # a record's close waits until the watermark reaches this (cost.close_step_seconds)
     next_close: float = -math.inf
-    # the newest engine time its records have shown (their latest engine end), and the
-    # wall clock when its last record arrived
-    frontier: float = -math.inf
-    last_arrival: float = 0.0
 
 
 class CostAttributor:
@@ -271,6 +270,8 @@ class CostAttributor:
         self._clock = clock
         self._energy = energy
         self._nodes: dict[str, _Node] = {}
+        # units priced here from forwarding replicas: their sources' progress
+        self._sources: dict[str, UnitSources] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()  # recent record ids
         self._next_key = 0
         self._pending_total = 0
@@ -311,6 +312,38 @@ class CostAttributor:
     # -- data path ------------------------------------------------------------------------
 
     def consume_record(self, record: RequestRecord) -> None:
+        """A record mapped by this collector."""
+        self._consume(record, None)
+
+    def consume_forwarded(self, record: RequestRecord, source: str | None) -> None:
+        """A record another replica mapped and forwarded here; ``source``: that replica's
+        identity (None from a replica that reports no progress)."""
+        self._consume(record, source)
+
+    def consume_progress(self, mark: SourceProgress) -> None:
+        """A forwarding replica's progress for one unit (:mod:`.sources`): the unit's
+        window may now move."""
+        self.stats.progress_in.inc()
+        if self._closed:
+            return
+        now = self._clock()
+        self._sources_of(mark.unit, now).progress(mark, now)
+        node = self._nodes.get(mark.unit)
+        if node is None:
+            return
+        out_records: list[RequestRecord] = []
+        out_idle: list[IdleCost] = []
+        self._close_node(node, self._watermark(node, now), out_records, out_idle)
+        self._emit(out_records, out_idle)
+
+    def _sources_of(self, unit: str, now: float) -> UnitSources:
+        sources = self._sources.get(unit)
+        if sources is None:
+            sources = UnitSources(now)
+            self._sources[unit] = sources
+        return sources
+
+    def _consume(self, record: RequestRecord, source: str | None) -> None:
         out_records: list[RequestRecord] = []
         out_idle: list[IdleCost] = []
         self.stats.records_in.inc()
@@ -320,6 +353,9 @@ class CostAttributor:
         self._seen[record.record_id] = None
         if len(self._seen) > MAX_REMEMBERED_RECORD_IDS:
             self._seen.popitem(last=False)
+        if source is not None:
+            self._sources_of(pricing_unit(record.node, record.engine_id),
+                             self._clock()).record(source, self._clock())
         self._price_record_basics(record)
         node = None if self._closed else self._admit(record, out_records)
         if node is None:
@@ -327,8 +363,10 @@ class CostAttributor:
                 record.cost_dollars = sum(t.cost_dollars for t in record.stages.values())
                 out_records.append(record)
         else:
-            # the unit has just received a record: its event-time watermark
-            stop = node.frontier - self._lateness(node)
+            # the unit has just received a record: its event-time watermark (a unit with
+            # forwarding sources: the minimum of their progress)
+            stop = (node.clock.stop() if node.name not in self._sources
+                    else self._watermark(node, self._clock()))
             if stop >= node.next_close:
                 node.next_close = stop + self._config.close_step_seconds
                 self._close_node(node, stop, out_records, out_idle)
@@ -352,6 +390,10 @@ class CostAttributor:
         for name in [n for n, node in self._nodes.items()
                      if not node.pending and node.timeline.retired]:
             del self._nodes[name]  # every engine of it gone: no idle, no memory
+            self._sources.pop(name, None)
+        horizon = SOURCE_MEMORY_TIMEOUTS * self._config.source_timeout_seconds
+        for sources in self._sources.values():
+            sources.forget_gone(now, horizon)
         self._emit(out_records, out_idle)
 
     def lateness_for(self, unit: str) -> float:
@@ -372,17 +414,26 @@ class CostAttributor:
         return None if node is None else self._watermark(node, self._clock())
 
     def _lateness(self, node: _Node) -> float:
-        cfg = self._config
-        lag = node.lags.maximum
-        lag = 0.0 if lag is None else lag + cfg.lag_margin_seconds
-        return min(cfg.max_delay_seconds, max(cfg.min_delay_seconds, lag))
+        return node.clock.lateness()
 
     def _watermark(self, node: _Node, now: float) -> float:
-        """The unit's newest engine time less its allowed lateness; once it has received
-        nothing for ``min_delay_seconds`` (quiet), plus the wall time since then."""
-        stop = node.frontier - self._lateness(node)
-        quiet = now - node.last_arrival - self._config.min_delay_seconds
-        return stop + quiet if quiet > 0.0 else stop
+        """Where ``node``'s slices may be closed now: with forwarding sources, the minimum
+        of their progress (:mod:`.sources`); else (or with none of them live) its own
+        records' watermark (:mod:`.watermark`)."""
+        sources = self._sources.get(node.name)
+        if sources is not None:
+            cfg = self._config
+            stop = sources.watermark(now, cfg.source_discovery_seconds,
+                                     cfg.source_timeout_seconds, self._source_expired)
+            if stop is not None:
+                return stop
+        return node.clock.watermark(now)
+
+    def _source_expired(self, source: str) -> None:
+        self.stats.sources_expired.inc()
+        log.warning("cost: forwarding replica %s sent no progress for %.0f s "
+                    "(cost.source_timeout_seconds); its units' windows move on without it",
+                    source, self._config.source_timeout_seconds)
 
     @property
     def pending_records(self) -> int:
@@ -419,7 +470,7 @@ class CostAttributor:
             ledger = NodeLedger(pool=record.pool or spec.pool, gpu_type=gpu_type,
                                 gpu_count=timeline.gpu_count,
                                 in_inventory=in_inventory and spec.gpu_count is not None)
-            node = _Node(name, ledger, timeline, _LagWindow(self._config.lag_window))
+            node = _Node(name, ledger, timeline, EventClock(self._config.lateness_bounds))
             self._nodes[name] = node
         return node
 
@@ -444,14 +495,9 @@ class CostAttributor:
         ledger = node.ledger
         record.gpu_inventory = ledger.in_inventory
         roofline = roofline_for_record(record, ledger.gpu_type)
-        now = self._clock()
-        node.last_arrival = now
         # event time: its engine end, but never ahead of this collector's clock (a bogus
         # timestamp cannot close the unit's window far ahead of its records)
-        seen = end if end < now else now
-        if seen > node.frontier:
-            node.frontier = seen
-        node.lags.observe(node.frontier - ps)
+        node.clock.observe(ps, end, self._clock())
         gpus = max(1, record.tensor_parallel)
         interval = EngineInterval(
             key=self._next_key,

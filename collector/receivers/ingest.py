@@ -105,8 +105,9 @@ class OtlpIngest:
         if self._records is None:
             decoded.rejected += len(decoded.records)
             decoded.reasons.append("this collector prices no forwarded records")
-        elif decoded.records:
-            if not self._records.offer_records(decoded.records):
+        elif decoded.records or decoded.progress:
+            if not self._records.offer_records(decoded.records, decoded.sources,
+                                               decoded.progress):
                 raise Overloaded()
             self._stats.records_received.inc(receiver, len(decoded.records))
         if decoded.rejected:
