@@ -99,8 +99,8 @@ def cluster(tmp_path: Path, shard_store: str | None = None,
     router = LoadBalancingRouter([s.http_url for s in shards])
     router.start()
     try:
-        for shard in shards:
-            shard.start(("--forward-records", f"{router.url}/v1/logs"))
+        for index, shard in enumerate(shards):
+            shard.start(("--forward-records", router.forward_url(index)))
         for process in (single, *shards):
             process.wait_ready()
         yield Cluster(single, shards, router)

@@ -166,8 +166,9 @@ class EngineTraffic:
 
 
 def engine_traffic(now: float, per_engine: int = 100, rps: float = 30.0,
-                   seed: int = 11) -> EngineTraffic:
-    """Two vLLM engines (resource identity only) and one demo engine on ``gpu-node-1``."""
+                   seed: int = 11, node: str = "gpu-node-1") -> EngineTraffic:
+    """Two vLLM engines (resource identity only, ``vllm-SEED-0`` and ``-1``) and one demo
+    engine on ``node``."""
     rng = random.Random(seed)
     timelines = [_timeline(seed + i, per_engine, rps) for i in range(3)]
     for records in timelines:  # the simulator numbers its traces: random ids, as SDKs make
@@ -191,7 +192,7 @@ def engine_traffic(now: float, per_engine: int = 100, rps: float = 30.0,
             engine = _Exporter.make({"service.name": "tokenpath-reference"}, rng)
             for record in records:
                 parent = _gateway_span(gateway, record)
-                _demo_span(engine, record, "gpu-node-1", parent)
+                _demo_span(engine, record, node, parent)
                 parent.end(end_time=_ns((record.engine_end_unix or 0.0) + 0.003))
         exporters.append(engine)
     spans = [s for e in (gateway, *exporters) for s in e.spans()]

@@ -1,0 +1,225 @@
+"""Sharded pricing in any order: three `tokenpath collector` replicas forwarding their
+records (--forward-records) through the router, each reporting its progress per pricing
+unit, price the same engine traffic as one lone collector given the same spans, to 1e-6
+per request and with no record priced late, whatever the route does to one replica's
+posts:
+
+- (a) a backlog: the traffic 40 s old, sent to every replica at once;
+- (b) live traffic with one replica's posts held back 30 s, then released
+  (``cost.source_timeout_seconds`` above that);
+- (c) live traffic with one replica's posts delayed by seconds and reordered, its
+  progress messages overtaking its records;
+- (d) a replica killed for good after it forwarded its records: its units wait for
+  ``cost.source_timeout_seconds``, the expiry is counted, the records are exact.
+
+Each case runs on units of its own (its own engines and node), on one cluster.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
+
+from tests.deploy.cluster import SETTLE_TIMEOUT_SECONDS, Cluster, cluster, post, samples
+from tests.deploy.engine_traffic import EngineTraffic, engine_traffic
+from tokenpath import metric_names as mn
+from tokenpath.identity import pricing_unit
+from tokenpath.records import RequestRecord
+
+pytestmark = pytest.mark.integration
+
+PER_ENGINE = 60
+TIMEOUT_SECONDS = 40.0
+HOLD_SECONDS = 30.0
+BACKLOG_AGE_SECONDS = 40.0
+# the collectors' defaults but the two source times: the timeout above the hold, and a
+# short discovery so a case does not wait 10 s for nothing
+SETTINGS: dict[str, object] = {"cost": {"source_timeout_seconds": TIMEOUT_SECONDS,
+                                        "source_discovery_seconds": 5}}
+LIVE_STEP_SECONDS = 0.25
+
+
+@pytest.fixture(name="cluster", scope="module")
+def _cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with cluster(tmp_path_factory.mktemp("progress"), settings=SETTINGS) as running:
+        yield running
+
+
+def _records(url: str) -> dict[str, RequestRecord]:
+    with urllib.request.urlopen(f"{url}/api/requests?limit=10000", timeout=30) as response:
+        return {str(r["trace_id"]): RequestRecord.from_json(r)
+                for r in orjson.loads(response.read())}
+
+
+def _wait_for(urls: list[str], trace_ids: set[str]) -> dict[str, RequestRecord]:
+    """Until the collectors at ``urls`` together hold every one of ``trace_ids``."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_SECONDS
+    while True:
+        held: dict[str, RequestRecord] = {}
+        for url in urls:
+            held.update((k, v) for k, v in _records(url).items() if k in trace_ids)
+        if len(held) == len(trace_ids):
+            return held
+        assert time.monotonic() < deadline, f"{len(trace_ids) - len(held)} not priced"
+        time.sleep(0.5)
+
+
+def _counter(url: str, metric: mn.MetricSpec) -> float:
+    return samples(url).get(metric.series, 0.0)
+
+
+def _unit(record: RequestRecord) -> str:
+    return pricing_unit(record.node, record.engine_id)
+
+
+def _assert_priced_alike(cluster: Cluster, traffic: EngineTraffic,
+                         units: set[str] | None = None,
+                         shard_urls: list[str] | None = None) -> None:
+    """Every request (of ``units``, all by default) priced on the replicas at the lone
+    collector's GPU dollars to 1e-6, and so every unit's GPU dollars."""
+    ids = set(traffic.trace_ids)
+    alone = _wait_for([cluster.single.http_url], ids)
+    if units is not None:
+        ids = {i for i in ids if _unit(alone[i]) in units}
+    sharded = _wait_for(shard_urls or [s.http_url for s in cluster.shards], ids)
+    per_unit_alone: dict[str, float] = {}
+    per_unit_sharded: dict[str, float] = {}
+    for trace_id in ids:
+        mine, theirs = alone[trace_id], sharded[trace_id]
+        gpu_alone, gpu_sharded = mine.gpu_cost_dollars, theirs.gpu_cost_dollars
+        assert gpu_alone > 0
+        assert math.isclose(gpu_sharded, gpu_alone, rel_tol=1e-6), (trace_id, gpu_sharded,
+                                                                    gpu_alone)
+        unit = _unit(mine)
+        per_unit_alone[unit] = per_unit_alone.get(unit, 0.0) + gpu_alone
+        per_unit_sharded[unit] = per_unit_sharded.get(unit, 0.0) + gpu_sharded
+    assert per_unit_alone.keys() == per_unit_sharded.keys()
+    for unit, dollars in per_unit_alone.items():
+        assert math.isclose(per_unit_sharded[unit], dollars, rel_tol=1e-6), unit
+
+
+def _no_late(cluster: Cluster) -> None:
+    for process in cluster.processes:
+        if process.process is not None and process.process.poll() is None:
+            assert _counter(process.http_url, mn.RECORDS_LATE) == 0, process.http_url
+
+
+def _span_end(span: object) -> float:
+    return float(span.end_time_unix_nano) / 1e9  # type: ignore[attr-defined]
+
+
+def _post_live(cluster: Cluster, traffic: EngineTraffic) -> None:
+    """Post every span to the lone collector and the router once its end time has
+    passed, a step at a time: the traffic as its exporters would send it live."""
+    steps: dict[int, ExportTraceServiceRequest] = {}
+    for resource_spans in traffic.request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                step = int(_span_end(span) / LIVE_STEP_SECONDS)
+                part = ResourceSpans(resource=resource_spans.resource)
+                part.scope_spans.append(ScopeSpans(scope=scope_spans.scope, spans=[span]))
+                steps.setdefault(step, ExportTraceServiceRequest()).resource_spans.append(part)
+    for step in sorted(steps):
+        due = (step + 1) * LIVE_STEP_SECONDS
+        pause = due - time.time()
+        if pause > 0:
+            time.sleep(pause)  # pacing the workload, not waiting for a result
+        body = steps[step].SerializeToString()
+        post(f"{cluster.single.http_url}/v1/traces", body)
+        post(f"{cluster.router.url}/v1/traces", body)
+
+
+def _live_traffic(seed: int) -> EngineTraffic:
+    """Traffic whose timelines end a few seconds from now (sent as they end)."""
+    probe = engine_traffic(0.0, per_engine=PER_ENGINE, seed=seed, node=f"node-{seed}")
+    length = probe.window[1] - probe.window[0]
+    return engine_traffic(time.time() + min(length, 20.0), per_engine=PER_ENGINE, seed=seed,
+                          node=f"node-{seed}")
+
+
+def test_a_backlog_sent_to_every_replica_at_once(cluster: Cluster) -> None:
+    traffic = engine_traffic(time.time() - BACKLOG_AGE_SECONDS, per_engine=PER_ENGINE,
+                             seed=101, node="node-101")
+    body = traffic.request.SerializeToString()
+    post(f"{cluster.single.http_url}/v1/traces", body)
+    post(f"{cluster.router.url}/v1/traces", body)
+    _assert_priced_alike(cluster, traffic)
+    _no_late(cluster)
+    progress = sum(_counter(s.http_url, mn.PRICING_PROGRESS_IN) for s in cluster.shards)
+    assert progress > 0  # the replicas' progress was what closed the units
+
+
+def test_b_one_replica_held_back_then_released(cluster: Cluster) -> None:
+    traffic = _live_traffic(202)
+    held_since = time.monotonic()
+    cluster.router.hold(0)
+    try:
+        _post_live(cluster, traffic)
+        ids = set(traffic.trace_ids)
+        # the other replicas' records of the held replica's units wait for it: none of
+        # the units is priced whole while its posts are held
+        left = HOLD_SECONDS - (time.monotonic() - held_since)
+        if left > 0:
+            time.sleep(left)  # the scenario: the route holds one replica for 30 s
+        priced = {k for url in (s.http_url for s in cluster.shards)
+                  for k in _records(url) if k in ids}
+        assert len(priced) < len(ids)
+    finally:
+        cluster.router.release(0)
+    _assert_priced_alike(cluster, traffic)
+    _no_late(cluster)
+    assert sum(_counter(s.http_url, mn.PRICING_SOURCES_EXPIRED) for s in cluster.shards) == 0
+
+
+def test_c_one_replica_delayed_and_reordered(cluster: Cluster) -> None:
+    traffic = _live_traffic(303)
+    cluster.router.delay(0, 1.0, 4.0, seed=3)
+    try:
+        _post_live(cluster, traffic)
+        _assert_priced_alike(cluster, traffic)
+    finally:
+        cluster.router.undelay(0)
+    _no_late(cluster)
+
+
+def test_d_a_replica_killed_for_good(cluster: Cluster) -> None:
+    traffic = engine_traffic(time.time(), per_engine=PER_ENGINE, seed=404, node="node-404")
+    victim, survivors = cluster.shards[0], cluster.shards[1:]
+    forwarded_before = _counter(victim.http_url, mn.RECORDS_FORWARDED)
+    expired_before = sum(_counter(s.http_url, mn.PRICING_SOURCES_EXPIRED) for s in survivors)
+    body = traffic.request.SerializeToString()
+    post(f"{cluster.single.http_url}/v1/traces", body)
+    post(f"{cluster.router.url}/v1/traces", body)
+    mine = {t for t in traffic.trace_ids
+            if cluster.router.ring.endpoint_for(bytes.fromhex(t)) == victim.http_url}
+    assert mine
+    # the victim forwarded every record it mapped, then dies without a word
+    deadline = time.monotonic() + SETTLE_TIMEOUT_SECONDS
+    while _counter(victim.http_url, mn.RECORDS_FORWARDED) - forwarded_before < len(mine):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert victim.process is not None
+    victim.process.send_signal(signal.SIGKILL)
+    victim.process.wait(timeout=30)
+    cluster.router.remove(victim.http_url)
+    alone = _wait_for([cluster.single.http_url], set(traffic.trace_ids))
+    # the units a survivor prices (the victim priced the others: they died with it)
+    units = {_unit(alone[t]) for t in traffic.trace_ids
+             if cluster.router.record_replica.get(t) in {s.http_url for s in survivors}}
+    assert units
+    _assert_priced_alike(cluster, traffic, units, [s.http_url for s in survivors])
+    # its last progress did not cover its records' slices: they were priced once it had
+    # been silent for the timeout and left the minimum, counted
+    expired = sum(_counter(s.http_url, mn.PRICING_SOURCES_EXPIRED) for s in survivors)
+    assert expired > expired_before
+    for process in (cluster.single, *survivors):
+        assert _counter(process.http_url, mn.RECORDS_LATE) == 0
+
