@@ -139,7 +139,7 @@ def _post_live(cluster: Cluster, traffic: EngineTraffic) -> None:
 
 def _live_traffic(seed: int) -> EngineTraffic:
     """Traffic whose timelines end a few seconds from now (sent as they end)."""
-    probe = engine_traffic(0.0, per_engine=PER_ENGINE, seed=seed, node=f"node-{seed}")
+    probe = engine_traffic(time.time(), per_engine=PER_ENGINE, seed=seed, node=f"node-{seed}")
     length = probe.window[1] - probe.window[0]
     return engine_traffic(time.time() + min(length, 20.0), per_engine=PER_ENGINE, seed=seed,
                           node=f"node-{seed}")
