@@ -17,6 +17,11 @@ come out and its idle time is closed; ``tick``). Finished records get their stag
 and go downstream, and unused GPU time goes downstream as
 :class:`tokenpath.records.IdleCost`. ``shutdown()`` closes every node and flushes.
 
+A unit priced from records that other replicas forwarded is closed instead at the minimum
+of its sources' reported progress (:mod:`.sources`, ``consume_forwarded`` and
+``consume_progress``), so no live replica's record misses the window however far it runs
+behind the others.
+
 A record that still arrives after its unit's watermark passed its engine start (it lagged
 its unit's newest engine time by more than the allowed lateness, or its unit had gone
 quiet) is priced from kept summaries of the closed slices (``late_records``,

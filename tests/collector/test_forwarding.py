@@ -3,6 +3,7 @@ collector/record_logs.py) and priced from /v1/logs and the gRPC LogsService."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator
 
@@ -22,9 +23,16 @@ from testkit.support.otlp import export_request, request_span
 from tests.collector.conftest import ServiceFactory, wait_for
 from tests.collector.cost.helpers import engine_record
 from tokenpath import attributes as A
+from tokenpath.collector.cost.sources import SourceProgress
 from tokenpath.collector.forwarder import ForwarderConfig, RecordForwarder
 from tokenpath.collector.receivers.grpc import LOGS_SERVICE
-from tokenpath.collector.record_logs import decode_records, encode_records
+from tokenpath.collector.record_logs import (
+    SOURCE_ATTRIBUTE,
+    OutgoingProgress,
+    decode_records,
+    encode_records,
+    resource_key,
+)
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
@@ -271,3 +279,54 @@ def test_shutdown_keeps_its_deadline_against_a_slow_peer(peer_factory: type[_Pee
     forwarder.shutdown()  # would retry for max_retry_seconds (300 s) past its deadline
     assert stats.records_forward_dropped["shutdown"] == 20
     assert stats.records_forwarded.value == 0
+
+
+def test_progress_travels_on_the_units_resource_naming_its_replica_in_attributes() -> None:
+    """Progress messages beside the records: same resource (the router's hash sees the
+    unit alone), the replica in each log record's attributes, decoded with the unit."""
+    records = _records(2)
+    progress = OutgoingProgress(resource_key("node-a", None), 2, 101.5)
+    final = OutgoingProgress(resource_key(None, "engine-9"), 0, -math.inf, final=True)
+    request = encode_records([*records, progress, final], "replica-1", 200.0)
+    resources = [{kv.key: kv.value.string_value for kv in rl.resource.attributes}
+                 for rl in request.resource_logs]
+    assert resources == [{A.NODE: "node-a"}, {A.ENGINE_ID: "engine-9"}]
+    for resource_logs in request.resource_logs:
+        for log in resource_logs.scope_logs[0].log_records:
+            assert {kv.key: kv.value.string_value for kv in log.attributes}[
+                SOURCE_ATTRIBUTE] == "replica-1"
+    decoded = decode_records(ExportLogsServiceRequest.FromString(request.SerializeToString()))
+    assert decoded.rejected == 0
+    assert decoded.sources == ["replica-1", "replica-1"]
+    assert decoded.progress == [SourceProgress("node-a", "replica-1", 2, 101.5),
+                                SourceProgress("engine-9", "replica-1", 0, -math.inf, True)]
+
+
+def test_malformed_progress_is_refused_and_nothing_else_is_lost() -> None:
+    request = encode_records([*_records(1), OutgoingProgress(resource_key("node-a", None), 1,
+                                                             5.0)], "replica-1", 1.0)
+    logs = request.resource_logs[0].scope_logs[0].log_records
+    bad = LogRecord()
+    bad.CopyFrom(logs[1])
+    del bad.attributes[:]  # no source, no count, no watermark
+    logs.append(bad)
+    decoded = decode_records(request)
+    assert (len(decoded.records), len(decoded.progress), decoded.rejected) == (1, 1, 1)
+    assert SOURCE_ATTRIBUTE in decoded.error_message
+
+
+def test_the_forwarder_sends_progress_each_tick_and_a_final_one_at_shutdown(
+        peer_factory: type[_Peer]) -> None:
+    peer = peer_factory([])
+    stats = CollectorStats()
+    forwarder = RecordForwarder(ForwarderConfig(peer.url, source_id="replica-7"), stats)
+    for record in _records(3):
+        forwarder.consume_record(record)
+    forwarder.tick()
+    forwarder.shutdown()
+    progress = [m for body in peer.bodies
+                for m in decode_records(ExportLogsServiceRequest.FromString(body)).progress]
+    assert [(m.unit, m.source, m.records, m.final) for m in progress] == [
+        ("node-a", "replica-7", 3, False), ("node-a", "replica-7", 3, True)]
+    assert stats.progress_forwarded.value == 2
+    assert stats.records_forwarded.value == 3

@@ -96,14 +96,24 @@ def _assert_priced_alike(cluster: Cluster, traffic: EngineTraffic,
         mine, theirs = alone[trace_id], sharded[trace_id]
         gpu_alone, gpu_sharded = mine.gpu_cost_dollars, theirs.gpu_cost_dollars
         assert gpu_alone > 0
-        assert math.isclose(gpu_sharded, gpu_alone, rel_tol=1e-6), (trace_id, gpu_sharded,
-                                                                    gpu_alone)
+        assert math.isclose(gpu_sharded, gpu_alone, rel_tol=1e-6), (
+            f"{trace_id} on {_unit(mine)}: {gpu_sharded} sharded, {gpu_alone} alone; "
+            f"{_late_counts(cluster)}")
         unit = _unit(mine)
         per_unit_alone[unit] = per_unit_alone.get(unit, 0.0) + gpu_alone
         per_unit_sharded[unit] = per_unit_sharded.get(unit, 0.0) + gpu_sharded
     assert per_unit_alone.keys() == per_unit_sharded.keys()
     for unit, dollars in per_unit_alone.items():
         assert math.isclose(per_unit_sharded[unit], dollars, rel_tol=1e-6), unit
+
+
+def _late_counts(cluster: Cluster) -> dict[str, float]:
+    """Each running collector's late records and expired sources (for a failure's
+    message)."""
+    return {f"{p.http_url} {m.name}": _counter(p.http_url, m)
+            for p in cluster.processes
+            if p.process is not None and p.process.poll() is None
+            for m in (mn.RECORDS_LATE, mn.PRICING_SOURCES_EXPIRED)}
 
 
 def _no_late(cluster: Cluster) -> None:
@@ -116,9 +126,9 @@ def _span_end(span: object) -> float:
     return float(span.end_time_unix_nano) / 1e9  # type: ignore[attr-defined]
 
 
-def _post_live(cluster: Cluster, traffic: EngineTraffic) -> None:
-    """Post every span to the lone collector and the router once its end time has
-    passed, a step at a time: the traffic as its exporters would send it live."""
+def _live_steps(traffic: EngineTraffic) -> list[tuple[float, bytes]]:
+    """The traffic as its exporters would send it live: each span once its end time has
+    passed, a step at a time (due time, export body)."""
     steps: dict[int, ExportTraceServiceRequest] = {}
     for resource_spans in traffic.request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
@@ -127,12 +137,16 @@ def _post_live(cluster: Cluster, traffic: EngineTraffic) -> None:
                 part = ResourceSpans(resource=resource_spans.resource)
                 part.scope_spans.append(ScopeSpans(scope=scope_spans.scope, spans=[span]))
                 steps.setdefault(step, ExportTraceServiceRequest()).resource_spans.append(part)
-    for step in sorted(steps):
-        due = (step + 1) * LIVE_STEP_SECONDS
+    return [((step + 1) * LIVE_STEP_SECONDS, steps[step].SerializeToString())
+            for step in sorted(steps)]
+
+
+def _post_live(cluster: Cluster, steps: list[tuple[float, bytes]]) -> None:
+    """Post each step to the lone collector and the router when it is due."""
+    for due, body in steps:
         pause = due - time.time()
         if pause > 0:
             time.sleep(pause)  # pacing the workload, not waiting for a result
-        body = steps[step].SerializeToString()
         post(f"{cluster.single.http_url}/v1/traces", body)
         post(f"{cluster.router.url}/v1/traces", body)
 
@@ -158,20 +172,33 @@ def test_a_backlog_sent_to_every_replica_at_once(cluster: Cluster) -> None:
 
 
 def test_b_one_replica_held_back_then_released(cluster: Cluster) -> None:
+    """Live traffic; once every replica has reported on the units, one replica's posts
+    are held back 30 s, then released."""
     traffic = _live_traffic(202)
+    steps = _live_steps(traffic)
+    first, rest = steps[:len(steps) // 3], steps[len(steps) // 3:]
+    progress_before = sum(_counter(s.http_url, mn.PRICING_PROGRESS_IN) for s in cluster.shards)
+    _post_live(cluster, first)
+    victim = cluster.shards[0]
+    deadline = time.monotonic() + SETTLE_TIMEOUT_SECONDS
+    # the held replica is one of the units' known sources: its progress has arrived
+    while _counter(victim.http_url, mn.PROGRESS_FORWARDED) == 0 or sum(
+            _counter(s.http_url, mn.PRICING_PROGRESS_IN)
+            for s in cluster.shards) == progress_before:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(2 * LIVE_STEP_SECONDS)  # a tick or two of its progress on these units
     held_since = time.monotonic()
     cluster.router.hold(0)
     try:
-        _post_live(cluster, traffic)
-        ids = set(traffic.trace_ids)
-        # the other replicas' records of the held replica's units wait for it: none of
-        # the units is priced whole while its posts are held
+        _post_live(cluster, rest)
         left = HOLD_SECONDS - (time.monotonic() - held_since)
         if left > 0:
             time.sleep(left)  # the scenario: the route holds one replica for 30 s
+        ids = set(traffic.trace_ids)
         priced = {k for url in (s.http_url for s in cluster.shards)
                   for k in _records(url) if k in ids}
-        assert len(priced) < len(ids)
+        assert len(priced) < len(ids)  # the units wait for the held replica
     finally:
         cluster.router.release(0)
     _assert_priced_alike(cluster, traffic)
@@ -183,7 +210,7 @@ def test_c_one_replica_delayed_and_reordered(cluster: Cluster) -> None:
     traffic = _live_traffic(303)
     cluster.router.delay(0, 1.0, 4.0, seed=3)
     try:
-        _post_live(cluster, traffic)
+        _post_live(cluster, _live_steps(traffic))
         _assert_priced_alike(cluster, traffic)
     finally:
         cluster.router.undelay(0)
