@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tokenpath import metric_names as M
 from tokenpath import views
 from tokenpath.auth import bearer_matches
-from tokenpath.collector import api_views
+from tokenpath.collector import api_aggregate, api_views
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.collector.node_metrics import NodeMetricsState, nic_last_mile
@@ -129,6 +129,8 @@ def build_app(
     @app.get("/metrics")
     def metrics() -> Response:
         return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+    api_aggregate.register(app, store)
 
     @app.get("/api/requests")
     def requests(limit: int = Query(api_views.DEFAULT_API_LIMIT, ge=1,
