@@ -15,7 +15,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tokenpath.query import Aggregates, Coverage, GroupBy, Params, TimeBuckets, Window
+from tokenpath.query import (
+    DEFAULT_PARAMS,
+    Aggregates,
+    Coverage,
+    GroupBy,
+    Params,
+    TimeBuckets,
+    Window,
+)
 
 GROUP_NAMES = frozenset({"tenant", "model", "pool"})
 TIME_PREFIX = "time:"
@@ -64,14 +72,15 @@ def params_param(params: Params) -> str:
 
 def parse_params(value: str | None) -> Params:
     if not value:
-        return Params()
+        return DEFAULT_PARAMS
     try:
         data = json.loads(value)
         constants = tuple((str(m), float(a), float(b))
                           for m, a, b in data.get("model_constants", ()))
-        params = Params(int(data.get("long_context_tokens", Params.long_context_tokens)),
+        params = Params(int(data.get("long_context_tokens",
+                                     DEFAULT_PARAMS.long_context_tokens)),
                         float(data.get("packets_per_token_threshold",
-                                       Params.packets_per_token_threshold)),
+                                       DEFAULT_PARAMS.packets_per_token_threshold)),
                         constants)
     except (ValueError, TypeError, AttributeError) as exc:
         raise WireError(f"params: not a JSON object of the query parameters: {exc}") from exc

@@ -43,6 +43,7 @@ from tokenpath.query_wire import (
 from tokenpath.records import RequestRecord
 
 DEFAULT_TIMEOUT_SECONDS = 120.0
+MAX_RECORDS = 50_000  # records() is a bounded list: the collectors' /api/sample cap
 
 
 class RemoteError(Exception):
@@ -131,6 +132,14 @@ class RemoteQueries:
             records.extend(RequestRecord.from_json(r) for r in answer["records"])
         records.sort(key=lambda r: r.end_unix)
         return Sample(records[-limit:] if len(records) > limit else records, of, limit)
+
+    def records(self, limit: int | None = None, since_unix: float | None = None,
+                until_unix: float | None = None) -> list[RequestRecord]:
+        """The window's newest ``limit`` records (at most :data:`MAX_RECORDS`), newest
+        first."""
+        wanted = MAX_RECORDS if limit is None else min(limit, MAX_RECORDS)
+        found = self.sample(Window(since_unix, until_unix), wanted)
+        return found.records[::-1]
 
     def idle_cost_dollars(self, since_unix: float | None = None) -> float:
         return self._idle("idle_cost_dollars", since_unix)
