@@ -73,6 +73,7 @@ BENCHES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "backlog": ("bench.backlog", "run", {}),
     "store": ("bench.store", "run", {}),
     "store_clickhouse": ("bench.store_clickhouse", "run", {}),
+    "remote_report": ("bench.remote_report", "run", {}),
     "no_loss": ("bench.no_loss", "run", {"requests": 2_000}),
 }
 
@@ -171,6 +172,13 @@ TARGETS = (
            ("summary", "records_per_second"), ">=", 10_000,
            beside=(("per CPU second of the writer", ("summary", "records_per_cpu_second"), ""),
                    ("filling the 1M store", ("summary", "fill_records_per_second"), "/s"))),
+    Target("remote_report", "report --collector, one collector of 1M records",
+           ("summary", "collector_seconds"), "<=", 5.0, "s",
+           beside=(("--store on the same file", ("summary", "store_seconds"), "s"),
+                   ("three replicas of a third each", ("summary", "replicas_seconds"), "s"))),
+    Target("remote_report", "report --collector peak RSS, one collector of 1M records",
+           ("summary", "collector_peak_rss_mb"), "<=", 300, "MB",
+           beside=(("three replicas", ("summary", "replicas_peak_rss_mb"), "MB"),)),
     Target("store", "store: bytes per record on disk, 1M records",
            ("summary", "bytes_per_record"), "<=", 1500, "B",
            beside=(("JSON layout, 100k", ("baseline_100000", "bytes_per_record"), "B"),)),
