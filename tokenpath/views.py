@@ -25,7 +25,6 @@ from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy, alloc
 from tokenpath.collector.cost.leak_ranking import COALESCE_FIX_TOKENS, RankedLeak
 from tokenpath.collector.cost.longcontext import ROOFLINE_GPU, ContextBucketSpend
 from tokenpath.collector.cost.routing_whatif import MAX_REPLAY_RECORDS, prefix_affine_whatif
-from tokenpath.instrumentation.network import PACKET_OVERHEAD_BYTES
 from tokenpath.last_mile import COALESCE_WHATIF_TOKENS, LastMileSummary
 from tokenpath.leaks import (
     LONG_CONTEXT_TOKENS,
@@ -56,6 +55,7 @@ from tokenpath.query import (
 from tokenpath.report import MissCauseSummary, Report, StageSummary
 from tokenpath.roofline import GPUS, MODELS, Roofline
 from tokenpath.stages import STAGES, Phase, Provenance
+from tokenpath.wire_sizes import PACKET_OVERHEAD_BYTES
 
 # The newest records of a window the record replays read.
 WHATIF_SAMPLE_LIMIT = 20_000
