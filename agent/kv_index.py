@@ -146,12 +146,12 @@ class EngineIndex:
 
     def remove(self, event: Removed, ts: float) -> None:
         group = (event.group, event.medium)
-        blocks = self.held.get(group)
+        blocks = self.held.setdefault(group, {})
         removed = self._removed.setdefault(group, {})
         counts = self.counts
         for block_hash in event.hashes:
             key = block_key(block_hash)
-            stored_at = blocks.get(key) if blocks is not None else None
+            stored_at = blocks.get(key)
             if stored_at is not None:
                 copy = (group, key)
                 copies = self._copies.get(copy)
@@ -161,7 +161,7 @@ class EngineIndex:
                     else:
                         del self._copies[copy]
                     continue
-                del blocks[key]  # type: ignore[union-attr]
+                del blocks[key]
                 self.size -= 1
                 counts.lifetime_seconds += max(0.0, ts - stored_at)
             # A removal of a block stored before the agent watched still tells that the

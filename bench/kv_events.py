@@ -8,8 +8,8 @@
   CPU microseconds per block event (stored or removed) and per batch, and the ratio to
   the decode floor. Rounds alternate receiver and floor; the median is reported.
 - ``memory``: one engine's index grown to ``blocks`` resident blocks (32-byte hashes,
-  64 a batch), measured with tracemalloc (bytes the index and its removal history hold,
-  per resident block) and as the growth of this process's RSS.
+  64 a batch): the growth of this process's RSS (and the CPU per block of that fill),
+  then, filled again under tracemalloc, the bytes the index holds per resident block.
 
 ``python -m bench.kv_events [--blocks 1000000]`` prints the result as JSON.
 """
@@ -118,32 +118,42 @@ def measure_cpu(batches: int = BATCHES, rounds: int = ROUNDS) -> dict[str, Any]:
     }
 
 
-def measure_memory(blocks: int = RESIDENT_BLOCKS) -> dict[str, Any]:
+def _fill(blocks: int) -> KvTracker:
     from tokenpath.agent.kv_wire import decode_batch
 
-    gc.collect()
-    process = psutil.Process()
-    rss_before = process.memory_info().rss
-    tracemalloc.start()
     tracker = KvTracker(max_blocks=blocks)
-    started = time.process_time()
     for first in range(0, blocks, MEMORY_BATCH):
         count = min(MEMORY_BATCH, blocks - first)
         payload = vllm_batch(1.0, [vllm_stored([block_hash(first + i) for i in range(count)],
                                                token_ids=[], block_size=BLOCK_SIZE)])
         tracker.apply(ENGINES[0], decode_batch(payload))
+    return tracker
+
+
+def measure_memory(blocks: int = RESIDENT_BLOCKS) -> dict[str, Any]:
+    gc.collect()
+    process = psutil.Process()
+    rss_before = process.memory_info().rss
+    started = time.process_time()
+    tracker = _fill(blocks)
     seconds = time.process_time() - started
+    gc.collect()
+    rss_growth = process.memory_info().rss - rss_before
+    resident = tracker.resident_blocks()
+    del tracker
+    gc.collect()
+    tracemalloc.start()
+    traced = _fill(blocks)
     gc.collect()
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    rss_after = process.memory_info().rss
-    resident = tracker.resident_blocks()
+    assert traced.resident_blocks() == resident
     return {
         "resident_blocks": resident,
         "bytes_per_resident_block": held / resident,
         "index_mib": held / 2**20,
-        "rss_growth_mib": (rss_after - rss_before) / 2**20,
-        "fill_seconds_cpu_traced": seconds,
+        "rss_growth_mib": rss_growth / 2**20,
+        "fill_cpu_us_per_block": seconds / resident * 1e6,
     }
 
 

@@ -45,9 +45,8 @@ def _containers_holding(value: object) -> list[object]:
     found = []
     for obj in gc.get_objects():
         try:
-            if isinstance(obj, list | tuple | set | frozenset) and value in obj:
-                found.append(obj)
-            elif isinstance(obj, dict) and (value in obj or value in obj.values()):
+            if (isinstance(obj, list | tuple | set | frozenset) and value in obj) or (
+                    isinstance(obj, dict) and (value in obj or value in obj.values())):
                 found.append(obj)
         except TypeError:
             continue
