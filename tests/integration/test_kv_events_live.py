@@ -200,6 +200,9 @@ def test_agent_measures_recomputation_by_cause_as_vllm_counts_it(node: Node) -> 
     for engine, vllm in node.engines.items():
         measured = sum(stored.get((engine, MODEL, cause), 0.0) for cause in MISS_CAUSES)
         miss_blocks = _vllm_miss_tokens(vllm) / BLOCK_SIZE
+        print(f"{engine}: {router.sent[engine]} requests, vLLM misses {miss_blocks:.2f} "
+              f"blocks, agent {measured:g} blocks "
+              f"{ {cause: stored.get((engine, MODEL, cause)) for cause in MISS_CAUSES} }")
         assert abs(measured - miss_blocks) <= router.sent[engine], (engine, stored, miss_blocks)
     recomputed = _series(node.agent_url, mn.KV_RECOMPUTED_TOKENS)
     for (engine, model, cause), blocks in stored.items():
