@@ -123,3 +123,23 @@ def nic_last_mile(state: NodeMetricsState, tx_bytes: str, tx_packets: str,
                     "loopback_average_packet_bytes": (lo_bytes / lo_packets
                                                       if lo_packets > 0 else None)})
     return out
+
+
+def kv_measured_causes(state: NodeMetricsState, recomputed: str, engine_label: str,
+                       model_label: str, cause_label: str) -> list[dict[str, object]]:
+    """Per node, engine, model and cause, from the agents' KV-cache event counters
+    (tokenpath_kv_recomputed_tokens): the tokens counted since each agent started, and
+    tokens/s between its last two pushes (None before the second)."""
+    out: list[dict[str, object]] = []
+    for node in sorted(state.nodes()):
+        totals = state.latest(node, recomputed)
+        if not totals:
+            continue
+        rates = state.rates(node, recomputed)
+        for labels, tokens in sorted(totals.items()):
+            named = dict(labels)
+            out.append({"node": node, "engine": named.get(engine_label, ""),
+                        "model": named.get(model_label, ""),
+                        "cause": named.get(cause_label, ""), "tokens": tokens,
+                        "tokens_per_second": rates.get(labels)})
+    return out

@@ -79,10 +79,6 @@ BUDGET_ALERT = f"{budgets.BUDGET_ALERT_PREFIX}{LIVE_PARAMS.burn_windows[0].long_
 NVML_METRICS = frozenset(spec.name for spec in (
     mn.GPU_UTILIZATION, mn.GPU_MEMORY_USED, mn.GPU_MEMORY_TOTAL, mn.GPU_MEMORY_BW_UTIL,
     mn.GPU_POWER, mn.GPU_SM_CLOCK, mn.GPU_BUSY_SECONDS))
-# Series of the engines' KV-cache events: the agent has them only where engines publish
-# to it (docs/agent.md); exempt while the demo's agent has received no batch.
-KV_EVENT_METRICS = frozenset(spec.name for spec in (
-    mn.KV_RECOMPUTED_TOKENS, mn.KV_STORED_BLOCKS, mn.KV_REMOVED_BLOCKS))
 METRIC_NAME = re.compile(rf"\b{mn.NAMESPACE}_[a-z0-9_]+")
 
 
@@ -189,8 +185,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
         live.stop()
 
 
-def _panel_failures(prometheus: str, nvml_up: bool,
-                    kv_events: bool) -> tuple[list[str], list[str], int]:
+def _panel_failures(prometheus: str, nvml_up: bool) -> tuple[list[str], list[str], int]:
     """(failures, exempt panels with no data, targets checked) over the committed JSON."""
     failures: list[str] = []
     exempt: list[str] = []
@@ -206,11 +201,7 @@ def _panel_failures(prometheus: str, nvml_up: bool,
                 if reply.get("status") != "success":
                     failures.append(f"{where}: error {reply}")
                 elif not reply["data"]["result"]:
-                    found = set(METRIC_NAME.findall(expr))
-                    kv_only = {name.removesuffix(mn.COUNTER_SUFFIX)
-                               for name in found} <= KV_EVENT_METRICS
-                    if (not nvml_up and found <= NVML_METRICS) or (
-                            not kv_events and kv_only):
+                    if not nvml_up and set(METRIC_NAME.findall(expr)) <= NVML_METRICS:
                         exempt.append(where)
                     else:
                         failures.append(f"{where}: no data for {expr}")
@@ -230,25 +221,18 @@ def test_every_dashboard_panel_query_returns_data(live: LiveStack) -> None:
     nvml = _values(live.prometheus, mn.AGENT_NVML_UP.series)
     assert nvml, "the demo's agent exports no NVML status"
     nvml_up = float(nvml[0]["value"][1]) == 1.0
-    kv_events = bool(_values(live.prometheus, mn.KV_EVENT_BATCHES.series))
     # a scrape or rule evaluation may land late on a loaded machine: retry briefly
     deadline = time.monotonic() + PANEL_RETRY_SECONDS
-    failures, exempt, checked = _panel_failures(live.prometheus, nvml_up, kv_events)
+    failures, exempt, checked = _panel_failures(live.prometheus, nvml_up)
     while failures and time.monotonic() < deadline:
         time.sleep(2.0)
-        failures, exempt, checked = _panel_failures(live.prometheus, nvml_up, kv_events)
+        failures, exempt, checked = _panel_failures(live.prometheus, nvml_up)
     assert checked > 0
     assert failures == []
-    kv_panels = [where for where in exempt if where.startswith("cache-and-leaks.json / ")]
-    assert kv_events or kv_panels, "the measured-cause query is exempt only without events"
-    if kv_events:
-        assert kv_panels == []
-    gpu_panels = [where for where in exempt if where not in kv_panels]
     if nvml_up:
-        assert gpu_panels == []
+        assert exempt == []
     else:  # exactly the GPU panels of the Nodes dashboard, nothing else slipped through
-        assert gpu_panels and all(where.startswith("nodes.json / ") for where in gpu_panels), (
-            exempt)
+        assert exempt and all(where.startswith("nodes.json / ") for where in exempt), exempt
 
 
 def test_metrics_come_from_the_demos_collector_and_agent(live: LiveStack) -> None:
