@@ -13,6 +13,8 @@ from testkit.fakes.kv_events import (
     KvPublisher,
     block_hash,
     sglang_batch,
+    sglang_cleared,
+    sglang_removed,
     sglang_stored,
     vllm_batch,
     vllm_cleared,
@@ -251,3 +253,45 @@ def test_the_agent_connects_to_an_engine_that_binds(tracker: KvTracker) -> None:
         receiver.shutdown()
         pub.close(linger=0)
         context.term()
+
+
+def _scenario(form: str) -> dict[tuple[str, ...], float]:
+    """One engine stores, evicts and re-stores, a second takes the same prefix: in vLLM's
+    batch form or SGLang's, through the receiver's message handling."""
+    tracker = KvTracker(models={"engine-a": "m", "engine-b": "m"})
+    receiver = KvEventReceiver([], tracker)
+    endpoint = KvEndpoint("tcp://127.0.0.1:1")
+
+    def stored(*hashes: int) -> object:
+        if form == "vllm":
+            return vllm_stored([block_hash(h) for h in hashes], block_size=16)
+        return sglang_stored(list(hashes), block_size=16)
+
+    def removed(*hashes: int) -> object:
+        return (vllm_removed([block_hash(h) for h in hashes]) if form == "vllm"
+                else sglang_removed(list(hashes)))
+
+    encode = vllm_batch if form == "vllm" else sglang_batch
+    stream = [("engine-a", [stored(1, 2, 3)]), ("engine-a", [removed(1, 2)]),
+              ("engine-b", [stored(1, 2, 3)]), ("engine-a", [stored(1, 2), stored(3)]),
+              ("engine-a", [sglang_cleared() if form == "sglang" else vllm_cleared()]),
+              ("engine-a", [stored(1)])]
+    sequence = {"engine-a": 0, "engine-b": 0}
+    for n, (engine, events) in enumerate(stream):
+        seq = sequence[engine]
+        sequence[engine] += 1
+        receiver.handle(endpoint, (engine.encode(), seq.to_bytes(8, "big"),
+                                   encode(float(n), events)))  # type: ignore[arg-type]
+    return series(tracker, mn.KV_STORED_BLOCKS)
+
+
+def test_sglang_streams_are_decoded_and_classified_as_vllm_streams_are() -> None:
+    vllm, sglang = _scenario("vllm"), _scenario("sglang")
+    assert vllm == sglang
+    assert vllm[("engine-a", "m", CAUSE_COLD)] == 3
+    assert vllm[("engine-a", "m", CAUSE_EVICTED)] == 2
+    # after the clear, engine-a forgot its blocks: 1 is engine-b's, so routed
+    assert vllm[("engine-a", "m", CAUSE_ROUTED)] == 1
+    assert vllm[("engine-a", "m", "already_held")] == 1
+    assert vllm[("engine-b", "m", CAUSE_ROUTED)] == 1  # only 3 was held on engine-a
+    assert vllm[("engine-b", "m", CAUSE_COLD)] == 2
