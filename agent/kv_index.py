@@ -27,6 +27,7 @@ thread reads the counters (:meth:`KvTracker.add_to`).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ DROP_GAP: Final = "gap"
 DROP_INDEX_FULL: Final = "index_full"
 DROP_REASONS: Final = (DROP_UNDECODABLE, DROP_MALFORMED, DROP_GAP, DROP_INDEX_FULL)
 DEFAULT_MAX_BLOCKS: Final = 1_000_000
+# Blocks applied per hold of the tracker's lock (about 5 ms of CPU here).
+BLOCKS_PER_LOCK: Final = 4096
 
 GroupKey = tuple[int, str]
 
@@ -195,16 +198,26 @@ class KvTracker:
         return index
 
     def apply(self, engine_id: str, batch: KvBatch) -> None:
+        """Apply a batch's events in order. The lock is taken for at most
+        ``BLOCKS_PER_LOCK`` blocks at a time, so a reader (a scrape, a push) never waits
+        for a whole large batch."""
         with self._lock:
             index = self._engine(engine_id)
             index.counts.batches += 1
-            for event in batch.events:
-                if isinstance(event, Stored):
-                    index.store(event, batch.ts, self._held_elsewhere(index))
-                elif isinstance(event, Removed):
-                    index.remove(event, batch.ts)
-                elif isinstance(event, Cleared):
+        for event in batch.events:
+            if isinstance(event, Cleared):
+                with self._lock:
                     index.reset()
+                continue
+            hashes = event.hashes
+            for start in range(0, len(hashes), BLOCKS_PER_LOCK):
+                piece = event if len(hashes) <= BLOCKS_PER_LOCK else dataclasses.replace(
+                    event, hashes=hashes[start:start + BLOCKS_PER_LOCK])
+                with self._lock:
+                    if isinstance(piece, Stored):
+                        index.store(piece, batch.ts, self._held_elsewhere(index))
+                    else:
+                        index.remove(piece, batch.ts)
 
     def _held_elsewhere(self, index: EngineIndex) -> Callable[[GroupKey, int], bool]:
         peers = [other for other in self._engines.values()

@@ -145,3 +145,13 @@ def test_integer_and_byte_hashes_are_told_apart_by_value() -> None:
     apply(tracker, A, 1.0, Stored((1, 2), 16, 0, "GPU"))
     apply(tracker, A, 2.0, Removed((1,), 0, "GPU"), Stored((1, 2**63, -5), 16, 0, "GPU"))
     assert blocks(tracker, A) == {CAUSE_COLD: 4, CAUSE_EVICTED: 1}
+
+
+def test_a_batch_larger_than_one_lock_hold_is_applied_whole_and_in_order() -> None:
+    from tokenpath.agent.kv_index import BLOCKS_PER_LOCK
+
+    tracker = KvTracker()
+    many = range(BLOCKS_PER_LOCK * 2 + 5)
+    apply(tracker, A, 1.0, stored(*many), removed(*many), stored(*many))
+    assert blocks(tracker, A) == {CAUSE_COLD: len(many), CAUSE_EVICTED: len(many)}
+    assert series(tracker, mn.KV_RESIDENT_BLOCKS)[(A, mn.UNKNOWN)] == len(many)
