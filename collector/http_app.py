@@ -202,7 +202,7 @@ def build_app(
         # the causes inferred from the records: this collector's agents only.
         view["cache"]["measured"] = [] if node_metrics is None else kv_measured_causes(
             node_metrics, M.KV_RECOMPUTED_TOKENS.name, M.LABEL_ENGINE, M.LABEL_MODEL,
-            M.LABEL_CAUSE)
+            M.LABEL_CAUSE, view["cache"]["prefill_dollars_per_computed_token"])
         return view
 
     @app.post("/api/whatif")

@@ -80,7 +80,10 @@ def test_measured_causes_from_the_agents_kv_counters() -> None:
                               M.LABEL_MODEL, M.LABEL_CAUSE)
     assert rows == [
         {"node": "gpu-node-1", "engine": "vllm-0", "model": "m", "cause": "cold",
-         "tokens": 64, "tokens_per_second": 0.0},
+         "tokens": 64, "tokens_per_second": 0.0, "dollars_per_hour": None},
         {"node": "gpu-node-1", "engine": "vllm-0", "model": "m", "cause": "evicted",
-         "tokens": 960, "tokens_per_second": pytest.approx(320.0)},
+         "tokens": 960, "tokens_per_second": pytest.approx(320.0), "dollars_per_hour": None},
     ]
+    priced = kv_measured_causes(state, M.KV_RECOMPUTED_TOKENS.name, M.LABEL_ENGINE,
+                                M.LABEL_MODEL, M.LABEL_CAUSE, dollars_per_token=1e-6)
+    assert [row["dollars_per_hour"] for row in priced] == [0.0, pytest.approx(1.152)]

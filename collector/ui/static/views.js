@@ -293,7 +293,8 @@
     const measuredRows = measured.map((m) => el("tr", { "data-cause": m.cause },
       td(m.node), td(el("code", { text: m.engine })), td(m.model),
       td(el("code", { text: m.cause })), td(fmtNum(m.tokens), "num"),
-      td(m.tokens_per_second == null ? DASH : fmtNum(m.tokens_per_second), "num")));
+      td(m.tokens_per_second == null ? DASH : fmtNum(m.tokens_per_second), "num"),
+      td(m.dollars_per_hour == null ? DASH : fmtDollars(m.dollars_per_hour), "num")));
     // How far the two agree: each side's share of its recomputed tokens by cause.
     const shares = (pairs) => {
       const total = pairs.reduce((sum, [, v]) => sum + v, 0);
@@ -309,13 +310,14 @@
         note("Measured by the engines: full KV blocks each engine stored without holding "
              + "them, from its KV-cache events (evicted: it had removed the block; routed: "
              + "another engine of the model on that node held it; cold). Counted since "
-             + "each agent started; routed is per node there, fleet-wide above."),
+             + "each agent started; routed is per node there, fleet-wide above. Dollars: "
+             + "tokens/s at the window's prefill dollars per computed prompt token."),
         el("p", { class: "note cap", id: "causes-agreement", text:
           `Shares of recomputed tokens: measured ${shares(measured.map((m) =>
             [m.cause, m.tokens]))}; inferred ${shares(Object.entries(cache.by_cause).map(
             ([cause, c]) => [cause, c.tokens]))}.` }),
         table("Measured by the engines' KV-cache events", ["node", "engine", "model", "cause",
-          "tokens", "tokens/s"], measuredRows, "data measured-causes-table"));
+          "tokens", "tokens/s", "$/h"], measuredRows, "data measured-causes-table"));
     const longCtx = data.long_context;
     const small = data.small_packets;
     const mile = data.last_mile;
