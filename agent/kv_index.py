@@ -53,6 +53,9 @@ DROP_REASONS: Final = (DROP_UNDECODABLE, DROP_MALFORMED, DROP_GAP, DROP_INDEX_FU
 DEFAULT_MAX_BLOCKS: Final = 1_000_000
 # Blocks applied per hold of the tracker's lock (about 5 ms of CPU here).
 BLOCKS_PER_LOCK: Final = 4096
+# (group, medium) pairs one engine may use: KV-cache groups (full and sliding-window
+# attention, ...) times mediums (GPU, CPU, storage) are a handful in practice.
+MAX_GROUPS_PER_ENGINE: Final = 64
 
 GroupKey = tuple[int, str]
 
@@ -83,8 +86,8 @@ class EngineCounts:
 class EngineIndex:
     """The blocks one engine holds and the ones it removed, bounded by ``max_blocks``."""
 
-    __slots__ = ("_copies", "_removed", "counts", "engine", "held", "max_blocks", "model",
-                 "size")
+    __slots__ = ("_copies", "_removed", "_removed_size", "counts", "engine", "held",
+                 "max_blocks", "model", "size")
 
     def __init__(self, engine: str, model: str, max_blocks: int) -> None:
         self.engine = engine
@@ -95,8 +98,14 @@ class EngineIndex:
         self._copies: dict[tuple[GroupKey, int], int] = {}
         # group key -> block key -> time removed, oldest first
         self._removed: dict[GroupKey, dict[int, float]] = {}
+        self._removed_size = 0
         self.size = 0  # distinct (group, medium, hash) held
         self.counts = EngineCounts()
+
+    @property
+    def remembered_removals(self) -> int:
+        """Removed hashes remembered, over every group (at most ``max_blocks``)."""
+        return sum(len(history) for history in self._removed.values())
 
     def holds(self, group: GroupKey, key: int) -> bool:
         blocks = self.held.get(group)
@@ -107,6 +116,7 @@ class EngineIndex:
         self.held.clear()
         self._copies.clear()
         self._removed.clear()
+        self._removed_size = 0
         self.size = 0
         self.counts.resets += 1
 
@@ -114,10 +124,24 @@ class EngineIndex:
         dropped = self.counts.dropped
         dropped[reason] = dropped.get(reason, 0.0) + count
 
+    def _group(self, group: GroupKey, blocks: int) -> dict[int, float] | None:
+        """The held blocks of ``group``; None (the blocks counted dropped) past
+        ``MAX_GROUPS_PER_ENGINE`` groups."""
+        held = self.held.get(group)
+        if held is None:
+            if len(self.held) >= MAX_GROUPS_PER_ENGINE:
+                self.drop(DROP_INDEX_FULL, float(blocks))
+                return None
+            self.held[group] = held = {}
+            self._removed[group] = {}
+        return held
+
     def store(self, event: Stored, ts: float,
               others: Callable[[GroupKey, int], bool]) -> None:
         group = (event.group, event.medium)
-        blocks = self.held.setdefault(group, {})
+        blocks = self._group(group, len(event.hashes))
+        if blocks is None:
+            return
         removed = self._removed.get(group)
         counted = event.medium == MEDIUM_GPU
         counts = self.counts
@@ -133,6 +157,8 @@ class EngineIndex:
                 self.drop(DROP_INDEX_FULL)
                 continue
             gone_at = removed.pop(key, None) if removed is not None else None
+            if gone_at is not None:
+                self._removed_size -= 1
             blocks[key] = ts
             self.size += 1
             if not counted:
@@ -149,8 +175,10 @@ class EngineIndex:
 
     def remove(self, event: Removed, ts: float) -> None:
         group = (event.group, event.medium)
-        blocks = self.held.setdefault(group, {})
-        removed = self._removed.setdefault(group, {})
+        blocks = self._group(group, len(event.hashes))
+        if blocks is None:
+            return
+        removed = self._removed[group]
         counts = self.counts
         for block_hash in event.hashes:
             key = block_key(block_hash)
@@ -170,10 +198,12 @@ class EngineIndex:
             # A removal of a block stored before the agent watched still tells that the
             # engine had it: a later store of it is an eviction's cost.
             counts.removed_blocks += 1
-            removed.pop(key, None)
+            if removed.pop(key, None) is None:
+                self._removed_size += 1
             removed[key] = ts
-            if len(removed) > self.max_blocks:
+            if self._removed_size > self.max_blocks:  # forget this group's oldest removal
                 del removed[next(iter(removed))]
+                self._removed_size -= 1
 
 
 class KvTracker:

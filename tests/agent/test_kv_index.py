@@ -155,3 +155,16 @@ def test_a_batch_larger_than_one_lock_hold_is_applied_whole_and_in_order() -> No
     apply(tracker, A, 1.0, stored(*many), removed(*many), stored(*many))
     assert blocks(tracker, A) == {CAUSE_COLD: len(many), CAUSE_EVICTED: len(many)}
     assert series(tracker, mn.KV_RESIDENT_BLOCKS)[(A, mn.UNKNOWN)] == len(many)
+
+
+def test_groups_per_engine_are_bounded_and_the_removal_history_across_them() -> None:
+    from tokenpath.agent.kv_index import MAX_GROUPS_PER_ENGINE
+
+    tracker = KvTracker(max_blocks=4)
+    for group in range(MAX_GROUPS_PER_ENGINE + 3):
+        apply(tracker, A, 1.0, removed(1, 2, group=group))
+    dropped = series(tracker, mn.KV_EVENTS_DROPPED)[(A, DROP_INDEX_FULL)]
+    assert dropped == 3 * 2  # the groups past the cap: their blocks are not indexed
+    index = next(iter(tracker.engines()))
+    assert index.remembered_removals == 4
+    assert len(index.held) == MAX_GROUPS_PER_ENGINE
