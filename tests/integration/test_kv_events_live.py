@@ -37,7 +37,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from testkit.support.processes import free_port
 from tokenpath import metric_names as mn
 from tokenpath.agent.kv_index import CAUSE_COLD, CAUSE_EVICTED, CAUSE_ROUTED, MISS_CAUSES
-from tokenpath.instrumentation.vllm.launcher import LocalVllm, LocalVllmConfig, start_local_vllm
+from tokenpath.instrumentation.vllm.launcher import (
+    LocalVllm,
+    LocalVllmConfig,
+    ensure_tiny_model,
+    ensure_vllm_env,
+    start_local_vllm,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -105,6 +111,10 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         agent_url = f"http://127.0.0.1:{agent_port}"
         _wait_http(f"{agent_url}/healthz", agent, SERVICE_START_SECONDS)
 
+        # The venv and the model once, before the engines start side by side.
+        python = ensure_vllm_env()
+        ensure_tiny_model(python)
+
         def start(engine: str) -> LocalVllm:
             return start_local_vllm(LocalVllmConfig(
                 log_path=work / f"{engine}.log",
@@ -112,12 +122,18 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
                             "--num-gpu-blocks-override", str(KV_BLOCKS),
                             "--max-model-len", str(MAX_MODEL_LEN),
                             "--kv-events-config", _kv_config(endpoint, engine)),
-                extra_env={"PYTHONHASHSEED": HASH_SEED}))
+                extra_env={"PYTHONHASHSEED": HASH_SEED}), python=python)
 
         with ThreadPoolExecutor(len(ENGINES)) as pool:
             futures = {engine: pool.submit(start, engine) for engine in ENGINES}
-            for engine, future in futures.items():
-                engines[engine] = future.result()
+            errors = []
+            for engine, future in futures.items():  # every started engine is kept to stop
+                try:
+                    engines[engine] = future.result()
+                except Exception as exc:
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
         yield Node(agent_url, engines, work)
     finally:
         for vllm in engines.values():
