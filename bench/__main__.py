@@ -75,6 +75,7 @@ BENCHES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "store_clickhouse": ("bench.store_clickhouse", "run", {}),
     "remote_report": ("bench.remote_report", "run", {}),
     "no_loss": ("bench.no_loss", "run", {"requests": 2_000}),
+    "kv_events": ("bench.kv_events", "run", {}),
 }
 
 TARGETS = (
@@ -217,6 +218,15 @@ TARGETS = (
                    ("colliding", ("cpu_ms_colliding",), "ms"),
                    ("sequential ids vs random", ("sequential_ratio",), "x"),
                    ("longest probe, colliding", ("longest_probe_colliding",), "slots"))),
+    Target("kv_events", "KV-event receiver CPU per block event vs msgspec decode of the "
+           "engine's full events", ("cpu", "ratio_to_decode_floor"), "<=", 10.0, "x",
+           beside=(("receiver", ("cpu", "cpu_us_per_block_event"), "µs/block"),
+                   ("per batch of 16 stored + 16 removed", ("cpu", "cpu_us_per_batch"), "µs"),
+                   ("decode floor", ("cpu", "decode_floor_us_per_block_event"), "µs/block"))),
+    Target("kv_events", "KV-event index bytes per resident block, 1M blocks",
+           ("memory", "bytes_per_resident_block"), "<=", 200.0, "B",
+           beside=(("index", ("memory", "index_mib"), "MiB"),
+                   ("RSS growth", ("memory", "rss_growth_mib"), "MiB"))),
 )
 
 

@@ -363,6 +363,7 @@ def leaks_view(q: RecordQueries, window: Window, limit: int = 10,
         })
     total_cost, total_prefill = agg["cost"], agg["prefill_seconds"]
     total_prefill_cost = agg["prefill_cost"]
+    computed_tokens = agg.count("input_tokens") - agg.count("cache_read_tokens")
     chunks = agg.count("response_chunks")
     path_seconds = sum(agg[f"st_s:{s.value}"] for s in RESPONSE_PATH_STAGES)
     all_seconds = sum(agg[f"st_s:{s.id.value}"] for s in STAGES)
@@ -379,6 +380,11 @@ def leaks_view(q: RecordQueries, window: Window, limit: int = 10,
             "prefix_cache_hit_ratio": (agg.count("cache_read_tokens") / inputs
                                        if inputs > 0 else None),
             "cache_miss_waste_dollars": agg["waste"],
+            # what a prompt token computed (not read from the cache) cost in prefill over
+            # the window: prices the engines' measured recomputation (KV-cache events)
+            "prefill_dollars_per_computed_token": (
+                total_prefill_cost / computed_tokens
+                if agg.count("priced_n") > 0 and computed_tokens > 0 else None),
             "requests_with_fingerprints": agg.count("fingerprinted_n"),
             "recomputed_prefix_tokens": tracker.recomputed_tokens,
             "by_cause": {cause: summary.to_json() for cause, summary in causes.items()},
