@@ -71,7 +71,8 @@ class CollectorService:
         self.prometheus = PrometheusSink(self.registry, self.stats,
                                          max_models=config.limits.max_label_values,
                                          max_pools=config.limits.max_label_values,
-                                         max_statuses=config.limits.max_label_values)
+                                         max_statuses=config.limits.max_label_values,
+                                         slo=config.slo)
         self.energy = GpuEnergyReadings()
         self.node_metrics = NodeMetricsState(downstream=[self.energy])
         sinks = FanOut([self.prometheus, self.store])
@@ -85,7 +86,7 @@ class CollectorService:
             self.forwarder = RecordForwarder(config.forwarder, self.stats, config.auth_token)
             mapped = _ForwardThenClose(self.forwarder, self.attributor)
         self.joiner = CallJoiner(mapped, config.join, self.stats)
-        self.mapper = StageMapper(self.joiner, self.stats)
+        self.mapper = StageMapper(self.joiner, self.stats, config.slo)
         self.prometheus.export_telemetry(self.mapper.engine_steps)
         self.worker = PipelineWorker(self.mapper, self.attributor,
                                      (self.joiner, self.attributor), self.stats,

@@ -342,6 +342,7 @@ class RecordStore(Store):
         if "energy_joules" not in columns:  # a store written before energy was kept
             db.execute("ALTER TABLE idle_cost ADD COLUMN energy_joules REAL NOT NULL DEFAULT 0")
         db.executescript(layout.schema_sql())
+        layout.add_missing_columns(db)
         self._names.load(db)
         if _has_table(db, "main", LEGACY_TABLE):
             store_sql.ensure_rollups(db)

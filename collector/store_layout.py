@@ -129,6 +129,21 @@ CREATE TABLE IF NOT EXISTS {schema}.meta (
 """
 
 
+def add_missing_columns(db: sqlite3.Connection) -> list[str]:
+    """Add to ``records`` the columns the layout gained since the store was written (a
+    field added to the table: NULL in the rows written before); returns their names."""
+    have = {row[1] for row in db.execute("PRAGMA main.table_info(records)")}
+    added = []
+    for definition in _column_definitions():
+        name = definition.split()[0]
+        if name not in have and "PRIMARY KEY" not in definition:
+            db.execute(f"ALTER TABLE records ADD COLUMN {definition}")
+            added.append(name)
+    if added:
+        log.warning("store: added columns %s to records", ", ".join(added))
+    return added
+
+
 INSERT_SQL = (f"INSERT OR IGNORE INTO records({', '.join(COLUMNS)}) "
               f"VALUES ({', '.join('?' for _ in COLUMNS)})")
 SELECT_COLUMNS = ", ".join(COLUMNS)

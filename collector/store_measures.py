@@ -37,15 +37,19 @@ from tokenpath.query import (
     HISTOGRAMS,
     LOG_GAMMA,
     NEGATIVE_BASE,
+    SLO_GROUP,
     STAGE_VALUES,
     ZERO_KEY,
     GroupBy,
     Params,
     Window,
 )
+from tokenpath.slo import MISS_STAGES, OUTCOMES
 
 ROLLUP_SECONDS = 600  # one rollup row per 10 minutes of end time (and group)
 NAME_GROUPS = ("tenant", "model", "pool")
+# What a view may group by: the rollups' groups, and the SLO class (read from records).
+GROUPS = (*NAME_GROUPS, SLO_GROUP)
 # ClickHouse's period of an end time past this is this one's (toInt64 of a float past
 # the Int64 range gives nonsense): year 31 million
 _CLICKHOUSE_END_CAP = "1e15"
@@ -272,6 +276,14 @@ def measure_sql(name: str, params: Params = DEFAULT_PARAMS,
     if kind in ("mt", "md") and parts[1] in CAUSE_VALUES:
         column = f"{kind}_{parts[1]}"
         return f"coalesce(sum({column}), 0)" if kind == "mt" else total(column)
+    if kind in ("slo_n", "slo_c") and parts[1] in OUTCOMES:
+        is_outcome = f"slo_outcome = {d.name_value(parts[1])}"
+        return (f"coalesce(sum({is_outcome}), 0)" if kind == "slo_n"
+                else total(f"CASE WHEN {is_outcome} THEN cost_dollars END"))
+    if kind in ("slo_ms", "slo_mc") and parts[1] in MISS_STAGES:
+        is_stage = f"slo_miss_stage = {d.name_value(parts[1])}"
+        return (f"coalesce(sum({is_stage}), 0)" if kind == "slo_ms"
+                else total(f"CASE WHEN {is_stage} THEN cost_dollars END"))
     if kind.startswith("cb_") and len(parts) == 2:
         i = int(parts[1])
         in_bucket = f"{_BUCKET} = {i}"

@@ -34,8 +34,8 @@ from typing import Any
 from tokenpath.collector import store_layout as L
 from tokenpath.collector.store_measures import (
     GROUP_MEASURES,
+    GROUPS,
     HISTOGRAM_INDEX,
-    NAME_GROUPS,
     ROLLUP_MEASURES,
     ROLLUP_SECONDS,
     SQLITE,
@@ -66,6 +66,7 @@ from tokenpath.query import (
     merge_groups,
 )
 from tokenpath.records import RequestRecord
+from tokenpath.slo import unit_gpus_item
 
 log = logging.getLogger(__name__)
 
@@ -350,7 +351,7 @@ class SqliteQueries:
         if isinstance(group_by, TimeBuckets):
             return (f"min({int(group_by.count) - 1}, CAST((end_unix - "
                     f"{float(group_by.start_unix)!r}) / {float(group_by.width)!r} AS INTEGER))")
-        if group_by not in NAME_GROUPS:
+        if group_by not in GROUPS:
             raise ValueError(f"cannot group by {group_by!r}")
         return group_by
 
@@ -407,6 +408,14 @@ class SqliteQueries:
                     unit = pricing_unit(self._text(node), self._text(engine_id))
                     out.setdefault(self._key(group_by, key_value),
                                    Aggregates()).sets.setdefault(name, set()).add(unit)
+            elif name == "set:unit_gpus":
+                sql = (f"SELECT DISTINCT {group}, node, engine_id, tensor_parallel "
+                       f"FROM records WHERE {where}")
+                for key_value, node, engine_id, gpus in self._db.execute(sql, args):
+                    out.setdefault(self._key(group_by, key_value),
+                                   Aggregates()).sets.setdefault(name, set()).add(
+                        unit_gpus_item(self._text(node), self._text(engine_id),
+                                       int(gpus or 0)))
             else:
                 raise ValueError(f"unknown set {name!r}")
         return out

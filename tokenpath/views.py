@@ -44,6 +44,8 @@ from tokenpath.query import (
     LAST_MILE,
     PHASE_MEASURES,
     QUANTILE_RELATIVE_ERROR,
+    SLO_GROUP,
+    SLO_MEASURES,
     STAGE_MEASURES,
     Aggregates,
     Params,
@@ -55,6 +57,7 @@ from tokenpath.query import (
 )
 from tokenpath.report import MissCauseSummary, Report, StageSummary
 from tokenpath.roofline import GPUS, MODELS, Roofline
+from tokenpath.slo import SloConfig, SloSummary, summary_from_counts
 from tokenpath.stages import STAGES, Phase, Provenance
 
 # The newest records of a window the record replays read.
@@ -64,7 +67,7 @@ PROVENANCE_OF_RANK: dict[int, Provenance] = {
     0: Provenance.MEASURED, 1: Provenance.DERIVED, 2: Provenance.MODELED}
 
 REPORT_MEASURES = (*CORE, *STAGE_MEASURES, *PHASE_MEASURES, *CAUSE_MEASURES, "lc_n", "lc_cost",
-                   *LAST_MILE, "set:models", "set:units")
+                   *LAST_MILE, "set:models", "set:units", "set:unit_gpus")
 CHARGEBACK_MEASURES = ("n", "input_tokens_pos", "output_tokens_pos", "cost", "energy_pos",
                        "energy_measured_n", "energy_other_n")
 GROUPS = ("tenant", "model", "pool")
@@ -192,7 +195,23 @@ def report_view(q: RecordQueries, window: Window) -> Report:
         energy_provenance=energy_provenance_of(agg),
     )
     report.window = window_json(q, window)
+    report.slo = slo_view(q, window, window_seconds, agg.set("set:unit_gpus"))
     return report
+
+
+def slo_view(q: RecordQueries, window: Window, window_seconds: float | None = None,
+             unit_gpus: set[str] | None = None,
+             config: SloConfig | None = None) -> SloSummary | None:
+    """The window's SLO classes (tokenpath/slo.py): goodput, goodput per GPU billed,
+    dollars per good request, missed dollars by dominant stage; None when no record of
+    the window has a class. ``config`` gives the classes' objectives."""
+    if window_seconds is None or unit_gpus is None:
+        agg = _one(q.aggregate(window, ("n", "min_start", "max_end", "set:unit_gpus")))
+        window_seconds = (agg["max_end"] - agg["min_start"]) if agg.count("n") else 0.0
+        unit_gpus = agg.set("set:unit_gpus")
+    groups = q.aggregate(window, SLO_MEASURES, group_by=SLO_GROUP)
+    return summary_from_counts({k: a.values for k, a in groups.items()}, window_seconds,
+                               unit_gpus, config)
 
 
 def window_json(q: RecordQueries, window: Window) -> dict[str, Any]:
