@@ -57,7 +57,14 @@ from tokenpath.query import (
 )
 from tokenpath.report import MissCauseSummary, Report, StageSummary
 from tokenpath.roofline import GPUS, MODELS, Roofline
-from tokenpath.slo import SloConfig, SloSummary, summary_from_counts
+from tokenpath.slo import (
+    OUTCOME_MET,
+    OUTCOME_MISSED,
+    OUTCOMES,
+    SloConfig,
+    SloSummary,
+    summary_from_counts,
+)
 from tokenpath.stages import STAGES, Phase, Provenance
 
 # The newest records of a window the record replays read.
@@ -70,6 +77,7 @@ REPORT_MEASURES = (*CORE, *STAGE_MEASURES, *PHASE_MEASURES, *CAUSE_MEASURES, "lc
                    *LAST_MILE, "set:models", "set:units", "set:unit_gpus")
 CHARGEBACK_MEASURES = ("n", "input_tokens_pos", "output_tokens_pos", "cost", "energy_pos",
                        "energy_measured_n", "energy_other_n")
+CHARGEBACK_SLO_MEASURES = (*(f"slo_n:{o}" for o in OUTCOMES), f"slo_c:{OUTCOME_MISSED}")
 GROUPS = ("tenant", "model", "pool")
 
 
@@ -242,6 +250,11 @@ def chargeback_view(q: RecordQueries, window: Window,
         row.cost_dollars += agg["cost"]
         row.energy_joules += agg["energy_pos"]
         kinds.setdefault(name, Aggregates()).merge(agg)
+    for key, agg in q.aggregate(window, CHARGEBACK_SLO_MEASURES, group_by=by).items():
+        row = rows.setdefault(key or TENANT_UNATTRIBUTED, ChargebackRow(key or TENANT_UNATTRIBUTED))
+        row.slo_requests += sum(agg.count(f"slo_n:{o}") for o in OUTCOMES)
+        row.good_requests += agg.count(f"slo_n:{OUTCOME_MET}")
+        row.missed_slo_dollars += agg[f"slo_c:{OUTCOME_MISSED}"]
     for name, row in rows.items():
         row.energy_provenance = energy_provenance_of(kinds[name])
     return allocate_idle(list(rows.values()), q.idle_cost_dollars(window.since_unix), policy,
