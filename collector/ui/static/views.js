@@ -94,9 +94,12 @@
             summary.energy_joules_per_output_token != null
               ? `${fmtNum(summary.energy_joules_per_output_token, 2)} J per output token · idle `
                 + `${fmtNum(summary.idle_energy_joules / 3.6e6, 4)} kWh` : "not priced yet",
-            "kpi-energy")),
+            "kpi-energy"),
+        ...tpSlo.kpis(summary.slo, kpi)),
       el("h2", { class: "section", text: "The three money leaks" }),
-      el("div", { class: "leaks" }, leakCards(leaks)),
+      el("div", { class: summary.slo ? "leaks with-slo" : "leaks" }, leakCards(leaks),
+         tpSlo.missedCard(summary.slo)),
+      tpSlo.classTable(summary.slo, card, table, td),
       el("div", { class: "grid2" },
         card("$ by stage",
           anyCost ? null : note("No dollars recorded yet: the collector prices stages once a "
@@ -239,7 +242,9 @@
       el("h1", { text: "Request " }, el("span", { class: "mono", text: r.record_id || r.trace_id })),
       el("p", { class: "lede", text: [r.model, r.node && `node ${r.node}`,
         r.gpu_type && `${r.gpu_type} × ${r.tensor_parallel}`, r.engine && `engine ${r.engine}`,
-        r.simulated ? "simulated" : null, r.complete ? null : "partial trace"]
+        r.simulated ? "simulated" : null, r.complete ? null : "partial trace",
+        r.slo && `SLO ${r.slo}: ${r.slo_outcome}`
+          + (r.slo_miss_stage ? ` (mostly ${r.slo_miss_stage})` : "")]
         .filter(Boolean).join(" · ") }),
       el("div", { class: "kpis" },
         kpi("Input tokens", fmtNum(r.input_tokens), `${fmtNum(r.cache_read_tokens)} cached `
