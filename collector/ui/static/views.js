@@ -417,6 +417,8 @@
     ["$ per 1M output tokens", "cost_per_million_output_tokens", fmtDollars, -1, "relative"],
     ["Requests/s per GPU", "requests_per_second_per_gpu", (v) => fmtNum(v, 3), 1, "relative"],
     ["TTFT p50", "ttft_p50_seconds", fmtSeconds, -1, "relative"],
+    ["Goodput/s per GPU", "goodput_per_gpu", (v) => fmtNum(v, 3), 1, "relative"],
+    ["$ per good request", "dollars_per_good_request", fmtDollars, -1, "relative"],
     ["Prefix-cache hit ratio", "prefix_cache_hit_ratio", (v) => fmtPct(v), 1, "pp"],
     ["GPU utilization", "gpu_utilization", (v) => fmtPct(v), 1, "pp"],
   ];
