@@ -14,10 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.collector.ui.conftest import ConsoleLog, screenshot
+from tokenpath.cli.demo_cmd import DEMO_SLO_CLASSES
 from tokenpath.cli.main import app
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.service import CollectorService
-from tokenpath.cli.demo_cmd import DEMO_SLO_CLASSES
 from tokenpath.slo import OUTCOME_MET, OUTCOME_MISSED, OUTCOMES
 from tokenpath.stages import STAGE_IDS
 
