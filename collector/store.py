@@ -360,6 +360,7 @@ class RecordStore(Store):
         """A reader of a store in the first layout (or of one no collector has written
         yet) reads a temporary copy in the column layout; the file is never changed."""
         if _has_table(db, "main", "records"):
+            layout.cover_missing_columns(db)  # written before the layout gained them
             return
         db.executescript(layout.schema_sql("temp"))
         db.executescript(store_sql.rollup_schema().replace(

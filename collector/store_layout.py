@@ -144,6 +144,20 @@ def add_missing_columns(db: sqlite3.Connection) -> list[str]:
     return added
 
 
+def cover_missing_columns(db: sqlite3.Connection) -> list[str]:
+    """For a read-only reader of a store written before the layout gained columns: a
+    temporary view ``records`` over the file's table with those columns as NULL (the
+    temp schema is searched first, so the views read it; the file is not changed).
+    Returns the columns it covers."""
+    have = {row[1] for row in db.execute("PRAGMA main.table_info(records)")}
+    missing = [name for name in COLUMNS if name not in have]
+    if missing:
+        nulls = ", ".join(f"NULL AS {name}" for name in missing)
+        db.execute(f"CREATE TEMP VIEW IF NOT EXISTS records AS "
+                   f"SELECT *, {nulls} FROM main.records")
+    return missing
+
+
 INSERT_SQL = (f"INSERT OR IGNORE INTO records({', '.join(COLUMNS)}) "
               f"VALUES ({', '.join('?' for _ in COLUMNS)})")
 SELECT_COLUMNS = ", ".join(COLUMNS)

@@ -321,7 +321,9 @@ class SqliteQueries:
             self._long_index = self._db.execute(
                 "SELECT 1 FROM sqlite_master WHERE name = 'records_long' UNION ALL "
                 "SELECT 1 FROM sqlite_temp_master WHERE name = 'records_long'"
-            ).fetchone() is not None
+            ).fetchone() is not None and self._db.execute(  # not a reader's view of it
+                "SELECT 1 FROM sqlite_temp_master WHERE name = 'records' AND type = 'view'"
+            ).fetchone() is None
         return self._long_index
 
     def _text(self, name_id: int | None) -> str | None:
