@@ -241,7 +241,8 @@ def chargeback_view(q: RecordQueries, window: Window,
         raise ValueError(f"chargeback by {by!r}: one of {', '.join(GROUPS)}")
     rows: dict[str, ChargebackRow] = {}
     kinds: dict[str, Aggregates] = {}
-    for key, agg in q.aggregate(window, CHARGEBACK_MEASURES, group_by=by).items():
+    measures = (*CHARGEBACK_MEASURES, *CHARGEBACK_SLO_MEASURES)
+    for key, agg in q.aggregate(window, measures, group_by=by).items():
         name = key or TENANT_UNATTRIBUTED
         row = rows.setdefault(name, ChargebackRow(name))
         row.requests += agg.count("n")
@@ -249,12 +250,10 @@ def chargeback_view(q: RecordQueries, window: Window,
         row.output_tokens += agg.count("output_tokens_pos")
         row.cost_dollars += agg["cost"]
         row.energy_joules += agg["energy_pos"]
-        kinds.setdefault(name, Aggregates()).merge(agg)
-    for key, agg in q.aggregate(window, CHARGEBACK_SLO_MEASURES, group_by=by).items():
-        row = rows.setdefault(key or TENANT_UNATTRIBUTED, ChargebackRow(key or TENANT_UNATTRIBUTED))
         row.slo_requests += sum(agg.count(f"slo_n:{o}") for o in OUTCOMES)
         row.good_requests += agg.count(f"slo_n:{OUTCOME_MET}")
         row.missed_slo_dollars += agg[f"slo_c:{OUTCOME_MISSED}"]
+        kinds.setdefault(name, Aggregates()).merge(agg)
     for name, row in rows.items():
         row.energy_provenance = energy_provenance_of(kinds[name])
     return allocate_idle(list(rows.values()), q.idle_cost_dollars(window.since_unix), policy,
