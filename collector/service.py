@@ -85,7 +85,7 @@ class CollectorService:
         if config.forwarder is not None:
             self.forwarder = RecordForwarder(config.forwarder, self.stats, config.auth_token)
             mapped = _ForwardThenClose(self.forwarder, self.attributor)
-        self.joiner = CallJoiner(mapped, config.join, self.stats)
+        self.joiner = CallJoiner(mapped, config.join, self.stats, slo=config.slo)
         self.mapper = StageMapper(self.joiner, self.stats, config.slo)
         self.prometheus.export_telemetry(self.mapper.engine_steps)
         self.worker = PipelineWorker(self.mapper, self.attributor,

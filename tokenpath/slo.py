@@ -427,9 +427,21 @@ def classify_record(record: RequestRecord, config: SloConfig,
     """Set the record's ``slo``, ``slo_outcome`` and (missed) ``slo_miss_stage``;
     ``attribute`` reads a span attribute of its trace."""
     cls = config.classify(record.tenant, record.model, attribute)
+    record.slo = cls.name
+    _judge(record, cls)
+
+
+def judge_record(record: RequestRecord, config: SloConfig) -> None:
+    """Judge the record again against its class's targets (its TTFT, TPOT or duration
+    changed since it was classified: a client hop joined to it); the class stays."""
+    cls = config.by_name(record.slo)
+    if cls is not None:
+        _judge(record, cls)
+
+
+def _judge(record: RequestRecord, cls: SloClass) -> None:
     ttft, tpot = record.ttft_seconds, record.tpot_seconds
     e2e = record.duration_seconds
-    record.slo = cls.name
     record.slo_outcome = cls.outcome(ttft, tpot, e2e)
     record.slo_miss_stage = None
     if record.slo_outcome == OUTCOME_MISSED:
