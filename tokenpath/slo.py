@@ -20,6 +20,9 @@ up the measure it missed (the first of TTFT, TPOT, end-to-end): ``queue`` (sched
 queue), ``prefill``, ``decode`` or ``network`` (the network stages and the response
 path). TTFT is queue, prefill and network; TPOT decode and network; end-to-end all four.
 
+A record joined to its client hop (collector/call_join.py: its TTFT and duration become
+the client's) keeps its class and is judged again.
+
 Records are classified where traces are mapped (collector/mapping.py), so each replica of
 a sharded deployment must run the same classes: :meth:`SloConfig.digest` names them, and
 the collector exports it (``tokenpath_slo_config_info{digest}``).

@@ -56,5 +56,14 @@ const tpSlo = (() => {
         "missed: dominant stage"], rows, "data slo-table"));
   }
 
-  return { kpis, missedCard, classTable };
+  // The chargeback table's SLO columns, per tenant.
+  const TENANT_HEADERS = ["met SLO", "$ per good request", "missed-SLO $"];
+
+  function tenantCells(row, td) {
+    return [td(`${fmtNum(row.good_requests)} of ${fmtNum(row.slo_requests)}`, "num"),
+      td(fmtDollars(row.dollars_per_good_request), "num per-good"),
+      td(fmtDollars(row.missed_slo_dollars), "num missed")];
+  }
+
+  return { kpis, missedCard, classTable, TENANT_HEADERS, tenantCells };
 })();

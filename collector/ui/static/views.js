@@ -60,9 +60,11 @@
       api(withWindow("/api/summary")), api(withWindow("/api/leaks?limit=5")), api(withWindow("/api/timeseries?buckets=20")),
       stageList(), api(withWindow("/api/chargeback")),
     ]);
+    const sloRows = charge.rows.some((r) => r.slo_requests > 0);  // SLO classes configured
     const tenantRows = charge.rows.map((r) => el("tr", { "data-tenant": r.tenant },
       td(r.tenant), td(fmtNum(r.requests), "num"), td(fmtDollars(r.cost_dollars), "num"),
-      td(fmtDollars(r.idle_dollars), "num"), td(fmtDollars(r.total_dollars), "num")));
+      td(fmtDollars(r.idle_dollars), "num"), td(fmtDollars(r.total_dollars), "num"),
+      sloRows ? tpSlo.tenantCells(r, td) : null));
     const byStage = Object.fromEntries(summary.stages.map((s) => [s.stage, s]));
     const anyCost = summary.cost_dollars > 0 || summary.idle_cost_dollars > 0;
     const modeledTag = summary.simulated ? " · simulated engine" : "";
@@ -125,7 +127,8 @@
         note(`Attributed dollars plus idle GPU dollars (${charge.idle_policy}); the rows sum `
              + `to ${fmtDollars(charge.total_dollars)}. \`tokenpath chargeback\` exports them.`),
         tenantRows.length ? table("Dollars by tenant", ["tenant", "requests", "attributed",
-          "idle", "total"], tenantRows, "data tenants-table") : note("No requests yet.")),
+          "idle", "total", ...(sloRows ? tpSlo.TENANT_HEADERS : [])], tenantRows,
+        "data tenants-table") : note("No requests yet.")),
       groupLegend());
     return root;
   }

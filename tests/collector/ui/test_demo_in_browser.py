@@ -216,6 +216,18 @@ def _check_slo(browser_page: Any, url: str, store: Path, summary: dict[str, Any]
         assert row.locator(".per-good").text_content() == (
             _dollars(c["dollars_per_good_request"]) if c["met"] else "\N{EM DASH}")
         assert row.locator(".missed").text_content() == _dollars(c["missed_dollars"])
+    # chargeback by tenant: each tenant's dollars per good request, as /api/chargeback
+    rows = httpx.get(f"{url}/api/chargeback", timeout=30).json()["rows"]
+    for r in rows:
+        mine = [x for x in records if (x["tenant"] or "unattributed") == r["tenant"]]
+        assert r["good_requests"] == sum(x["slo_outcome"] == OUTCOME_MET for x in mine)
+        assert r["missed_slo_dollars"] == pytest.approx(
+            sum(x["cost_dollars"] for x in mine if x["slo_outcome"] == OUTCOME_MISSED),
+            rel=1e-9, abs=1e-12)
+        cell = browser_page.locator(f"table.tenants-table tr[data-tenant='{r['tenant']}'] "
+                                    ".per-good").text_content()
+        assert cell == (_dollars(r["dollars_per_good_request"]) if r["good_requests"]
+                        else "\N{EM DASH}")
     screenshot(browser_page, "demo-slo")
 
 
