@@ -137,16 +137,20 @@ def render_slo(summary: SloSummary, console: Console) -> None:
     """Per SLO class: outcomes, goodput, dollars per good request, missed dollars."""
     table = Table(title=f"SLO classes: goodput over {summary.window_seconds:.1f} s, "
                         f"{summary.gpus} GPUs billed", title_justify="left")
+    objectives = any(c.objective is not None for c in summary.classes)  # config known
     for name, justify in (("class", "left"), ("objective", "right"), ("met", "right"),
                           ("missed", "right"), ("unknown", "right"),
                           ("attainment", "right"), ("goodput/s", "right"),
                           ("goodput/s/GPU", "right"), ("$ per good request", "right"),
                           ("missed $", "right"), ("missed: dominant stage", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        if name != "objective" or objectives:
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
     rows = [*summary.classes, summary.total()]
     for cls in rows:
         data = cls.to_json(summary.window_seconds, summary.gpus)
-        table.add_row(Text(cls.slo or "all"), _pct(cls.objective), str(data["met"]),
+        cells = [Text(cls.slo or "all"), _pct(cls.objective)] if objectives else [
+            Text(cls.slo or "all")]
+        table.add_row(*cells, str(data["met"]),
                       str(data["missed"]), str(data["unknown"]), _pct(cls.attainment),
                       _rate(data["goodput_requests_per_second"]),
                       _rate(data["goodput_per_gpu"]), _usd(cls.dollars_per_good_request),
