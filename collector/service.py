@@ -105,7 +105,7 @@ class CollectorService:
                                  record_backlogs=record_backlogs)
         self.app = build_app(self.ingest, self.store, self.prometheus.render, self.stats,
                              self.prices, config.auth_token, config.forward_records,
-                             self.node_metrics)
+                             self.node_metrics, slo=config.slo)
         self.http = HttpListener(self.app, config.http_host, config.http_port, config.tls)
         self.grpc: GrpcReceiver | None = None
         if config.grpc_port is not None:

@@ -131,9 +131,9 @@ def last_mile_of(agg: Aggregates,
 # --- the report -------------------------------------------------------------------------------
 
 
-def report_view(q: RecordQueries, window: Window) -> Report:
+def report_view(q: RecordQueries, window: Window, slo: SloConfig | None = None) -> Report:
     """tokenpath.report.build_report over the window, from aggregates; idle dollars and
-    joules are the store's for the window."""
+    joules are the store's for the window. ``slo``: the classes, for their objectives."""
     agg = _one(q.aggregate(window, REPORT_MEASURES, HISTOGRAMS))
     idle = q.idle_cost_dollars(window.since_unix)
     idle_joules = q.idle_energy_joules(window.since_unix)
@@ -203,7 +203,7 @@ def report_view(q: RecordQueries, window: Window) -> Report:
         energy_provenance=energy_provenance_of(agg),
     )
     report.window = window_json(q, window)
-    report.slo = slo_view(q, window, window_seconds, agg.set("set:unit_gpus"))
+    report.slo = slo_view(q, window, window_seconds, agg.set("set:unit_gpus"), slo)
     return report
 
 

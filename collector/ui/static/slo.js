@@ -40,8 +40,11 @@ const tpSlo = (() => {
   // One row per class.
   function classTable(slo, card, table, td) {
     if (!slo) return null;
+    // objectives where the collector knows the classes (a store read alone does not)
+    const objectives = slo.classes.some((c) => c.objective !== null);
     const rows = slo.classes.map((c) => el("tr", { "data-slo": c.slo },
-      td(c.slo), td(fmtNum(c.met), "num"), td(fmtNum(c.missed), "num"),
+      td(c.slo), objectives ? td(fmtPct(c.objective, 2), "num objective") : null,
+      td(fmtNum(c.met), "num"), td(fmtNum(c.missed), "num"),
       td(fmtNum(c.unknown), "num"), td(fmtPct(c.attainment), "num"),
       td(rate(c.goodput_requests_per_second), "num goodput"),
       td(rate(c.goodput_per_gpu), "num"),
@@ -51,7 +54,8 @@ const tpSlo = (() => {
       el("p", { class: "note", text: `Over ${fmtNum(slo.window_seconds, 1)} s and `
         + `${slo.gpus_billed} GPUs billed. Goodput: requests within their class's targets per `
         + "second; $ per good request: the class's dollars over its met requests." }),
-      table("Goodput and dollars by SLO class", ["class", "met", "missed", "unknown",
+      table("Goodput and dollars by SLO class", ["class",
+        ...(objectives ? ["objective"] : []), "met", "missed", "unknown",
         "attainment", "goodput/s", "goodput/s/GPU", "$ per good request", "missed $",
         "missed: dominant stage"], rows, "data slo-table"));
   }

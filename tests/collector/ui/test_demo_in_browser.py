@@ -211,6 +211,9 @@ def _check_slo(browser_page: Any, url: str, store: Path, summary: dict[str, Any]
         slo["missed_dollars"])
     for name, c in by_class.items():
         row = browser_page.locator(f"table.slo-table tr[data-slo='{name}']")
+        objective = DEMO_SLO_CLASSES.by_name(name)
+        assert objective is not None and c["objective"] == objective.objective
+        assert row.locator(".objective").text_content() == f"{objective.objective:.2%}"
         assert row.locator(".goodput").text_content() == _rate(
             c["goodput_requests_per_second"])
         assert row.locator(".per-good").text_content() == (
@@ -240,8 +243,9 @@ def test_ui_shows_a_short_demo(tmp_path: Path, page: tuple[Any, ConsoleLog]) -> 
         capture_output=True, text=True, timeout=180, check=False)
     assert demo.returncode == 0, demo.stdout + demo.stderr
 
+    # the demo's classes, as a user's collector config gives them: their objectives shown
     service = CollectorService(CollectorConfig(http_port=0, grpc_port=None,
-                                               store_path=str(store)))
+                                               store_path=str(store), slo=DEMO_SLO_CLASSES))
     service.start()
     browser_page, console = page
     try:
