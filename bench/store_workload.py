@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from tokenpath.leaks import MissCause
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
+from tokenpath.slo import SloClass, SloConfig, classify_record
 from tokenpath.stages import GPU_STAGES, NETWORK_STAGES, STAGES, Phase, Provenance, StageGroup
 
 MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct",
@@ -30,8 +31,31 @@ def _hex(rng: random.Random, digits: int) -> str:
     return format(rng.getrandbits(digits * 4), f"0{digits}x")
 
 
+# SLO classes the records are classified by (as the collector's mapper classifies them):
+# one team's traffic held to a tight TTFT, a model's to a time per output token, the rest
+# to loose targets; a record of a tenantless request with no TTFT of its own is unknown.
+SLO_CLASSES = SloConfig((
+    SloClass("interactive", ttft_seconds=0.08, tpot_seconds=0.03, objective=0.99,
+             tenant="team-00"),
+    SloClass("big-model", tpot_seconds=0.02, objective=0.95, model=MODELS[1]),
+    SloClass("batch", ttft_seconds=0.3, e2e_seconds=20.0, objective=0.9),
+))
+
+
+def _no_attributes(key: str) -> str | None:
+    return None
+
+
 def synthetic_record(i: int, end_unix: float, rng: random.Random) -> RequestRecord:
-    """Record ``i``, ended at ``end_unix``."""
+    """Record ``i``, ended at ``end_unix``, classified by :data:`SLO_CLASSES`."""
+    record = _record(i, end_unix, rng)
+    if record.tenant is None and i % 3 == 0:
+        record.ttft_seconds = None
+    classify_record(record, SLO_CLASSES, _no_attributes)
+    return record
+
+
+def _record(i: int, end_unix: float, rng: random.Random) -> RequestRecord:
     model = MODELS[rng.randrange(len(MODELS))]
     node = NODES[rng.randrange(len(NODES))]
     input_tokens = int(rng.lognormvariate(7.0, 1.2)) + 1

@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Query
 
 from tokenpath.collector.store import Store
-from tokenpath.query import ALL_MEASURES, HISTOGRAMS, SETS, Window
+from tokenpath.query import ALL_MEASURES, HISTOGRAMS, SETS, SLO_MEASURES, Window
 from tokenpath.query_wire import (
     WireError,
     aggregates_json,
@@ -33,7 +33,7 @@ from tokenpath.query_wire import (
 )
 
 MAX_SAMPLE = 50_000  # above the views' own caps (tokenpath/views.py *_SAMPLE_LIMIT)
-KNOWN_MEASURES = frozenset((*ALL_MEASURES, *SETS))
+KNOWN_MEASURES = frozenset((*ALL_MEASURES, *SETS, *SLO_MEASURES))
 KNOWN_HISTOGRAMS = frozenset(HISTOGRAMS)
 
 

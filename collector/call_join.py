@@ -50,6 +50,7 @@ from tokenpath.collector.interfaces import RecordSink
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.records import IdleCost, RequestRecord, StageTiming
+from tokenpath.slo import SloConfig, judge_record
 from tokenpath.stage_members import CLIENT_DECODE, CLIENT_TOKENIZE, DERIVED
 from tokenpath.stages import StageId
 
@@ -264,7 +265,11 @@ class CallJoiner:
 
     def __init__(self, downstream: RecordSink, config: JoinConfig | None = None,
                  stats: CollectorStats | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 slo: SloConfig | None = None) -> None:
+        """``slo``: the classes the mapper classified by; a joined record (its TTFT and
+        duration now the outer hop's) is judged again against its class."""
+        self._slo = slo
         self._config = config or JoinConfig()
         self._config.validate()
         self._downstream = downstream
@@ -436,6 +441,8 @@ class CallJoiner:
         for outer in outers:
             self._stats.calls_joined.inc(JOINED)
             inner = merge_outer(inner, outer)
+        if outers and self._slo is not None and inner.slo is not None:
+            judge_record(inner, self._slo)
         return inner
 
     def _hold(self, record: RequestRecord, keys: set[str], deadline: float,

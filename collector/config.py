@@ -31,6 +31,8 @@ from tokenpath.config import (
     typed_value,
 )
 from tokenpath.endpoints import COLLECTOR_GRPC, COLLECTOR_GRPC_PORT, COLLECTOR_HTTP_PORT, LOOPBACK
+from tokenpath.slo import CONFIG_KEY as SLO_CONFIG_KEY
+from tokenpath.slo import SloConfig
 from tokenpath.tls import TlsConfig
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ ENV_FORWARD_RECORDS = "TOKENPATH_FORWARD_RECORDS"
 FILE_KEYS = frozenset({"http", "grpc", "store", "prices", "retention", "max_buffered_spans",
                        "assembler", "cost", "limits", "tls", "agent", "forward_records",
                        "pipeline_shed_at", "pipeline_queue_size", "store_queue_size",
-                       "store_batch_size", "join", "gc_young_threshold"})
+                       "store_batch_size", "join", "gc_young_threshold", SLO_CONFIG_KEY})
 
 
 def default_store_path() -> str:
@@ -94,6 +96,9 @@ class CollectorConfig:
     # The garbage collector's young threshold in the collector process (gc_tuning.py);
     # 0 keeps Python's default.
     gc_young_threshold: int = DEFAULT_GC_YOUNG_THRESHOLD
+    # SLO classes (tokenpath/slo.py), the file's slo_classes: records are classified as
+    # they are mapped, so every replica of a sharded deployment needs the same ones.
+    slo: SloConfig = field(default_factory=SloConfig)
 
     @property
     def forwarder(self) -> ForwarderConfig | None:
@@ -125,6 +130,7 @@ class CollectorConfig:
         self.cost.validate()
         self.limits.validate()
         self.tls.validate()
+        self.slo.validate()
 
     @classmethod
     def from_sources(
@@ -184,6 +190,7 @@ class CollectorConfig:
             limits=limits, tls=tls, forward_records=forward, pipeline_shed_at=shed_at,
             store_queue_size=store_queue, store_batch_size=store_batch,
             join=join, gc_young_threshold=gc_young,
+            slo=SloConfig.from_file(f.get(SLO_CONFIG_KEY)),
         )
         config.validate()
         return config

@@ -55,6 +55,7 @@ from tokenpath.config import ConfigError, parse_duration
 from tokenpath.endpoints import host_port
 from tokenpath.last_mile import DEFAULT_PACKETS_PER_TOKEN_THRESHOLD
 from tokenpath.query import Window
+from tokenpath.slo import SloConfig
 from tokenpath.tls import TlsConfig
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,9 @@ def build_app(
     auth_token: str | None = None,
     forward_records: str | None = None,
     node_metrics: NodeMetricsState | None = None,
+    slo: SloConfig | None = None,
 ) -> FastAPI:
+    """``slo``: the collector's SLO classes (their objectives in /api/summary)."""
     app = FastAPI(title="tokenpath collector", docs_url=None, redoc_url=None,
                   openapi_url="/api/openapi.json")
     endpoints = otlp_endpoints(ingest, stats)
@@ -163,7 +166,7 @@ def build_app(
 
     @app.get("/api/summary")
     def summary(since: str | None = None) -> dict[str, Any]:
-        report = views.report_view(store, Window(_since(since)))
+        report = views.report_view(store, Window(_since(since)), slo)
         # Which records these are: a replica holds the records it priced; with
         # forward_records the ones it maps are priced (and shown) elsewhere.
         return {**report.to_json(), "collector": {"forward_records": forward_records}}

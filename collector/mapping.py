@@ -67,6 +67,7 @@ from tokenpath.records import (
     RequestRecord,
     StageTiming,
 )
+from tokenpath.slo import SloConfig, classify_record
 from tokenpath.stage_members import (
     API_GATEWAY,
     AUTH_RATELIMIT,
@@ -222,8 +223,9 @@ _START = attrgetter("start_unix_nano")
 _INF = float("inf")
 
 
-def map_trace(trace: AssembledTrace) -> RequestRecord | None:
-    """The request record of a trace, or None when the trace is not a request."""
+def map_trace(trace: AssembledTrace, slo: SloConfig | None = None) -> RequestRecord | None:
+    """The request record of a trace, or None when the trace is not a request; with
+    ``slo`` classes, classified (tokenpath/slo.py: its class, outcome, dominant stage)."""
     spans = sorted(trace.spans, key=_START)
     engine_spans = [s for s in spans if is_engine_span(s)]
     server_spans = [s for s in spans if is_http_server(s)]
@@ -279,6 +281,8 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
                 record.output_tokens - 1
             )
     record.stages = acc.stages
+    if slo is not None and slo.classes:
+        classify_record(record, slo, look.text)
     return record
 
 
@@ -623,7 +627,7 @@ def _split_gpu_time(record: RequestRecord, acc: _StageAccumulator) -> None:
         acc.add(stage, in_model - dispatch, MODELED, phase)
 
 
-def map_calls(trace: AssembledTrace) -> list[RequestRecord]:
+def map_calls(trace: AssembledTrace, slo: SloConfig | None = None) -> list[RequestRecord]:
     """A record per LLM call of the trace (collector/calls.py): the whole trace when it
     holds one call (or none, by the stage rules), else one per call, each with its own
     spans and annotations and a record id ``<trace id>-<span id of its top>`` (always so
@@ -634,7 +638,7 @@ def map_calls(trace: AssembledTrace) -> list[RequestRecord]:
     workflow's root span ends."""
     calls = split_calls(trace.spans, trace.continued)
     if calls is None:
-        record = map_trace(trace)
+        record = map_trace(trace, slo)
         if record is None:
             return []
         if trace.continued:
@@ -646,7 +650,7 @@ def map_calls(trace: AssembledTrace) -> list[RequestRecord]:
         ids = {s.attributes.get(A.GEN_AI_REQUEST_ID) for s in call.spans if is_engine_span(s)}
         annotations = [a for a in trace.annotations if a.get(A.GEN_AI_REQUEST_ID) in ids]
         record = map_trace(AssembledTrace(trace.trace_id, call.spans, True, annotations,
-                                          body_sends=trace.body_sends))
+                                          body_sends=trace.body_sends), slo)
         if record is not None:
             record.record_id = f"{trace.trace_id}-{call.top.span_id}"
             records.append(record)
@@ -656,9 +660,11 @@ def map_calls(trace: AssembledTrace) -> list[RequestRecord]:
 class StageMapper:
     """Pipeline component: assembled traces in, request records out."""
 
-    def __init__(self, downstream: RecordConsumer, stats: CollectorStats | None = None) -> None:
+    def __init__(self, downstream: RecordConsumer, stats: CollectorStats | None = None,
+                 slo: SloConfig | None = None) -> None:
         self._downstream = downstream
         self._stats = stats or CollectorStats()
+        self._slo = slo
         self.engine_steps = EngineStepsTelemetry()
 
     def consume_trace(self, trace: AssembledTrace) -> None:
@@ -667,7 +673,7 @@ class StageMapper:
                 self.engine_steps.observe(span)
             return
         try:
-            records = map_calls(trace)
+            records = map_calls(trace, self._slo)
         except Exception:
             log.exception("mapping failed for trace %s", trace.trace_id)
             self._stats.spans_dropped.inc("mapping_error", len(trace.spans))

@@ -19,15 +19,18 @@ from tokenpath.collector.stats import CollectorStats
 from tokenpath.labels import BoundedLabel
 from tokenpath.leaks import MissCause, context_bucket_index, context_bucket_labels, context_tokens
 from tokenpath.records import IdleCost, RequestRecord
+from tokenpath.slo import OUTCOME_UNKNOWN, OUTCOMES, SloConfig
 from tokenpath.stages import GPU_STAGES, PLAIN_VALUES, StageId
 from tokenpath.telemetry import Count, CountsRead, Instrument, Level, Telemetry
 
 MISS_CAUSE_VALUES = frozenset(cause.value for cause in MissCause)
+SLO_OUTCOMES = frozenset(OUTCOMES)
 
 DEFAULT_MAX_MODELS = 50
 DEFAULT_MAX_POOLS = 50
 DEFAULT_MAX_STATUSES = 50
 DEFAULT_MAX_TENANTS = 200
+DEFAULT_MAX_SLO_CLASSES = 50
 
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                  0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -53,6 +56,7 @@ class PrometheusSink:
         max_pools: int = DEFAULT_MAX_POOLS,
         max_statuses: int = DEFAULT_MAX_STATUSES,
         max_tenants: int = DEFAULT_MAX_TENANTS,
+        slo: SloConfig | None = None,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._stats = stats or CollectorStats()
@@ -79,6 +83,10 @@ class PrometheusSink:
         self.energy_measured = FastCounter(M.ENERGY_MEASURED)
         self.tenant_requests = FastCounter(M.TENANT_REQUESTS)
         self.miss_tokens = FastCounter(M.CACHE_MISS_TOKENS)
+        self.slo_requests = FastCounter(M.SLO_REQUESTS)
+        self.slo_dollars = FastCounter(M.SLO_DOLLARS)
+        # Records come classified (by this replica's mapper or a forwarding one's).
+        self._slo = BoundedLabel(DEFAULT_MAX_SLO_CLASSES, M.LABEL_SLO)
         self._context_buckets = context_bucket_labels()
         # model label -> stage -> its series, looked up once (the model label is bounded)
         self._stage_series: dict[str, dict[StageId, _StageSeries]] = {}
@@ -87,11 +95,13 @@ class PrometheusSink:
             self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
             self.context_cost, self.router_cache, self.miss_dollars, self.miss_tokens,
             self.tenant_cost, self.tenant_requests, self.energy, self.idle_energy,
-            self.energy_measured,
+            self.energy_measured, self.slo_requests, self.slo_dollars,
         ]
-        labels = (self._model, self._pool, self._status, self._tenant)
+        labels = (self._model, self._pool, self._status, self._tenant, self._slo)
         self.telemetry = TelemetryExporter([self._stats, _LabelTelemetry(labels)])
         self.registry.register(self.telemetry)
+        if slo is not None and slo.classes:
+            self.registry.register(SloConfigCollector(slo))
 
     def export_telemetry(self, holder: Telemetry) -> None:
         """Write ``holder``'s instruments on /metrics too (a component built later)."""
@@ -162,6 +172,12 @@ class PrometheusSink:
             self.router_cache.labels(model, M.ROUTER_KIND_PREDICTED).inc(
                 record.router_predicted_cache_hit * record.input_tokens)
             self.router_cache.labels(model, M.ROUTER_KIND_ACTUAL).inc(record.cache_read_tokens)
+        if record.slo is not None and record.slo_outcome is not None:
+            slo = self._slo(record.slo)
+            outcome = (record.slo_outcome if record.slo_outcome in SLO_OUTCOMES
+                       else OUTCOME_UNKNOWN)
+            self.slo_requests.labels(slo, outcome, model).inc(1)
+            self.slo_dollars.labels(slo, outcome, model).inc(max(0.0, record.cost_dollars))
         bucket = context_bucket_index(context_tokens(record))
         self.context_cost.labels(model, self._context_buckets[bucket]).inc(
             max(0.0, record.cost_dollars))
@@ -216,6 +232,26 @@ class _StageSeries:
                phase: str) -> CounterChild:
         child = by_phase[phase] = family.labels(self._stage, phase, self._model)
         return child
+
+
+class SloConfigCollector(Collector):
+    """The configured SLO classes: each one's objective, and their digest."""
+
+    def __init__(self, slo: SloConfig) -> None:
+        self._slo = slo
+
+    def collect(self) -> Iterator[Metric]:
+        objective = GaugeMetricFamily(M.SLO_OBJECTIVE.name, M.SLO_OBJECTIVE.help,
+                                      labels=list(M.SLO_OBJECTIVE.labels))
+        for name in self._slo.names():
+            cls = self._slo.by_name(name)
+            if cls is not None and cls.has_targets:
+                objective.add_metric([name], cls.objective)
+        yield objective
+        info = GaugeMetricFamily(M.SLO_CONFIG_INFO.name, M.SLO_CONFIG_INFO.help,
+                                 labels=list(M.SLO_CONFIG_INFO.labels))
+        info.add_metric([self._slo.digest()], 1.0)
+        yield info
 
 
 class _LabelTelemetry(Telemetry):

@@ -72,7 +72,8 @@ class CollectorService:
         self.prometheus = PrometheusSink(self.registry, self.stats,
                                          max_models=config.limits.max_label_values,
                                          max_pools=config.limits.max_label_values,
-                                         max_statuses=config.limits.max_label_values)
+                                         max_statuses=config.limits.max_label_values,
+                                         slo=config.slo)
         self.energy = GpuEnergyReadings()
         self.node_metrics = NodeMetricsState(downstream=[self.energy])
         sinks = FanOut([self.prometheus, self.store])
@@ -88,8 +89,8 @@ class CollectorService:
             self.forwarder = RecordForwarder(config.forwarder, self.stats, config.auth_token,
                                              progress=progress)
             mapped = _ForwardThenClose(self.forwarder, self.attributor)
-        self.joiner = CallJoiner(mapped, config.join, self.stats)
-        self.mapper = StageMapper(self.joiner, self.stats)
+        self.joiner = CallJoiner(mapped, config.join, self.stats, slo=config.slo)
+        self.mapper = StageMapper(self.joiner, self.stats, config.slo)
         self.prometheus.export_telemetry(self.mapper.engine_steps)
         # the forwarder ticks after the joiner: its progress covers what the joiner holds
         tickers.append(self.joiner)
@@ -113,7 +114,7 @@ class CollectorService:
                                  record_backlogs=record_backlogs)
         self.app = build_app(self.ingest, self.store, self.prometheus.render, self.stats,
                              self.prices, config.auth_token, config.forward_records,
-                             self.node_metrics)
+                             self.node_metrics, slo=config.slo)
         self.http = HttpListener(self.app, config.http_host, config.http_port, config.tls)
         self.grpc: GrpcReceiver | None = None
         if config.grpc_port is not None:

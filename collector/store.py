@@ -356,6 +356,7 @@ class RecordStore(Store):
         if "energy_joules" not in columns:  # a store written before energy was kept
             db.execute("ALTER TABLE idle_cost ADD COLUMN energy_joules REAL NOT NULL DEFAULT 0")
         db.executescript(layout.schema_sql())
+        layout.add_missing_columns(db)
         self._names.load(db)
         if _has_table(db, "main", LEGACY_TABLE):
             store_sql.ensure_rollups(db)
@@ -373,6 +374,7 @@ class RecordStore(Store):
         """A reader of a store in the first layout (or of one no collector has written
         yet) reads a temporary copy in the column layout; the file is never changed."""
         if _has_table(db, "main", "records"):
+            layout.cover_missing_columns(db)  # written before the layout gained them
             return
         db.executescript(layout.schema_sql("temp"))
         db.executescript(store_sql.rollup_schema().replace(

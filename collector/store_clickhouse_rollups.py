@@ -1,10 +1,12 @@
-"""The ClickHouse store's rollups: the same four rollups as the SQLite store's
+"""The ClickHouse store's rollups: the same five rollups as the SQLite store's
 (collector/store_measures.py says what each holds), kept by ClickHouse itself.
 
-**Tables.** ``rollup`` (per period) and ``rollup_by`` (per period, tenant, model, pool)
+**Tables.** ``rollup`` (per period) and ``rollup_by`` (per period, tenant, model, pool,
+SLO class)
 are AggregatingMergeTrees with a ``SimpleAggregateFunction(sum|min|max, ...)`` column per
 measure; ``rollup_hist`` a SummingMergeTree of counts keyed (period, histogram, bucket);
-``rollup_units`` a ReplacingMergeTree keyed (period, node, engine_id). A period is
+``rollup_units`` a ReplacingMergeTree keyed (period, node, engine_id), ``rollup_gpus`` one
+keyed (period, node, engine_id, tensor_parallel). A period is
 ROLLUP_SECONDS of end time. A materialized view on ``records`` feeds each, so every insert
 into ``records`` (the writer's batches, an ``INSERT ... SELECT``) adds its rows' aggregates
 as it commits, a late record's to its own period: there is no watermark. Merges combine
@@ -47,13 +49,15 @@ from tokenpath.collector import store_measures as S
 from tokenpath.identity import pricing_unit
 from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.query import DEFAULT_PARAMS, HISTOGRAMS, STAGE_VALUES, Aggregates, GroupBy
+from tokenpath.slo import unit_gpus_item
 
 if TYPE_CHECKING:
     from tokenpath.collector.store_clickhouse import Connection
 
 log = logging.getLogger(__name__)
 
-ROLLUP_TABLES = ("rollup", "rollup_by", "rollup_hist", "rollup_units", "records_long")
+ROLLUP_TABLES = ("rollup", "rollup_by", "rollup_hist", "rollup_units", "rollup_gpus",
+                 "records_long")
 # records_long: the columns the last doubling's prefill dollars (a measure of each model's
 # roofline constants, which no rollup can hold) reads, of the long-context records only.
 LONG_COLUMNS = ("end_unix", "model", "input_tokens", "output_tokens", "cache_read_tokens",
@@ -130,6 +134,8 @@ def _views() -> dict[str, str]:
         "rollup_hist": histogram_rows_sql(HISTOGRAMS, _ROLLED, _PERIOD, "period"),
         "rollup_units": (f"SELECT DISTINCT {_PERIOD} AS period, node, engine_id FROM records "
                          f"WHERE {_ROLLED} AND gpu_inventory = 0"),
+        "rollup_gpus": (f"SELECT DISTINCT {_PERIOD} AS period, node, engine_id, "
+                        f"tensor_parallel FROM records WHERE {_ROLLED}"),
         "records_long": f"SELECT {', '.join(LONG_COLUMNS)} FROM records WHERE {LONG_WHERE}",
     }
 
@@ -170,6 +176,11 @@ def _tables(types: Mapping[str, str], retention_seconds: float) -> dict[str, str
     period Int64,
     {names('node', 'engine_id').rstrip().rstrip(',')}
 ) ENGINE = ReplacingMergeTree ORDER BY (period, node, engine_id)
+{tail}""",
+        "rollup_gpus": f"""CREATE TABLE IF NOT EXISTS rollup_gpus (
+    period Int64,
+    {names('node', 'engine_id', 'tensor_parallel').rstrip().rstrip(',')}
+) ENGINE = ReplacingMergeTree ORDER BY (period, node, engine_id, tensor_parallel)
 {tail}""",
         "records_long": f"""CREATE TABLE IF NOT EXISTS records_long (
     {names(*LONG_COLUMNS).rstrip().rstrip(',')}
@@ -281,6 +292,14 @@ def read(conn: Connection, periods: tuple[int, int | None], sums: Sequence[str],
             sql = f"SELECT DISTINCT node, engine_id FROM rollup_units WHERE {where}"
             for node, engine_id in conn.rows(sql):
                 agg(None).sets.setdefault(name, set()).add(pricing_unit(node, engine_id))
+        elif name == "set:unit_gpus":
+            if group is not None:
+                raise ValueError("engines' GPUs are not kept by group")
+            sql = (f"SELECT DISTINCT node, engine_id, tensor_parallel FROM rollup_gpus "
+                   f"WHERE {where}")
+            for node, engine_id, gpus in conn.rows(sql):
+                agg(None).sets.setdefault(name, set()).add(
+                    unit_gpus_item(node, engine_id, int(gpus or 0)))
         else:
             raise ValueError(f"unknown set {name!r}")
     return out

@@ -49,6 +49,7 @@ from tokenpath.query import (
     merge_groups,
 )
 from tokenpath.records import RequestRecord
+from tokenpath.slo import unit_gpus_item
 
 if TYPE_CHECKING:
     from tokenpath.collector.store_clickhouse import Connection
@@ -294,7 +295,7 @@ class ClickHouseQueries:
         if isinstance(group_by, TimeBuckets):
             return (f"least({int(group_by.count) - 1}, toInt64((end_unix - "
                     f"{_num(group_by.start_unix)}) / {_num(group_by.width)}))")
-        if group_by not in S.NAME_GROUPS:
+        if group_by not in S.GROUPS:
             raise ValueError(f"cannot group by {group_by!r}")
         return str(group_by)
 
@@ -380,6 +381,13 @@ class ClickHouseQueries:
                 for row in self._conn.rows(sql):
                     key = None if group is None else row[0]
                     agg(key).sets.setdefault(name, set()).add(pricing_unit(row[-2], row[-1]))
+            elif name == "set:unit_gpus":
+                sql = (f"SELECT DISTINCT {key_sql}node, engine_id, tensor_parallel "
+                       f"FROM records WHERE {where}")
+                for row in self._conn.rows(sql):
+                    key = None if group is None else row[0]
+                    agg(key).sets.setdefault(name, set()).add(
+                        unit_gpus_item(row[-3], row[-2], int(row[-1] or 0)))
             else:
                 raise ValueError(f"unknown set {name!r}")
         return out

@@ -129,6 +129,35 @@ CREATE TABLE IF NOT EXISTS {schema}.meta (
 """
 
 
+def add_missing_columns(db: sqlite3.Connection) -> list[str]:
+    """Add to ``records`` the columns the layout gained since the store was written (a
+    field added to the table: NULL in the rows written before); returns their names."""
+    have = {row[1] for row in db.execute("PRAGMA main.table_info(records)")}
+    added = []
+    for definition in _column_definitions():
+        name = definition.split()[0]
+        if name not in have and "PRIMARY KEY" not in definition:
+            db.execute(f"ALTER TABLE records ADD COLUMN {definition}")
+            added.append(name)
+    if added:
+        log.warning("store: added columns %s to records", ", ".join(added))
+    return added
+
+
+def cover_missing_columns(db: sqlite3.Connection) -> list[str]:
+    """For a read-only reader of a store written before the layout gained columns: a
+    temporary view ``records`` over the file's table with those columns as NULL (the
+    temp schema is searched first, so the views read it; the file is not changed).
+    Returns the columns it covers."""
+    have = {row[1] for row in db.execute("PRAGMA main.table_info(records)")}
+    missing = [name for name in COLUMNS if name not in have]
+    if missing:
+        nulls = ", ".join(f"NULL AS {name}" for name in missing)
+        db.execute(f"CREATE TEMP VIEW IF NOT EXISTS records AS "
+                   f"SELECT *, {nulls} FROM main.records")
+    return missing
+
+
 INSERT_SQL = (f"INSERT OR IGNORE INTO records({', '.join(COLUMNS)}) "
               f"VALUES ({', '.join('?' for _ in COLUMNS)})")
 SELECT_COLUMNS = ", ".join(COLUMNS)

@@ -10,8 +10,9 @@ and how a window splits into the periods read from the rollups and the rest read
 back: only aggregates cross into Python.
 
 **Rollups.** ``rollup`` holds every unparameterized measure (:data:`ROLLUP_MEASURES`)
-per period (ROLLUP_SECONDS of end time); ``rollup_by`` the chargeback measures and the
-long-context roofline terms (:data:`GROUP_MEASURES`) per period, tenant, model and pool;
+per period (ROLLUP_SECONDS of end time); ``rollup_by`` the chargeback measures, the SLO
+classes' measures and the long-context roofline terms (:data:`GROUP_MEASURES`) per period,
+tenant, model, pool and SLO class; ``rollup_gpus`` the engines seen with their GPUs;
 ``rollup_hist`` each histogram's bucket counts per period; ``rollup_units`` the pricing
 units seen without a GPU inventory. How each store fills them is its own (the SQLite
 writer in runs, ClickHouse's materialized views as it inserts); :func:`plan` says, for
@@ -36,16 +37,22 @@ from tokenpath.query import (
     HISTOGRAMS,
     LOG_GAMMA,
     NEGATIVE_BASE,
+    SETS,
+    SLO_GROUP,
+    SLO_MEASURES,
     STAGE_VALUES,
     ZERO_KEY,
     GroupBy,
     Params,
     Window,
 )
+from tokenpath.slo import MISS_STAGES, OUTCOMES
 from tokenpath.wire_sizes import DEFAULT_MSS_BYTES
 
 ROLLUP_SECONDS = 600  # one rollup row per 10 minutes of end time (and group)
-NAME_GROUPS = ("tenant", "model", "pool")
+# What a view may group by besides time: the names ``rollup_by`` is kept by.
+NAME_GROUPS = ("tenant", "model", "pool", SLO_GROUP)
+GROUPS = NAME_GROUPS
 # ClickHouse's period of an end time past this is this one's (toInt64 of a float past
 # the Int64 range gives nonsense): year 31 million
 _CLICKHOUSE_END_CAP = "1e15"
@@ -272,6 +279,14 @@ def measure_sql(name: str, params: Params = DEFAULT_PARAMS,
     if kind in ("mt", "md") and parts[1] in CAUSE_VALUES:
         column = f"{kind}_{parts[1]}"
         return f"coalesce(sum({column}), 0)" if kind == "mt" else total(column)
+    if kind in ("slo_n", "slo_c") and parts[1] in OUTCOMES:
+        is_outcome = f"slo_outcome = {d.name_value(parts[1])}"
+        return (f"coalesce(sum({is_outcome}), 0)" if kind == "slo_n"
+                else total(f"CASE WHEN {is_outcome} THEN cost_dollars END"))
+    if kind in ("slo_ms", "slo_mc") and parts[1] in MISS_STAGES:
+        is_stage = f"slo_miss_stage = {d.name_value(parts[1])}"
+        return (f"coalesce(sum({is_stage}), 0)" if kind == "slo_ms"
+                else total(f"CASE WHEN {is_stage} THEN cost_dollars END"))
     if kind.startswith("cb_") and len(parts) == 2:
         i = int(parts[1])
         in_bucket = f"{_BUCKET} = {i}"
@@ -304,7 +319,7 @@ def histogram_value_sql(name: str) -> tuple[str, str]:
 # model and pool.
 ROLLUP_MEASURES = tuple(m for m in ALL_MEASURES if m != "last_doubling")
 GROUP_MEASURES = ("n", "input_tokens_pos", "output_tokens_pos", "cost", "energy_pos",
-                  "energy_measured_n", "energy_other_n",
+                  "energy_measured_n", "energy_other_n", *SLO_MEASURES,
                   *(f"{kind}:{i}" for i in range(CONTEXT_BUCKETS) for kind in ("cb_new", "cb_q")))
 ROLLUP_SET = frozenset(ROLLUP_MEASURES)
 GROUP_SET = frozenset(GROUP_MEASURES)
@@ -338,7 +353,7 @@ def held(sums: Sequence[str], histograms: Sequence[str], sets: Sequence[str],
     if group_by is None:
         out = {m for m in sums if m in ROLLUP_SET}
         out.update(histograms)
-        out.update(m for m in sets if m in ("set:models", "set:units"))
+        out.update(m for m in sets if m in SETS)
     elif group_by in NAME_GROUPS:
         out = {m for m in sums if m in GROUP_SET}
         out.update(m for m in sets if m == "set:models")

@@ -2,14 +2,16 @@
 collector/store_measures.py, SQLite's dialect) over the record columns
 (collector/store_layout.py), and the rollups that keep a long window's views cheap.
 
-**Rollups.** The writer adds the records it commits to four tables, by SQL over the rows
+**Rollups.** The writer adds the records it commits to five tables, by SQL over the rows
 just inserted, in runs (every ROLLUP_EVERY_RECORDS records or ROLLUP_EVERY_SECONDS, in the
 transaction of the batch that completes the run): ``rollup`` holds every unparameterized
-measure per period (ROLLUP_SECONDS of end time); ``rollup_by`` the chargeback measures and
-the long-context roofline terms per period, tenant, model and pool; ``rollup_hist`` each
+measure per period (ROLLUP_SECONDS of end time); ``rollup_by`` the chargeback measures, the
+SLO classes' measures and the long-context roofline terms per period, tenant, model, pool
+and SLO class; ``rollup_hist`` each
 histogram's bucket counts per period, packed in one value (the buckets computed in SQL in
 one pass over the run, counted by the writer);
-``rollup_units`` the pricing units seen without a GPU inventory. Their watermark
+``rollup_units`` the pricing units seen without a GPU inventory; ``rollup_gpus`` the
+engines seen and their GPUs (goodput per GPU). Their watermark
 (``meta.rollup_rid``) says which records they hold. A window reads the periods it covers
 whole from the rollups, and from ``records`` only its partial first and last periods and
 the records past the watermark, so ``report --since 24h`` reads about 144 rollup rows
@@ -66,6 +68,7 @@ from tokenpath.query import (
     merge_groups,
 )
 from tokenpath.records import RequestRecord
+from tokenpath.slo import unit_gpus_item
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +100,9 @@ CREATE TABLE IF NOT EXISTS rollup (
 );
 CREATE TABLE IF NOT EXISTS rollup_by (
     period INTEGER NOT NULL,
-    tenant INTEGER NOT NULL,
-    model INTEGER NOT NULL,
-    pool INTEGER NOT NULL,
+    {_group_columns_sql()},
     {_columns_sql(GROUP_MEASURES)},
-    PRIMARY KEY (period, tenant, model, pool)
+    PRIMARY KEY (period, {", ".join(NAME_GROUPS)})
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS rollup_hist (
     period INTEGER NOT NULL,
@@ -115,10 +116,21 @@ CREATE TABLE IF NOT EXISTS rollup_units (
     engine_id INTEGER NOT NULL,
     PRIMARY KEY (period, node, engine_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollup_gpus (
+    period INTEGER NOT NULL,
+    node INTEGER NOT NULL,
+    engine_id INTEGER NOT NULL,
+    tensor_parallel INTEGER NOT NULL,
+    PRIMARY KEY (period, node, engine_id, tensor_parallel)
+) WITHOUT ROWID;
 """
 
 
-ROLLUP_TABLES = ("rollup", "rollup_by", "rollup_hist", "rollup_units")
+def _group_columns_sql() -> str:
+    return ",\n    ".join(f"{name} INTEGER NOT NULL" for name in NAME_GROUPS)
+
+
+ROLLUP_TABLES = ("rollup", "rollup_by", "rollup_hist", "rollup_units", "rollup_gpus")
 
 
 def _upsert(table: str, keys: Sequence[str], key_exprs: Sequence[str],
@@ -161,14 +173,18 @@ PERIOD_UPSERT_SQL = _upsert("rollup", ["period"], ["?3"], ROLLUP_MEASURES,
 def _rollup_insert_sql() -> tuple[str, ...]:
     """The statements that add the records with ``rid`` in ``(?1, ?2]`` to the grouped
     rollups."""
-    by = _upsert("rollup_by", ["period", "tenant", "model", "pool"],
-                 [_PERIOD, "coalesce(tenant, 0)", "coalesce(model, 0)", "coalesce(pool, 0)"],
+    by = _upsert("rollup_by", ["period", *NAME_GROUPS],
+                 [_PERIOD, *(f"coalesce({name}, 0)" for name in NAME_GROUPS)],
                  GROUP_MEASURES)
     units = ("INSERT OR IGNORE INTO rollup_units(period, node, engine_id) "
              f"SELECT DISTINCT {_PERIOD}, coalesce(node, 0), coalesce(engine_id, 0) "
              "FROM records WHERE rid > ?1 AND rid <= ?2 AND end_unix >= 0 "
              "AND gpu_inventory = 0")
-    return by, units
+    gpus = ("INSERT OR IGNORE INTO rollup_gpus(period, node, engine_id, tensor_parallel) "
+            f"SELECT DISTINCT {_PERIOD}, coalesce(node, 0), coalesce(engine_id, 0), "
+            "coalesce(tensor_parallel, 0) FROM records WHERE rid > ?1 AND rid <= ?2 "
+            "AND end_unix >= 0")
+    return by, units, gpus
 
 
 ROLLUP_INSERTS = _rollup_insert_sql()
@@ -320,7 +336,9 @@ class SqliteQueries:
             self._long_index = self._db.execute(
                 "SELECT 1 FROM sqlite_master WHERE name = 'records_long' UNION ALL "
                 "SELECT 1 FROM sqlite_temp_master WHERE name = 'records_long'"
-            ).fetchone() is not None
+            ).fetchone() is not None and self._db.execute(  # not a reader's view of it
+                "SELECT 1 FROM sqlite_temp_master WHERE name = 'records' AND type = 'view'"
+            ).fetchone() is None
         return self._long_index
 
     def _text(self, name_id: int | None) -> str | None:
@@ -407,6 +425,14 @@ class SqliteQueries:
                     unit = pricing_unit(self._text(node), self._text(engine_id))
                     out.setdefault(self._key(group_by, key_value),
                                    Aggregates()).sets.setdefault(name, set()).add(unit)
+            elif name == "set:unit_gpus":
+                sql = (f"SELECT DISTINCT {group}, node, engine_id, tensor_parallel "
+                       f"FROM records WHERE {where}")
+                for key_value, node, engine_id, gpus in self._db.execute(sql, args):
+                    out.setdefault(self._key(group_by, key_value),
+                                   Aggregates()).sets.setdefault(name, set()).add(
+                        unit_gpus_item(self._text(node), self._text(engine_id),
+                                       int(gpus or 0)))
             else:
                 raise ValueError(f"unknown set {name!r}")
         return out
@@ -455,6 +481,14 @@ class SqliteQueries:
                 for node, engine_id in self._db.execute(sql, args):
                     out.setdefault(None, Aggregates()).sets.setdefault(name, set()).add(
                         pricing_unit(self._text(node), self._text(engine_id)))
+            elif name == "set:unit_gpus":
+                if group_by is not None:
+                    raise ValueError("engines' GPUs are not kept by group")
+                sql = (f"SELECT DISTINCT node, engine_id, tensor_parallel FROM rollup_gpus "
+                       f"WHERE {where}")
+                for node, engine_id, gpus in self._db.execute(sql, args):
+                    out.setdefault(None, Aggregates()).sets.setdefault(name, set()).add(
+                        unit_gpus_item(self._text(node), self._text(engine_id), int(gpus)))
         return out
 
     def end_range(self, window: Window) -> tuple[float, float] | None:

@@ -69,6 +69,7 @@ def overview() -> dashboard_builders.Dashboard:
     per_million = q.dollars_per_million_output_tokens(W, MODEL)
     output_rate = q.token_rate(mn.TOKEN_KIND_OUTPUT, W, MODEL)
     by_model = (mn.LABEL_MODEL,)
+    by_slo = (mn.LABEL_SLO,)
     return (
         p.base_dashboard("tokenpath-overview", "tokenpath / Overview",
                          "Cache hits, latency, throughput and dollars per token.")
@@ -126,6 +127,30 @@ def overview() -> dashboard_builders.Dashboard:
                      f"{mn.LABEL_MODEL})\n{q.token_rate(mn.TOKEN_KIND_OUTPUT, W, MODEL, by_model)}",
                      _legend(mn.LABEL_MODEL))],
             p.UNIT_PER_SECOND, width=p.FULL_WIDTH))
+        .with_row(dashboard_builders.Row("SLO: goodput and dollars per good request"))
+        .with_panel(p.timeseries_panel(
+            "Goodput by SLO class", "Requests per second that met their SLO class's targets "
+            "(the collector's slo_classes).",
+            [p.Query(q.slo_goodput(W, MODEL, by_slo), _legend(mn.LABEL_SLO))],
+            p.UNIT_REQUESTS_PER_SECOND))
+        .with_panel(p.timeseries_panel(
+            "$ per good request by SLO class", "Every attributed dollar of a class's requests "
+            "(met, missed, unknown) over its requests that met their targets.",
+            [p.Query(q.slo_dollars_per_good_request(W, MODEL, by_slo),
+                     _legend(mn.LABEL_SLO))], p.UNIT_DOLLARS))
+        .with_panel(p.timeseries_panel(
+            "SLO attainment by class", "Met / (met + missed) requests; requests whose outcome "
+            "is unknown count neither way. The burn-rate alerts hold it against each class's "
+            "objective.",
+            [p.Query(q.slo_attainment(W, MODEL, by_slo), _legend(mn.LABEL_SLO))],
+            p.UNIT_PERCENT_UNIT))
+        .with_panel(p.timeseries_panel(
+            "$ per hour by SLO class and outcome", "Attributed dollars per hour of the "
+            "requests that met, missed (overlapping the money leaks: never add them) or "
+            "could not be judged against their class's targets.",
+            [p.Query(q.dollars_per_hour(mn.SLO_DOLLARS, W, MODEL,
+                                        (mn.LABEL_SLO, mn.LABEL_OUTCOME)),
+                     _legend(mn.LABEL_SLO, mn.LABEL_OUTCOME))], p.UNIT_DOLLARS, stacked=True))
     )
 
 

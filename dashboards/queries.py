@@ -124,3 +124,25 @@ def share_matching(spec: mn.MetricSpec, matcher: str, window: str,
 def offset(expr: str, duration: str) -> str:
     """A recorded series (a bare name) shifted back in time."""
     return f"{expr} offset {duration}"
+
+
+def slo_goodput(window: str, matchers: Sequence[str] = (), by: Sequence[str] = ()) -> str:
+    """Requests per second within their SLO class's targets (outcome met)."""
+    return sum_rate(mn.SLO_REQUESTS.series, window, (*matchers, eq(mn.LABEL_OUTCOME, "met")),
+                    by)
+
+
+def slo_dollars_per_good_request(window: str, matchers: Sequence[str] = (),
+                                 by: Sequence[str] = ()) -> str:
+    """Every dollar of the SLO classes' requests (met, missed, unknown) over the met ones."""
+    on = f" on({', '.join(by)})" if by else ""
+    return (f"{sum_rate(mn.SLO_DOLLARS.series, window, matchers, by)}\n/{on}\n"
+            f"{slo_goodput(window, matchers, by)}")
+
+
+def slo_attainment(window: str, matchers: Sequence[str] = (), by: Sequence[str] = ()) -> str:
+    """met / (met + missed): the share the classes' objectives are held against."""
+    judged = sum_rate(mn.SLO_REQUESTS.series, window,
+                      (*matchers, f'{mn.LABEL_OUTCOME}=~"met|missed"'), by)
+    on = f" on({', '.join(by)})" if by else ""
+    return f"{slo_goodput(window, matchers, by)}\n/{on}\n{judged}"

@@ -15,12 +15,14 @@ import yaml
 from tokenpath import metric_names as mn
 from tokenpath.config import ConfigError
 from tokenpath.dashboards import queries as q
+from tokenpath.slo import OUTCOME_MET, OUTCOME_MISSED
 
 SEVERITY_CRITICAL = "critical"
 SEVERITY_WARNING = "warning"
 RECORDING_GROUP = "tokenpath-recording"
 ALERT_GROUP = "tokenpath-alerts"
 DEFAULT_RUNBOOK_BASE_URL = "docs/runbooks.md"
+SLO_BURN_ALERT_PREFIX = "TokenpathSLOBudgetBurn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +53,8 @@ class RuleParams:
     hit_relative_drop: float = 0.25
     hit_min_input_tokens_per_second: float = 50.0
     hit_for: str = "15m"
-    # TTFT SLO: share of requests whose TTFT is at most the bucket bound (as exposed).
-    ttft_slo_bucket: str = "1.0"
-    ttft_slo_target: float = 0.99
+    # SLO burn rates (every class of the collector's slo_classes, each against its own
+    # objective, tokenpath_slo_objective_ratio): both windows of a BurnWindow above its rate.
     burn_windows: tuple[BurnWindow, ...] = DEFAULT_BURN_WINDOWS
     # Cost per output token against its own long-window average.
     cost_baseline_window: str = "1d"
@@ -76,8 +77,6 @@ class RuleParams:
             raise ConfigError("hit_baselines", "at least one baseline offset is needed")
         if not 0.0 < self.hit_relative_drop < 1.0:
             raise ConfigError("hit_relative_drop", "must be between 0 and 1")
-        if not 0.0 < self.ttft_slo_target < 1.0:
-            raise ConfigError("ttft_slo_target", "must be between 0 and 1")
         if self.cost_spike_factor <= 1.0:
             raise ConfigError("cost_spike_factor", "must be above 1")
         if not self.burn_windows:
@@ -94,7 +93,8 @@ HIT_METRIC = f"{mn.NAMESPACE}_prefix_cache_hit"
 INPUT_TOKENS_METRIC = f"{mn.TOKENS.name}_{mn.TOKEN_KIND_INPUT}"
 OUTPUT_TOKENS_METRIC = f"{mn.TOKENS.name}_{mn.TOKEN_KIND_OUTPUT}"
 COST_PER_TOKEN_METRIC = f"{mn.COST.name}_per_output_token"
-TTFT_SLO_ERRORS_METRIC = f"{mn.NAMESPACE}_ttft_slo_errors"
+SLO_LEVEL = mn.LABEL_SLO
+SLO_ERRORS_METRIC = f"{mn.NAMESPACE}_slo_errors"
 
 
 def hit_ratio_series(params: RuleParams) -> str:
@@ -117,8 +117,26 @@ def miss_waste_series(params: RuleParams) -> str:
     return _name(MODEL_LEVEL, mn.CACHE_MISS_WASTE.name, f"rate{params.rate_window}")
 
 
-def ttft_errors_series(window: str) -> str:
-    return _name(MODEL_LEVEL, TTFT_SLO_ERRORS_METRIC, f"ratio_rate{window}")
+def slo_errors_series(window: str) -> str:
+    """Per SLO class, missed / (met + missed) requests over ``window`` (unknown outcomes
+    are neither)."""
+    return _name(SLO_LEVEL, SLO_ERRORS_METRIC, f"ratio_rate{window}")
+
+
+def slo_errors_expr(window: str) -> str:
+    by = (mn.LABEL_SLO,)
+    series = mn.SLO_REQUESTS.series
+    missed = q.sum_rate(series, window, (q.eq(mn.LABEL_OUTCOME, OUTCOME_MISSED),), by)
+    judged = q.sum_rate(series, window,
+                        (f'{mn.LABEL_OUTCOME}=~"{OUTCOME_MET}|{OUTCOME_MISSED}"',), by)
+    return f"{missed}\n/\n{judged}"
+
+
+def slo_budget_expr(burn_rate: float) -> str:
+    """``burn_rate`` times each class's error budget (1 - its objective, as the collectors
+    export it; the same on every replica, so max collapses the replicas)."""
+    return (f"{burn_rate:g} * (1 - max by ({mn.LABEL_SLO}) "
+            f"({mn.SLO_OBJECTIVE.series}))")
 
 
 def _burn_windows(params: RuleParams) -> list[str]:
@@ -147,9 +165,7 @@ def recording_rules(params: RuleParams) -> list[dict[str, Any]]:
                       "expr": (f"{q.sum_rate(mn.COST.series, window, by=by)}\n/\n"
                                f"{q.token_rate(mn.TOKEN_KIND_OUTPUT, window, by=by)}")})
     for window in _burn_windows(params):
-        rules.append({"record": ttft_errors_series(window),
-                      "expr": q.histogram_share_above(mn.TTFT, params.ttft_slo_bucket,
-                                                      window, by=by)})
+        rules.append({"record": slo_errors_series(window), "expr": slo_errors_expr(window)})
     return rules
 
 
@@ -180,12 +196,12 @@ def _hit_regression_expr(params: RuleParams) -> str:
     return f"(\n{regressed}\n)\nand {guard}"
 
 
-def _burn_expr(params: RuleParams, burn: BurnWindow) -> str:
-    budget = 1.0 - params.ttft_slo_target
-    threshold = f"({burn.burn_rate:g} * {budget:.6g})"
-    return (f"{ttft_errors_series(burn.long_window)} > {threshold}\n"
-            f"and on({mn.LABEL_MODEL})\n"
-            f"{ttft_errors_series(burn.short_window)} > {threshold}")
+def _burn_expr(burn: BurnWindow) -> str:
+    on = f"on({mn.LABEL_SLO})"
+    threshold = slo_budget_expr(burn.burn_rate)
+    return (f"{slo_errors_series(burn.long_window)}\n> {on} {threshold}\n"
+            f"and {on}\n"
+            f"{slo_errors_series(burn.short_window)}\n> {on} {threshold}")
 
 
 def measured_cause_note(params: RuleParams) -> str:
@@ -216,16 +232,16 @@ def alert_rules(params: RuleParams) -> list[dict[str, Any]]:
         f"{params.hit_min_input_tokens_per_second:g} input tokens/s."
         + measured_cause_note(params),
         "prefix-cache-hit-regression")]
+    slo = f"{{{{ $labels.{mn.LABEL_SLO} }}}}"
     for burn in params.burn_windows:
         alerts.append(alert_rule(
-            params, f"TokenpathTTFTBudgetBurn{burn.long_window}", _burn_expr(params, burn),
+            params, f"{SLO_BURN_ALERT_PREFIX}{burn.long_window}", _burn_expr(burn),
             burn.for_, burn.severity,
-            f"TTFT SLO of {model} burning {burn.burn_rate:g}x budget",
-            f"Over {burn.long_window} and {burn.short_window}, more than "
-            f"{burn.burn_rate:g}x the allowed {1 - params.ttft_slo_target:.2%} of requests of "
-            f"{model} took over {params.ttft_slo_bucket}s to first token "
-            f"(error ratio now {percent}).",
-            "ttft-slo-burn"))
+            f"SLO class {slo} burning {burn.burn_rate:g}x its error budget",
+            f"Over {burn.long_window} and {burn.short_window}, the share of {slo} requests "
+            f"missing their targets is above {burn.burn_rate:g}x the class's error budget "
+            f"(1 - its objective); over {burn.long_window} it is {percent}.",
+            "slo-burn"))
     now_cost = cost_per_token_series(params.rate_window)
     by_instance_reason = (mn.LABEL_INSTANCE, mn.LABEL_REASON)
     dropped = q.sum_rate(mn.SPANS_DROPPED.series, params.rate_window, by=by_instance_reason)

@@ -30,6 +30,9 @@ LABEL_PROVENANCE: Final = "provenance"
 LABEL_NODE: Final = "node"
 LABEL_RECEIVER: Final = "receiver"
 LABEL_OUTCOME: Final = "outcome"
+# SLO classes (tokenpath/slo.py): the class, and the digest of the configured classes.
+LABEL_SLO: Final = "slo"
+LABEL_DIGEST: Final = "digest"
 # Values of the ``kind`` label on the token counter.
 TOKEN_KIND_INPUT: Final = "input"
 TOKEN_KIND_CACHE_READ: Final = "cache_read"
@@ -143,11 +146,22 @@ LONG_CONTEXT_COST = _m("context_cost_dollars", "counter", (LABEL_MODEL, "context
                        "Dollars by context-length bucket.")
 RESPONSE_CHUNKS = _m("response_chunks", "counter", (LABEL_MODEL, "size"),
                      "Streamed response chunks by payload size class (small = under 64 B).")
+SLO_REQUESTS = _m("slo_requests", "counter", (LABEL_SLO, LABEL_OUTCOME, LABEL_MODEL),
+                  "Requests by SLO class and outcome: met, missed, or unknown (a measure its "
+                  "class targets is absent); goodput is the rate of met.")
+SLO_DOLLARS = _m("slo_dollars", "counter", (LABEL_SLO, LABEL_OUTCOME, LABEL_MODEL),
+                 "Attributed dollars (the records' cost_dollars) by SLO class and outcome.")
+SLO_OBJECTIVE = _m("slo_objective_ratio", "gauge", (LABEL_SLO,),
+                   "Each configured SLO class's objective: the share of its requests that "
+                   "must meet its targets (the burn-rate alerts' budget is 1 - this).")
+SLO_CONFIG_INFO = _m("slo_config_info", "gauge", (LABEL_DIGEST,),
+                     "1, labelled with a digest of the configured SLO classes: every "
+                     "replica that maps traces must show the same one.")
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
     NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS, ROUTER_CACHE_PREDICTION,
     CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS, TENANT_COST, TENANT_REQUESTS, ENERGY, IDLE_ENERGY,
-    ENERGY_MEASURED,
+    ENERGY_MEASURED, SLO_REQUESTS, SLO_DOLLARS, SLO_OBJECTIVE, SLO_CONFIG_INFO,
 )
 
 # --- Build: what the install runs, on the collector's and the agent's /metrics

@@ -57,6 +57,7 @@ from typing import Any, Protocol
 
 from tokenpath.leaks import CONTEXT_BUCKET_BOUNDS, LONG_CONTEXT_TOKENS, MissCause
 from tokenpath.records import RequestRecord
+from tokenpath.slo import MISS_STAGES, OUTCOMES
 from tokenpath.stages import STAGE_IDS, Phase
 
 QUANTILE_RELATIVE_ERROR = 0.01
@@ -136,10 +137,17 @@ CONTEXT_BUCKET_MEASURES = tuple(
 LAST_MILE = ("lm_streams", "lm_leaking", "lm_tokens", "lm_bytes", "lm_packets", "lm_resp_s",
              "lm_resp_c", "lm_tpot_sum", "lm_tpot_n", "lm_est_n",
              *(f"lm_coal:{n}" for n in COALESCE_TOKENS))
-SETS = ("set:models", "set:units")
+SETS = ("set:models", "set:units", "set:unit_gpus")
 ALL_MEASURES = (*CORE, *STAGE_MEASURES, *PHASE_MEASURES, *CAUSE_MEASURES, *LONG_CONTEXT,
                 *CONTEXT_BUCKET_MEASURES, *LAST_MILE, "last_doubling")
 HISTOGRAMS = (*(f"stage:{s}" for s in STAGE_VALUES), "ttft", "tpot")
+# SLO classes (tokenpath/slo.py): requests and dollars by outcome, and the missed ones by
+# dominant stage. Read from ``records`` (no rollup holds them); grouped by ``slo`` for the
+# classes. ``set:unit_gpus``: the pricing units seen, each with its GPUs
+# (tokenpath.slo.unit_gpus_item).
+SLO_MEASURES = (*(f"slo_{kind}:{o}" for o in OUTCOMES for kind in ("n", "c")),
+                *(f"slo_{kind}:{s}" for s in MISS_STAGES for kind in ("ms", "mc")))
+SLO_GROUP = "slo"
 
 
 def combine(name: str, a: float, b: float) -> float:
@@ -183,7 +191,7 @@ class TimeBuckets:
     count: int
 
 
-GroupBy = str | TimeBuckets | None  # None, "tenant", "model", "pool" or time buckets
+GroupBy = str | TimeBuckets | None  # None, "tenant", "model", "pool", "slo" or time buckets
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from tokenpath.query import (
     DEFAULT_PARAMS,
+    SLO_GROUP,
     Aggregates,
     Coverage,
     GroupBy,
@@ -25,7 +26,7 @@ from tokenpath.query import (
     Window,
 )
 
-GROUP_NAMES = frozenset({"tenant", "model", "pool"})
+GROUP_NAMES = frozenset({"tenant", "model", "pool", SLO_GROUP})
 TIME_PREFIX = "time:"
 
 

@@ -160,6 +160,15 @@ FIELDS: Final[tuple[RecordField, ...]] = (
     F("cache_read_source", OPT_STR, "None",
       "Where cache_read_tokens came from (CACHE_SOURCE_*); None: nothing on the path said.",
       storage=NAME),
+    F("slo", OPT_STR, "None",
+      "Its SLO class (tokenpath/slo.py), set where it is mapped; None: no classes configured.",
+      storage=NAME),
+    F("slo_outcome", OPT_STR, "None",
+      '"met", "missed" or "unknown" against its class\'s targets; None: no class.',
+      storage=NAME),
+    F("slo_miss_stage", OPT_STR, "None",
+      "A missed request's dominant stage (queue, prefill, decode, network) in the measure\n"
+      "it missed; None when it did not miss.", storage=NAME),
 )
 
 # JSON keys that are not fields: (the field they follow, key, expression on ``self``).

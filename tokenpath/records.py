@@ -176,6 +176,13 @@ class RequestRecord:
     router_predicted_cache_hit: float | None = None
     # Where cache_read_tokens came from (CACHE_SOURCE_*); None: nothing on the path said.
     cache_read_source: str | None = None
+    # Its SLO class (tokenpath/slo.py), set where it is mapped; None: no classes configured.
+    slo: str | None = None
+    # "met", "missed" or "unknown" against its class's targets; None: no class.
+    slo_outcome: str | None = None
+    # A missed request's dominant stage (queue, prefill, decode, network) in the measure
+    # it missed; None when it did not miss.
+    slo_miss_stage: str | None = None
 
     def __init__(
         self,
@@ -232,6 +239,9 @@ class RequestRecord:
         energy_provenance: str | None = None,
         router_predicted_cache_hit: float | None = None,
         cache_read_source: str | None = None,
+        slo: str | None = None,
+        slo_outcome: str | None = None,
+        slo_miss_stage: str | None = None,
     ) -> None:
         """Every field, in declaration order, by position or by name."""
         self.trace_id = trace_id
@@ -287,6 +297,9 @@ class RequestRecord:
         self.energy_provenance = energy_provenance
         self.router_predicted_cache_hit = router_predicted_cache_hit
         self.cache_read_source = cache_read_source
+        self.slo = slo
+        self.slo_outcome = slo_outcome
+        self.slo_miss_stage = slo_miss_stage
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -344,6 +357,9 @@ class RequestRecord:
             "energy_provenance": self.energy_provenance,
             "router_predicted_cache_hit": self.router_predicted_cache_hit,
             "cache_read_source": self.cache_read_source,
+            "slo": self.slo,
+            "slo_outcome": self.slo_outcome,
+            "slo_miss_stage": self.slo_miss_stage,
         }
 
     @classmethod
@@ -404,6 +420,9 @@ class RequestRecord:
             energy_provenance=data.get("energy_provenance"),
             router_predicted_cache_hit=_opt_float(data.get("router_predicted_cache_hit")),
             cache_read_source=data.get("cache_read_source"),
+            slo=data.get("slo"),
+            slo_outcome=data.get("slo_outcome"),
+            slo_miss_stage=data.get("slo_miss_stage"),
         )
     # --- end of the generated part ---
 

@@ -20,6 +20,7 @@ from tokenpath.leaks import (
     context_tokens,
 )
 from tokenpath.records import RequestRecord
+from tokenpath.slo import SloSummary, summarize_records
 from tokenpath.stages import PROVENANCE_RANK, STAGES, Phase, Provenance, StageId
 
 
@@ -121,6 +122,9 @@ class Report:
     energy_provenance: str | None = None
     # The window a store's view covers and what the store keeps (tokenpath/views.py).
     window: dict[str, Any] | None = None
+    # SLO classes (tokenpath/slo.py): goodput, dollars per good request, missed dollars;
+    # None when no record has a class.
+    slo: SloSummary | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -162,6 +166,7 @@ class Report:
             "energy_joules_per_output_token": (self.energy_joules / self.output_tokens
                                                if self.output_tokens else None),
         }
+        out["slo"] = None if self.slo is None else self.slo.to_json()
         if self.window is not None:
             out["window"] = self.window
         return out
@@ -289,4 +294,5 @@ def build_report(records: Sequence[RequestRecord], idle_cost_dollars: float = 0.
         energy_joules=sum(r.energy_joules for r in records),
         idle_energy_joules=idle_energy_joules,
         energy_provenance=energy_provenance(records),
+        slo=summarize_records(records, window),
     )

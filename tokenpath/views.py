@@ -43,6 +43,8 @@ from tokenpath.query import (
     LAST_MILE,
     PHASE_MEASURES,
     QUANTILE_RELATIVE_ERROR,
+    SLO_GROUP,
+    SLO_MEASURES,
     STAGE_MEASURES,
     Aggregates,
     Params,
@@ -54,6 +56,14 @@ from tokenpath.query import (
 )
 from tokenpath.report import MissCauseSummary, Report, StageSummary
 from tokenpath.roofline import GPUS, MODELS, Roofline
+from tokenpath.slo import (
+    OUTCOME_MET,
+    OUTCOME_MISSED,
+    OUTCOMES,
+    SloConfig,
+    SloSummary,
+    summary_from_counts,
+)
 from tokenpath.stages import STAGES, Phase, Provenance
 from tokenpath.wire_sizes import PACKET_OVERHEAD_BYTES
 
@@ -64,9 +74,10 @@ PROVENANCE_OF_RANK: dict[int, Provenance] = {
     0: Provenance.MEASURED, 1: Provenance.DERIVED, 2: Provenance.MODELED}
 
 REPORT_MEASURES = (*CORE, *STAGE_MEASURES, *PHASE_MEASURES, *CAUSE_MEASURES, "lc_n", "lc_cost",
-                   *LAST_MILE, "set:models", "set:units")
+                   *LAST_MILE, "set:models", "set:units", "set:unit_gpus")
 CHARGEBACK_MEASURES = ("n", "input_tokens_pos", "output_tokens_pos", "cost", "energy_pos",
                        "energy_measured_n", "energy_other_n")
+CHARGEBACK_SLO_MEASURES = (*(f"slo_n:{o}" for o in OUTCOMES), f"slo_c:{OUTCOME_MISSED}")
 GROUPS = ("tenant", "model", "pool")
 
 
@@ -120,9 +131,9 @@ def last_mile_of(agg: Aggregates,
 # --- the report -------------------------------------------------------------------------------
 
 
-def report_view(q: RecordQueries, window: Window) -> Report:
+def report_view(q: RecordQueries, window: Window, slo: SloConfig | None = None) -> Report:
     """tokenpath.report.build_report over the window, from aggregates; idle dollars and
-    joules are the store's for the window."""
+    joules are the store's for the window. ``slo``: the classes, for their objectives."""
     agg = _one(q.aggregate(window, REPORT_MEASURES, HISTOGRAMS))
     idle = q.idle_cost_dollars(window.since_unix)
     idle_joules = q.idle_energy_joules(window.since_unix)
@@ -192,7 +203,23 @@ def report_view(q: RecordQueries, window: Window) -> Report:
         energy_provenance=energy_provenance_of(agg),
     )
     report.window = window_json(q, window)
+    report.slo = slo_view(q, window, window_seconds, agg.set("set:unit_gpus"), slo)
     return report
+
+
+def slo_view(q: RecordQueries, window: Window, window_seconds: float | None = None,
+             unit_gpus: set[str] | None = None,
+             config: SloConfig | None = None) -> SloSummary | None:
+    """The window's SLO classes (tokenpath/slo.py): goodput, goodput per GPU billed,
+    dollars per good request, missed dollars by dominant stage; None when no record of
+    the window has a class. ``config`` gives the classes' objectives."""
+    if window_seconds is None or unit_gpus is None:
+        agg = _one(q.aggregate(window, ("n", "min_start", "max_end", "set:unit_gpus")))
+        window_seconds = (agg["max_end"] - agg["min_start"]) if agg.count("n") else 0.0
+        unit_gpus = agg.set("set:unit_gpus")
+    groups = q.aggregate(window, SLO_MEASURES, group_by=SLO_GROUP)
+    return summary_from_counts({k: a.values for k, a in groups.items()}, window_seconds,
+                               unit_gpus, config)
 
 
 def window_json(q: RecordQueries, window: Window) -> dict[str, Any]:
@@ -214,7 +241,8 @@ def chargeback_view(q: RecordQueries, window: Window,
         raise ValueError(f"chargeback by {by!r}: one of {', '.join(GROUPS)}")
     rows: dict[str, ChargebackRow] = {}
     kinds: dict[str, Aggregates] = {}
-    for key, agg in q.aggregate(window, CHARGEBACK_MEASURES, group_by=by).items():
+    measures = (*CHARGEBACK_MEASURES, *CHARGEBACK_SLO_MEASURES)
+    for key, agg in q.aggregate(window, measures, group_by=by).items():
         name = key or TENANT_UNATTRIBUTED
         row = rows.setdefault(name, ChargebackRow(name))
         row.requests += agg.count("n")
@@ -222,6 +250,9 @@ def chargeback_view(q: RecordQueries, window: Window,
         row.output_tokens += agg.count("output_tokens_pos")
         row.cost_dollars += agg["cost"]
         row.energy_joules += agg["energy_pos"]
+        row.slo_requests += sum(agg.count(f"slo_n:{o}") for o in OUTCOMES)
+        row.good_requests += agg.count(f"slo_n:{OUTCOME_MET}")
+        row.missed_slo_dollars += agg[f"slo_c:{OUTCOME_MISSED}"]
         kinds.setdefault(name, Aggregates()).merge(agg)
     for name, row in rows.items():
         row.energy_provenance = energy_provenance_of(kinds[name])

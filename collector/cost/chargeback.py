@@ -25,6 +25,7 @@ from typing import Any
 from tokenpath.metric_names import TENANT_UNATTRIBUTED
 from tokenpath.records import RequestRecord
 from tokenpath.report import combined_energy_provenance
+from tokenpath.slo import OUTCOME_MET, OUTCOME_MISSED
 
 PLATFORM_ROW = "platform"
 
@@ -45,10 +46,21 @@ class ChargebackRow:
     energy_joules: float = 0.0
     idle_energy_joules: float = 0.0
     energy_provenance: str | None = None  # measured only when every record's joules were
+    # SLO classes (tokenpath/slo.py): requests with a class, those that met their targets,
+    # and the attributed dollars of those that missed.
+    slo_requests: int = 0
+    good_requests: int = 0
+    missed_slo_dollars: float = 0.0
 
     @property
     def total_dollars(self) -> float:
         return self.cost_dollars + self.idle_dollars
+
+    @property
+    def dollars_per_good_request(self) -> float | None:
+        """Attributed dollars over the requests that met their SLO (as the classes'
+        figure); None with no good request."""
+        return self.cost_dollars / self.good_requests if self.good_requests else None
 
     def to_json(self) -> dict[str, Any]:
         return {"tenant": self.tenant, "requests": self.requests,
@@ -56,7 +68,10 @@ class ChargebackRow:
                 "cost_dollars": self.cost_dollars, "idle_dollars": self.idle_dollars,
                 "total_dollars": self.total_dollars, "energy_joules": self.energy_joules,
                 "idle_energy_joules": self.idle_energy_joules,
-                "energy_provenance": self.energy_provenance}
+                "energy_provenance": self.energy_provenance,
+                "slo_requests": self.slo_requests, "good_requests": self.good_requests,
+                "missed_slo_dollars": self.missed_slo_dollars,
+                "dollars_per_good_request": self.dollars_per_good_request}
 
 
 def tenant_of(record: RequestRecord) -> str | None:
@@ -81,6 +96,12 @@ def chargeback(records: Iterable[RequestRecord], idle_dollars: float,
         row.output_tokens += max(0, record.output_tokens)
         row.cost_dollars += record.cost_dollars
         row.energy_joules += max(0.0, record.energy_joules)
+        if record.slo_outcome is not None:
+            row.slo_requests += 1
+            if record.slo_outcome == OUTCOME_MET:
+                row.good_requests += 1
+            elif record.slo_outcome == OUTCOME_MISSED:
+                row.missed_slo_dollars += record.cost_dollars
         kinds.setdefault(tenant, set()).add(record.energy_provenance)
     for tenant, row in rows.items():
         row.energy_provenance = combined_energy_provenance(kinds[tenant])

@@ -19,6 +19,11 @@ attributed GPU seconds / modeled) carries the model onto the recorded numbers. T
 ``U`` is the GPU utilization (busy time / window, measured per node). Everything here is
 modeled; formulas and assumptions are in docs/cost-model.md.
 
+SLO classes: each request keeps the outcome it was recorded with (the what-if knows the
+records, not the classes' targets), so ``goodput_per_gpu`` is requests/s per GPU times the
+share of requests that met their class's targets, and ``dollars_per_good_request`` the
+projected dollars over those requests; both None when no request has a class.
+
 A change in the prefix-cache hit ratio (``delta``, a fraction of the window's prompt
 tokens: 0.10 is 10 percentage points) adds ``delta * sum(n + c)`` cached tokens, spread so
 that every request gets the same share of its prompt until it reaches its cap, the rest
@@ -47,6 +52,7 @@ from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.records import RequestRecord
 from tokenpath.report import token_weighted_hit_ratio
 from tokenpath.roofline import GPUS, MODELS, Roofline
+from tokenpath.slo import OUTCOME_MET
 
 # Speculative decoding: cost of one draft token relative to one target decode step.
 DRAFT_COST_RATIO = 0.05
@@ -114,6 +120,8 @@ class _Request:
     key: str = ""  # the record's id: what per-record cache gains are keyed by
     # the most prompt tokens a prefix cache could serve (repeatable_tokens)
     cacheable_tokens: int = 0
+    # its SLO outcome as recorded (tokenpath/slo.py); None: no class
+    slo_outcome: str | None = None
 
 
 @dataclass(slots=True)
@@ -166,6 +174,9 @@ class Projection:
     cost_dollars: float
     prefill_gpu_seconds: float
     decode_gpu_seconds: float
+    # SLO classes (the module's docstring): None when no request has a class
+    goodput_per_gpu: float | None = None
+    dollars_per_good_request: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -239,7 +250,7 @@ def calibrate(records: Sequence[RequestRecord], prices: PriceSheet) -> Calibrati
                      else max(cached, min(repeated, record.input_tokens - 1)))
         requests.append(_Request(roofline, price, record.input_tokens, cached,
                                  record.output_tokens, record.ttft_seconds, prefill or 0.0,
-                                 record.record_id, cacheable))
+                                 record.record_id, cacheable, record.slo_outcome))
     busy_total = sum(_union_seconds(v) for v in busy.values())
     window_total = sum(max(e for _, e in v) - min(s for s, _ in v) for v in busy.values())
     batch = max(1.0, sum(decode_sum.values()) / busy_total) if busy_total > 0 else 1.0
@@ -372,6 +383,7 @@ def project(calibration: Calibration, scenario: Scenario,
     cost = gpu_seconds = prefill_total = decode_total = 0.0
     output_tokens = cached_tokens = input_tokens = 0
     ttfts: list[float] = []
+    classified = good = 0
     plan = _plan(calibration, scenario, cached_gains)
     for req, step in zip(calibration.requests, plan, strict=True):
         prefill, decode = _gpu_seconds(req, step, calibration, scenario)
@@ -384,21 +396,27 @@ def project(calibration: Calibration, scenario: Scenario,
         output_tokens += req.output_tokens
         input_tokens += step.input_tokens
         cached_tokens += step.cached_tokens
+        if req.slo_outcome is not None:
+            classified += 1
+            good += req.slo_outcome == OUTCOME_MET
         if req.ttft_seconds is not None:
             base_prefill = _prefill_seconds(req.roofline, req.input_tokens, req.cached_tokens,
                                             calibration.decode_batch)
             ratio = prefill / base_prefill if base_prefill > 0 else 1.0
             ttfts.append(max(0.0, req.ttft_seconds - req.prefill_measured * (1 - ratio)))
+    per_gpu = (utilization * len(calibration.requests) / gpu_seconds
+               if gpu_seconds > 0 else 0.0)
     return Projection(
         cost_per_million_output_tokens=cost / output_tokens * 1e6 if output_tokens else 0.0,
-        requests_per_second_per_gpu=(utilization * len(calibration.requests) / gpu_seconds
-                                     if gpu_seconds > 0 else 0.0),
+        requests_per_second_per_gpu=per_gpu,
         ttft_p50_seconds=statistics.median(ttfts) if ttfts else None,
         gpu_utilization=utilization,
         prefix_cache_hit_ratio=cached_tokens / input_tokens if input_tokens else 0.0,
         cost_dollars=cost,
         prefill_gpu_seconds=prefill_total,
         decode_gpu_seconds=decode_total,
+        goodput_per_gpu=per_gpu * good / len(calibration.requests) if classified else None,
+        dollars_per_good_request=cost / good if classified and good else None,
     )
 
 
@@ -415,6 +433,9 @@ def _change(baseline: Projection, projected: Projection) -> dict[str, float | No
         "requests_per_second_per_gpu": rel(baseline.requests_per_second_per_gpu,
                                            projected.requests_per_second_per_gpu),
         "ttft_p50_seconds": rel(baseline.ttft_p50_seconds, projected.ttft_p50_seconds),
+        "goodput_per_gpu": rel(baseline.goodput_per_gpu, projected.goodput_per_gpu),
+        "dollars_per_good_request": rel(baseline.dollars_per_good_request,
+                                        projected.dollars_per_good_request),
     }
 
 

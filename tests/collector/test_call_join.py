@@ -259,3 +259,21 @@ def test_a_serving_half_after_its_outer_went_alone_is_counted_as_such() -> None:
     clock.advance(0.5)
     join.consume_record(serving_record())
     assert stats.calls_joined[SERVING_AFTER_ALONE] == 1  # counted twice, and said so
+
+
+def test_a_joined_record_is_judged_again_on_the_clients_first_token() -> None:
+    from tokenpath.slo import OUTCOME_MET, OUTCOME_MISSED, SloClass, SloConfig, classify_record
+
+    classes = SloConfig((SloClass("chat", ttft_seconds=0.3),))
+    for slo, outcome in ((classes, OUTCOME_MISSED), (None, OUTCOME_MET)):
+        sink, stats = RecordingSink(), CollectorStats()
+        join = CallJoiner(sink, JoinConfig(), stats, FakeClock(1000.0), slo=slo)
+        serving = serving_record()
+        classify_record(serving, classes, lambda key: None)
+        assert serving.ttft_seconds is not None and serving.ttft_seconds < 0.3
+        assert serving.slo_outcome == OUTCOME_MET
+        join.consume_record(client_record(first_chunk=0.6))  # the client waited 0.6 s
+        join.consume_record(serving)
+        (joined,) = sink.records
+        assert joined.ttft_seconds == pytest.approx(0.6)
+        assert (joined.slo, joined.slo_outcome) == ("chat", outcome)

@@ -289,3 +289,29 @@ def test_cached_tokens_in_every_spelling() -> None:
         record = map_trace(trace(span(tid, A.VLLM_REQUEST_SPAN_NAME,
                                       attributes={**VLLM_ATTRS, key: 40})))
         assert record is not None and record.cache_read_tokens == 40, key
+
+
+def test_a_mapped_record_is_classified_by_its_spans_attributes() -> None:
+    from tokenpath.slo import OUTCOME_MET, OUTCOME_MISSED, STAGE_PREFILL, SloClass, SloConfig
+
+    classes = SloConfig((
+        SloClass("priority", ttft_seconds=0.04, objective=0.999,
+                 attributes=(("app.priority", "high"),)),
+        SloClass("rest", ttft_seconds=1.0, tpot_seconds=0.05, objective=0.9),
+    ))
+    tid = new_trace_id()
+    root = span(tid, "POST /v1/chat/completions", kind=SPAN_KIND_SERVER, start=100.0,
+                end=100.3, attributes={"app.priority": "high"})
+    engine = span(tid, A.VLLM_REQUEST_SPAN_NAME, parent=root.span_id, start=100.01,
+                  end=100.27, attributes=VLLM_ATTRS)
+    record = map_trace(trace(root, engine), classes)
+    assert record is not None
+    # TTFT 0.05 s against 0.04 s; prefill (0.03 s) is the largest part of it
+    assert (record.slo, record.slo_outcome, record.slo_miss_stage) == (
+        "priority", OUTCOME_MISSED, STAGE_PREFILL)
+    plain = map_trace(trace(span(tid, A.VLLM_REQUEST_SPAN_NAME, attributes=VLLM_ATTRS)),
+                      classes)
+    assert plain is not None
+    assert (plain.slo, plain.slo_outcome, plain.slo_miss_stage) == ("rest", OUTCOME_MET, None)
+    unclassified = map_trace(trace(span(tid, A.VLLM_REQUEST_SPAN_NAME, attributes=VLLM_ATTRS)))
+    assert unclassified is not None and unclassified.slo is None

@@ -129,3 +129,33 @@ def test_stage_series_are_kept_apart_by_model_and_phase_and_appear_when_first_wr
     counts = {dict(k)[M.LABEL_MODEL]: v
               for k, v in _samples(sink, M.STAGE_DURATION.name + "_count").items()}
     assert counts == {"model-a": 2.0, "model-b": 1.0}
+
+
+def test_slo_requests_and_dollars_by_class_and_outcome_and_the_classes_digest() -> None:
+    from tokenpath.slo import SloClass, SloConfig
+
+    classes = SloConfig((SloClass("interactive", ttft_seconds=0.5, objective=0.99,
+                                  tenant="acme"),
+                         SloClass("batch", e2e_seconds=60.0, objective=0.9)))
+    sink = PrometheusSink(slo=classes)
+    outcomes = [("interactive", "met", 1.0), ("interactive", "missed", 2.0),
+                ("interactive", "met", 4.0), ("batch", "unknown", 8.0)]
+    for i, (slo, outcome, cost) in enumerate(outcomes):
+        record = _record(i, 10, 10, cost)
+        record.slo, record.slo_outcome = slo, outcome
+        sink.consume_record(record)
+    sink.consume_record(_record(99, 10, 10, 16.0))  # no class: not an SLO sample
+    requests = _samples(sink, M.SLO_REQUESTS.series)
+    dollars = _samples(sink, M.SLO_DOLLARS.series)
+
+    def key(slo: str, outcome: str) -> tuple[tuple[str, str], ...]:
+        return (("model", MODEL), ("outcome", outcome), ("slo", slo))
+
+    assert requests == {key("interactive", "met"): 2, key("interactive", "missed"): 1,
+                        key("batch", "unknown"): 1}
+    assert dollars == {key("interactive", "met"): 5.0, key("interactive", "missed"): 2.0,
+                       key("batch", "unknown"): 8.0}
+    assert _samples(sink, M.SLO_OBJECTIVE.name) == {
+        (("slo", "interactive"),): 0.99, (("slo", "batch"),): 0.9}
+    assert _samples(sink, M.SLO_CONFIG_INFO.name) == {(("digest", classes.digest()),): 1.0}
+    assert not _samples(PrometheusSink(), M.SLO_CONFIG_INFO.name)  # none configured

@@ -268,3 +268,60 @@ def test_a_reader_opens_the_store_read_only_and_changes_nothing(tmp_path: Path) 
     finally:
         reader.shutdown()
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_a_store_written_before_the_slo_columns_gains_them_at_open(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = RecordStore(StoreConfig(path=str(path)))
+    store.consume_record(record(1, 100.0))
+    store.shutdown()
+    db = sqlite3.connect(path)  # the layout as it was before the SLO fields
+    for column in ("slo", "slo_outcome", "slo_miss_stage"):
+        db.execute(f"ALTER TABLE records DROP COLUMN {column}")
+    db.commit()
+    db.close()
+
+    reopened = RecordStore(StoreConfig(path=str(path)))
+    classified = record(2, 101.0)
+    classified.slo, classified.slo_outcome, classified.slo_miss_stage = (
+        "interactive", "missed", "prefill")
+    reopened.consume_record(classified)
+    reopened.shutdown()
+    again = RecordStore(StoreConfig(path=str(path)))
+    try:
+        assert again.record(format(1, "032x")) == record(1, 100.0)  # NULL: no class
+        assert again.record(format(2, "032x")) == classified
+    finally:
+        again.shutdown()
+
+
+def test_a_reader_of_a_store_written_before_the_slo_columns_reads_it_unchanged(
+        tmp_path: Path) -> None:
+    import hashlib
+
+    from tokenpath import views
+    from tokenpath.collector.store import open_store_readonly
+    from tokenpath.query import Window
+
+    path = tmp_path / "s.db"
+    store = RecordStore(StoreConfig(path=str(path)))
+    long_context = record(1, 100.0)
+    long_context.input_tokens = 20_000  # read through the long-context measures too
+    store.consume_record(long_context)
+    store.consume_record(record(2, 101.0))
+    store.shutdown()
+    db = sqlite3.connect(path)
+    for column in ("slo", "slo_outcome", "slo_miss_stage"):
+        db.execute(f"ALTER TABLE records DROP COLUMN {column}")
+    db.commit()
+    db.close()
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    reader = open_store_readonly(str(path))
+    try:
+        assert [r.slo for r in reader.records()] == [None, None]
+        report = views.report_view(reader, Window())
+        assert report.requests == 2 and report.slo is None
+        assert views.leaks_view(reader, Window())  # last_doubling reads the same records
+    finally:
+        reader.shutdown()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before

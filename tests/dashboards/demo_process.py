@@ -41,7 +41,8 @@ class DemoProcess:
     report and exits 0)."""
 
     def __init__(self, workdir: Path, name: str, ports: DemoPorts, store: Path,
-                 shared_prefix: float, seed: int) -> None:
+                 shared_prefix: float, seed: int, extra_args: tuple[str, ...] = ()) -> None:
+        """``extra_args``: more demo options (a later option wins over an earlier one)."""
         self.ports = ports
         self.log = workdir / f"{name}.log"
         self.argv = [
@@ -50,7 +51,7 @@ class DemoProcess:
             "--time-scale", str(TIME_SCALE), "--shared-prefix", str(shared_prefix),
             "--seed", str(seed), "--store", str(store),
             "--collector-http", f"127.0.0.1:{ports.collector}",
-            "--agent-listen", f"127.0.0.1:{ports.agent}",
+            "--agent-listen", f"127.0.0.1:{ports.agent}", *extra_args,
         ]
         self.process: subprocess.Popen[bytes] | None = None
 

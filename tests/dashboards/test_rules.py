@@ -80,7 +80,9 @@ def test_alerts_carry_severity_summary_description_and_runbook() -> None:
             "TokenpathCacheMissWasteHigh", "TokenpathCollectorDroppingSpans",
             "TokenpathCollectorEvictingTraces", "TokenpathAgentDown",
             "TokenpathNVMLDown"} <= names
-    assert any(n.startswith("TokenpathTTFTBudgetBurn") for n in names)
+    burns = {n for n in names if n.startswith(rules.SLO_BURN_ALERT_PREFIX)}
+    assert burns == {f"{rules.SLO_BURN_ALERT_PREFIX}{b.long_window}"
+                     for b in rules.DEFAULT_BURN_WINDOWS}
     for alert in alerts:
         assert alert["labels"]["severity"] in {rules.SEVERITY_CRITICAL, rules.SEVERITY_WARNING}
         annotations = alert["annotations"]
@@ -104,7 +106,7 @@ def test_windows_and_thresholds_are_parameters() -> None:
 
 
 @pytest.mark.parametrize("field,value", [("hit_relative_drop", 1.5), ("hit_baselines", ()),
-                                         ("ttft_slo_target", 1.0), ("cost_spike_factor", 1.0)])
+                                         ("burn_windows", ()), ("cost_spike_factor", 1.0)])
 def test_invalid_params_name_the_key(field: str, value: object) -> None:
     params = rules.RuleParams(**{field: value})  # type: ignore[arg-type]
     with pytest.raises(ConfigError) as error:

@@ -7,6 +7,7 @@ beside them on the same traffic, and the helpers that read them as a user would:
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -27,7 +28,19 @@ SHARDS = 3
 SETTLE_TIMEOUT_SECONDS = 400.0  # a hang, not a speed check: the tests wait for conditions
 # The collectors' own pricing settings: one replica forwarding a unit's records well after
 # another (20 s was seen on 2 busy cores) is waited for by its progress (docs/deploy.md).
-PRICING: dict[str, object] = {}
+# SLO classes every collector runs (classified where traces are mapped, so alike on every
+# replica): requests through the gateway held to a TTFT the engine traffic meets about
+# half the time, the rest to loose targets.
+SLO_CLASSES: list[dict[str, object]] = [
+    {"name": "chat", "match": {"attribute": {"http.route": "/v1/chat/completions"}},
+     "ttft_seconds": 3.0, "objective": 0.99},
+    {"name": "batch", "ttft_seconds": 8.0, "e2e_seconds": 120.0, "objective": 0.9},
+]
+PRICING: dict[str, object] = {"slo_classes": SLO_CLASSES}
+# The report's SLO figures that must not depend on how the collectors are laid out.
+SLO_COUNTS = ("requests", "met", "missed", "unknown", "gpus_billed")
+SLO_FIGURES = ("cost_dollars", "missed_dollars", "goodput_requests_per_second",
+               "goodput_per_gpu", "dollars_per_good_request")
 
 
 def samples(http_url: str) -> dict[str, float]:
@@ -39,6 +52,30 @@ def samples(http_url: str) -> dict[str, float]:
         for sample in family.samples:
             out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
+
+
+def assert_same_slo(a: dict[str, Any], b: dict[str, Any], rel: float) -> None:
+    """Two reports' SLO summaries (``report["slo"]``) agree: counts exactly, figures to
+    ``rel``, class by class."""
+    assert a is not None and b is not None
+    for mine, theirs in ((a, b), *zip(a["classes"], b["classes"], strict=True)):
+        assert mine.get("slo") == theirs.get("slo")
+        for key in SLO_COUNTS:
+            if key in theirs:
+                assert mine[key] == theirs[key], key
+        for key in SLO_FIGURES:
+            assert (mine[key] is None) == (theirs[key] is None), key
+            if theirs[key] is not None:
+                assert math.isclose(mine[key], theirs[key], rel_tol=rel), key
+
+
+def slo_digests(http_url: str) -> set[str]:
+    """The digests of the SLO classes a collector runs (tokenpath_slo_config_info)."""
+    with urllib.request.urlopen(f"{http_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {sample.labels[mn.LABEL_DIGEST]
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == mn.SLO_CONFIG_INFO.name}
 
 
 def report(*args: str) -> dict[str, Any]:

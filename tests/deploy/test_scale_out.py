@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.cluster import Cluster, cluster, post, report, samples
+from tests.deploy.cluster import (
+    Cluster,
+    assert_same_slo,
+    cluster,
+    post,
+    report,
+    samples,
+    slo_digests,
+)
 from tests.deploy.engine_traffic import engine_traffic, peak_in_flight
 from tests.deploy.hash_ring import HashRing
 from tokenpath import metric_names as mn
@@ -79,6 +87,15 @@ def test_three_forwarding_collectors_price_like_one(cluster: Cluster) -> None:
     alone_report = report("--collector", single.http_url)
     assert merged["requests"] == alone_report["requests"] == total
     assert math.isclose(merged["cost_dollars"], alone_report["cost_dollars"], rel_tol=1e-6)
+    # the SLO classes: every replica runs the same ones (one digest), and the replicas'
+    # records give the goodput and dollars per good request of one collector
+    digests = {d for p in cluster.processes for d in slo_digests(p.http_url)}
+    assert len(digests) == 1
+    slo = merged["slo"]
+    assert slo["met"] and slo["missed"] and {c["slo"] for c in slo["classes"]} == {
+        "chat", "batch"}
+    assert slo["met"] + slo["missed"] + slo["unknown"] == total
+    assert_same_slo(slo, alone_report["slo"], 1e-6)
     # none of these engines is in the price sheet's inventory, and the report says so
     assert len(merged["units_without_inventory"]) == 3
 

@@ -30,7 +30,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 
 from testkit.fakes.clickhouse_http import ClickHouseHTTPServer
 from tests.dashboards.otlp_workload import CollectorProcess, request_trace
-from tests.deploy.cluster import cluster, post, report, samples
+from tests.deploy.cluster import SLO_CLASSES, assert_same_slo, cluster, post, report, samples
 from tests.deploy.engine_traffic import engine_traffic
 from tokenpath import metric_names as mn
 from tokenpath.collector import store_clickhouse as ch
@@ -42,7 +42,8 @@ PER_ENGINE = 30  # three engines: 90 requests
 # plus that delay passed (about twice the delay in all). cluster.PRICING's 45 s leaves room
 # for one replica forwarding 20 s after another with 300 requests on 2 busy cores; with 90
 # requests the forwarding is a third of that work.
-SHARED_PRICING: dict[str, object] = {"cost": {"min_delay_seconds": 25}}
+SHARED_PRICING: dict[str, object] = {"cost": {"min_delay_seconds": 25},
+                                     "slo_classes": SLO_CLASSES}
 PASSWORD = "a-cluster-secret"
 WAIT_SECONDS = 120.0  # a hang, not a speed check: the tests wait for conditions
 # The outage, well inside the writer's retry time (ch.DEFAULT_WRITE_RETRY_SECONDS, 60 s):
@@ -105,6 +106,9 @@ def test_three_replicas_share_one_clickhouse_store(server: ClickHouseHTTPServer,
         assert shared["requests"] == alone["requests"] == total
         assert math.isclose(shared["cost_dollars"], alone["cost_dollars"], rel_tol=1e-9)
         assert shared["cost_dollars"] > 0
+        # the SLO classes' goodput and dollars per good request, read from ClickHouse
+        assert shared["slo"]["met"] + shared["slo"]["missed"] + shared["slo"]["unknown"] == total
+        assert_same_slo(shared["slo"], alone["slo"], 1e-9)
 
         # every replica answers for all of them, not only the ones it priced
         priced_here = {shard.http_url: samples(shard.http_url).get(mn.REQUESTS.series, 0.0)

@@ -28,9 +28,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokenpath.cli.common import auth_token, console, fail
-from tokenpath.config import ConfigError, parse_host_port
+from tokenpath.config import ConfigError, load_config_file, parse_host_port
 from tokenpath.endpoints import AGENT_LISTEN, COLLECTOR_HTTP
 from tokenpath.instrumentation.tenants import TenantConfig
+from tokenpath.slo import CONFIG_KEY as SLO_CONFIG_KEY
+from tokenpath.slo import SloClass, SloConfig, scaled
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -68,6 +70,15 @@ DEMO_ROUTERS = ("round_robin", "prefix_affine")
 # the traffic) is in no table: the shim names it by a salted hash of the key.
 DEMO_TENANTS = (("acme", 0.5), ("globex", 0.3), ("initech", 0.15))
 DEMO_UNMAPPED_KEY_WEIGHT = 0.05
+# The demo's SLO classes, at time scale 1 (their targets scale with --time-scale, as the
+# engine's clock does): acme's traffic is interactive, held to a tight time to first
+# token (about a third of it misses on the default demo); the rest is batch, held to
+# loose targets.
+DEMO_SLO_CLASSES = SloConfig((
+    SloClass("interactive", ttft_seconds=0.5, tpot_seconds=0.1, objective=0.99,
+             tenant="acme"),
+    SloClass("batch", ttft_seconds=5.0, e2e_seconds=60.0, objective=0.95),
+))
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +123,8 @@ class DemoConfig:
     router: str = DEFAULT_DEMO_ROUTER
     kv_blocks: int = DEFAULT_DEMO_KV_BLOCKS
     tokens_per_write: int = DEFAULT_TOKENS_PER_WRITE
+    # SLO classes at time scale 1 (the collector runs them scaled by time_scale).
+    slo: SloConfig = DEMO_SLO_CLASSES
 
     def validate(self) -> None:
         if self.duration is not None and self.duration <= 0:
@@ -132,6 +145,14 @@ class DemoConfig:
             raise ConfigError("tokens-per-write", "must be at least 1")
         if self.engine is EngineKind.VLLM and self.ground_truth is not None:
             raise ConfigError("ground-truth", "only the simulated engine knows its ground truth")
+        self.slo.validate()
+
+    @property
+    def collector_slo(self) -> SloConfig:
+        """The classes the collector runs: the simulated engine's clock is scaled."""
+        if self.engine is EngineKind.SIMULATED and self.time_scale != 1.0:
+            return scaled(self.slo, self.time_scale)
+        return self.slo
 
 
 def _tracer_provider(collector_url: str, token: str | None) -> TracerProvider:
@@ -212,7 +233,7 @@ def _start_collector(config: DemoConfig, token: str | None) -> CollectorService:
         collector = CollectorService(CollectorConfig(
             http_host=config.collector_host, http_port=config.collector_port,
             grpc_host=config.collector_host, grpc_port=grpc_port, store_path=str(store_path),
-            auth_token=token, prices_path=config.prices_path,
+            auth_token=token, prices_path=config.prices_path, slo=config.collector_slo,
         ))
     except ConfigError as exc:
         key = {"http": "collector-http", "store": "store"}.get(exc.key, exc.key)
@@ -504,6 +525,10 @@ def register(app: typer.Typer) -> None:
         prices: str | None = typer.Option(
             None, help="Price sheet YAML for the collector and the ground truth "
                        "(default: the built-in sheet)."),
+        slo_classes: Path | None = typer.Option(
+            None, "--slo-classes",
+            help="A YAML file whose slo_classes replace the demo's (interactive, batch); "
+                 "targets at time scale 1."),
     ) -> None:
         """Run the reference serving path with a workload and print the stage report."""
         from tokenpath.collector.config import default_store_path
@@ -518,6 +543,8 @@ def register(app: typer.Typer) -> None:
                 gpu=gpu, model=model, tensor_parallel=tensor_parallel, seed=seed,
                 prices_path=prices, engine=engine, agent_listen=agent_listen,
                 router=router, kv_blocks=kv_blocks, tokens_per_write=tokens_per_write,
+                slo=(DEMO_SLO_CLASSES if slo_classes is None else SloConfig.from_file(
+                    load_config_file(slo_classes).get(SLO_CONFIG_KEY))),
             )
             config.validate()
             from tokenpath.instrumentation.reference.engine import EngineConfig

@@ -12,6 +12,7 @@ from tokenpath.collector.cost.leak_ranking import RankedLeak
 from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.records import RequestRecord
 from tokenpath.report import Report
+from tokenpath.slo import OUTCOME_MISSED, SloSummary
 from tokenpath.stages import STAGE_BY_ID, Phase
 
 
@@ -105,6 +106,13 @@ def render_report(report: Report, console: Console) -> None:
                            "streams write a packet per 1-2 tokens"))
     else:
         facts.add_row("leak 3: packets per output token (streams)", "no streamed responses")
+    if report.slo is not None:
+        total = report.slo.total()
+        facts.add_row("missed-SLO dollars (overlaps the leaks; not added to them)",
+                      Text(f"{_usd(total.missed_dollars)} on "
+                           f"{total.requests.get(OUTCOME_MISSED, 0)} requests"
+                           + (f"; dominant stage: {_stages(total.missed_by_stage)}"
+                              if total.missed_by_stage else "")))
     if report.units_without_inventory:
         units = report.units_without_inventory
         shown = ", ".join(units[:5]) + (f" and {len(units) - 5} more" if len(units) > 5 else "")
@@ -112,6 +120,42 @@ def render_report(report: Report, console: Console) -> None:
                       Text(f"{len(units)} units priced as their engines' tensor-parallel GPUs: "
                            f"{shown}"))
     console.print(facts)
+    if report.slo is not None:
+        render_slo(report.slo, console)
+
+
+def _stages(missed_by_stage: dict[str, int]) -> str:
+    ranked = sorted(missed_by_stage.items(), key=lambda item: -item[1])
+    return ", ".join(f"{stage} {n}" for stage, n in ranked)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.3g}"
+
+
+def render_slo(summary: SloSummary, console: Console) -> None:
+    """Per SLO class: outcomes, goodput, dollars per good request, missed dollars."""
+    table = Table(title=f"SLO classes: goodput over {summary.window_seconds:.1f} s, "
+                        f"{summary.gpus} GPUs billed", title_justify="left")
+    objectives = any(c.objective is not None for c in summary.classes)  # config known
+    for name, justify in (("class", "left"), ("objective", "right"), ("met", "right"),
+                          ("missed", "right"), ("unknown", "right"),
+                          ("attainment", "right"), ("goodput/s", "right"),
+                          ("goodput/s/GPU", "right"), ("$ per good request", "right"),
+                          ("missed $", "right"), ("missed: dominant stage", "left")):
+        if name != "objective" or objectives:
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    rows = [*summary.classes, summary.total()]
+    for cls in rows:
+        data = cls.to_json(summary.window_seconds, summary.gpus)
+        cells = [Text(cls.slo or "all"), _pct(cls.objective)] if objectives else [
+            Text(cls.slo or "all")]
+        table.add_row(*cells, str(data["met"]),
+                      str(data["missed"]), str(data["unknown"]), _pct(cls.attainment),
+                      _rate(data["goodput_requests_per_second"]),
+                      _rate(data["goodput_per_gpu"]), _usd(cls.dollars_per_good_request),
+                      _usd(cls.missed_dollars), Text(_stages(cls.missed_by_stage)))
+    console.print(table)
 
 
 def render_requests(records: Sequence[RequestRecord], console: Console) -> None:

@@ -84,6 +84,8 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("$ per million output tokens", "cost_per_million_output_tokens", ".4f", "rel"),
     ("requests/s per GPU", "requests_per_second_per_gpu", ".3f", "rel"),
     ("TTFT p50 (s)", "ttft_p50_seconds", ".4f", "rel"),
+    ("goodput/s per GPU (SLO outcomes as recorded)", "goodput_per_gpu", ".3f", "rel"),
+    ("$ per good request", "dollars_per_good_request", ".6f", "rel"),
     ("GPU utilization", "gpu_utilization", ".1%", "pp"),
     ("prefix-cache hit ratio", "prefix_cache_hit_ratio", ".1%", "pp"),
 )

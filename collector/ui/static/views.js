@@ -60,9 +60,11 @@
       api(withWindow("/api/summary")), api(withWindow("/api/leaks?limit=5")), api(withWindow("/api/timeseries?buckets=20")),
       stageList(), api(withWindow("/api/chargeback")),
     ]);
+    const sloRows = charge.rows.some((r) => r.slo_requests > 0);  // SLO classes configured
     const tenantRows = charge.rows.map((r) => el("tr", { "data-tenant": r.tenant },
       td(r.tenant), td(fmtNum(r.requests), "num"), td(fmtDollars(r.cost_dollars), "num"),
-      td(fmtDollars(r.idle_dollars), "num"), td(fmtDollars(r.total_dollars), "num")));
+      td(fmtDollars(r.idle_dollars), "num"), td(fmtDollars(r.total_dollars), "num"),
+      sloRows ? tpSlo.tenantCells(r, td) : null));
     const byStage = Object.fromEntries(summary.stages.map((s) => [s.stage, s]));
     const anyCost = summary.cost_dollars > 0 || summary.idle_cost_dollars > 0;
     const modeledTag = summary.simulated ? " · simulated engine" : "";
@@ -94,9 +96,12 @@
             summary.energy_joules_per_output_token != null
               ? `${fmtNum(summary.energy_joules_per_output_token, 2)} J per output token · idle `
                 + `${fmtNum(summary.idle_energy_joules / 3.6e6, 4)} kWh` : "not priced yet",
-            "kpi-energy")),
+            "kpi-energy"),
+        ...tpSlo.kpis(summary.slo, kpi)),
       el("h2", { class: "section", text: "The three money leaks" }),
-      el("div", { class: "leaks" }, leakCards(leaks)),
+      el("div", { class: summary.slo ? "leaks with-slo" : "leaks" }, leakCards(leaks),
+         tpSlo.missedCard(summary.slo)),
+      tpSlo.classTable(summary.slo, card, table, td),
       el("div", { class: "grid2" },
         card("$ by stage",
           anyCost ? null : note("No dollars recorded yet: the collector prices stages once a "
@@ -122,7 +127,8 @@
         note(`Attributed dollars plus idle GPU dollars (${charge.idle_policy}); the rows sum `
              + `to ${fmtDollars(charge.total_dollars)}. \`tokenpath chargeback\` exports them.`),
         tenantRows.length ? table("Dollars by tenant", ["tenant", "requests", "attributed",
-          "idle", "total"], tenantRows, "data tenants-table") : note("No requests yet.")),
+          "idle", "total", ...(sloRows ? tpSlo.TENANT_HEADERS : [])], tenantRows,
+        "data tenants-table") : note("No requests yet.")),
       groupLegend());
     return root;
   }
@@ -239,7 +245,9 @@
       el("h1", { text: "Request " }, el("span", { class: "mono", text: r.record_id || r.trace_id })),
       el("p", { class: "lede", text: [r.model, r.node && `node ${r.node}`,
         r.gpu_type && `${r.gpu_type} × ${r.tensor_parallel}`, r.engine && `engine ${r.engine}`,
-        r.simulated ? "simulated" : null, r.complete ? null : "partial trace"]
+        r.simulated ? "simulated" : null, r.complete ? null : "partial trace",
+        r.slo && `SLO ${r.slo}: ${r.slo_outcome}`
+          + (r.slo_miss_stage ? ` (mostly ${r.slo_miss_stage})` : "")]
         .filter(Boolean).join(" · ") }),
       el("div", { class: "kpis" },
         kpi("Input tokens", fmtNum(r.input_tokens), `${fmtNum(r.cache_read_tokens)} cached `
@@ -443,6 +451,8 @@
     ["$ per 1M output tokens", "cost_per_million_output_tokens", fmtDollars, -1, "relative"],
     ["Requests/s per GPU", "requests_per_second_per_gpu", (v) => fmtNum(v, 3), 1, "relative"],
     ["TTFT p50", "ttft_p50_seconds", fmtSeconds, -1, "relative"],
+    ["Goodput/s per GPU", "goodput_per_gpu", (v) => fmtNum(v, 3), 1, "relative"],
+    ["$ per good request", "dollars_per_good_request", fmtDollars, -1, "relative"],
     ["Prefix-cache hit ratio", "prefix_cache_hit_ratio", (v) => fmtPct(v), 1, "pp"],
     ["GPU utilization", "gpu_utilization", (v) => fmtPct(v), 1, "pp"],
   ];

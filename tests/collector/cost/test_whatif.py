@@ -151,3 +151,34 @@ def test_cli_rejects_bad_input_without_traceback(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["whatif", "--records", str(bad), "--prices", str(prices)])
     assert result.exit_code == 2
     assert "gpus.H100-SXM.dollars_per_hour" in result.output
+
+
+def test_projections_give_goodput_and_dollars_per_good_request(
+        recorded: list[RequestRecord]) -> None:
+    import dataclasses
+
+    from tokenpath.slo import OUTCOME_MET, OUTCOME_MISSED, SloClass, SloConfig, classify_record
+
+    unclassified = project(calibrate(recorded, PRICES), Scenario())
+    assert unclassified.goodput_per_gpu is None
+    assert unclassified.dollars_per_good_request is None
+    classes = SloConfig((SloClass("c", ttft_seconds=sorted(
+        r.ttft_seconds for r in recorded if r.ttft_seconds is not None)[len(recorded) // 2]),))
+    classified = [dataclasses.replace(r) for r in recorded]
+    for r in classified:
+        classify_record(r, classes, lambda key: None)
+    calibration = calibrate(classified, PRICES)
+    n = len(calibration.requests)
+    good = sum(req.slo_outcome == OUTCOME_MET for req in calibration.requests)
+    assert 0 < good < n and any(r.slo_outcome == OUTCOME_MISSED for r in classified)
+    for scenario in (Scenario(), Scenario(gpu_utilization=0.8),
+                     Scenario(spec_decode_speedup=2.0)):
+        p = project(calibration, scenario)
+        assert p.goodput_per_gpu == pytest.approx(p.requests_per_second_per_gpu * good / n)
+        assert p.dollars_per_good_request == pytest.approx(p.cost_dollars / good)
+    result = what_if(classified, PRICES, Scenario(spec_decode_speedup=2.0))
+    # faster decode: the same good requests on fewer GPU-seconds and dollars
+    assert result["change"]["dollars_per_good_request"] < 0
+    assert result["change"]["goodput_per_gpu"] > 0
+    assert result["change"]["goodput_per_gpu"] == pytest.approx(
+        result["change"]["requests_per_second_per_gpu"])  # outcomes held as recorded

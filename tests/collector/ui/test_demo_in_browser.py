@@ -14,9 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.collector.ui.conftest import ConsoleLog, screenshot
+from tokenpath.cli.demo_cmd import DEMO_SLO_CLASSES
 from tokenpath.cli.main import app
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.service import CollectorService
+from tokenpath.slo import OUTCOME_MET, OUTCOME_MISSED, OUTCOMES
 from tokenpath.stages import STAGE_IDS
 
 pytestmark = pytest.mark.integration
@@ -42,6 +44,8 @@ def _pct(value: float) -> str:
 
 def _dollars(value: float) -> str:
     """charts.js fmtDollars, for the sizes a short demo gives."""
+    if value == 0:
+        return "$0"
     a = abs(value)
     if a >= 100:
         return f"${value:.0f}"
@@ -148,6 +152,88 @@ def _check_whatif_page(browser_page: Any, url: str, store: Path) -> None:
     assert "+10.0 pp" in browser_page.text_content("#wi-cache-hint")
 
 
+def _rate(value: float) -> str:
+    """views' rate(): up to 3 decimals, thousands separated (toLocaleString en-US)."""
+    text = f"{value:,.3f}".rstrip("0").rstrip(".")
+    return text
+
+
+def _check_slo(browser_page: Any, url: str, store: Path, summary: dict[str, Any]) -> None:
+    """The demo's two SLO classes: every record classified (acme's interactive, the rest
+    batch), met + missed + unknown = all, the classes' dollars the records' dollars; the
+    CLI's report, /api and the page give the same goodput and dollars per good request."""
+    records = httpx.get(f"{url}/api/requests", params={"limit": 10_000}, timeout=30).json()
+    assert len(records) == summary["requests"]
+    names = [c.name for c in DEMO_SLO_CLASSES.classes]
+    assert names == ["interactive", "batch"]
+    for r in records:
+        assert r["slo"] == ("interactive" if r["tenant"] == "acme" else "batch"), r
+        assert r["slo_outcome"] in OUTCOMES, r
+        assert (r["slo_miss_stage"] is not None) == (r["slo_outcome"] == OUTCOME_MISSED), r
+    slo = summary["slo"]
+    assert slo["met"] + slo["missed"] + slo["unknown"] == len(records)
+    by_class = {c["slo"]: c for c in slo["classes"]}
+    assert set(by_class) == set(names)
+    for name, c in by_class.items():
+        mine = [r for r in records if r["slo"] == name]
+        assert c["met"] + c["missed"] + c["unknown"] == c["requests"] == len(mine)
+        assert c["met"] == sum(r["slo_outcome"] == OUTCOME_MET for r in mine)
+        assert c["cost_dollars"] == pytest.approx(sum(r["cost_dollars"] for r in mine),
+                                                  rel=1e-9, abs=1e-12)
+        if c["met"]:
+            assert c["dollars_per_good_request"] == pytest.approx(c["cost_dollars"] / c["met"])
+            assert c["goodput_requests_per_second"] == pytest.approx(
+                c["met"] / summary["window_seconds"])
+    total = sum(r["cost_dollars"] for r in records)
+    assert sum(c["cost_dollars"] for c in slo["classes"]) == pytest.approx(total, rel=1e-9)
+    assert slo["cost_dollars"] == pytest.approx(summary["cost_dollars"], rel=1e-9)
+    assert slo["goodput_requests_per_second"] > 0 and slo["dollars_per_good_request"] > 0
+    # a tight TTFT target on the interactive class: the demo misses some of it, and each
+    # miss names where its time went
+    assert by_class["interactive"]["missed"] > 0
+    assert sum(by_class["interactive"]["missed_by_stage"].values()) == \
+        by_class["interactive"]["missed"]
+
+    report = CliRunner().invoke(app, ["report", "--store", str(store), "--format", "json"])
+    assert report.exit_code == 0, report.output
+    cli = json.loads(report.output)["slo"]
+    for key in ("met", "missed", "unknown", "gpus_billed"):
+        assert cli[key] == slo[key], key
+    for key in ("goodput_requests_per_second", "dollars_per_good_request", "missed_dollars"):
+        assert cli[key] == pytest.approx(slo[key], rel=1e-9), key
+
+    _open(browser_page, url, "/")
+    assert browser_page.text_content("#kpi-goodput .kpi-value") == (
+        f"{_rate(slo['goodput_requests_per_second'])} req/s")
+    assert browser_page.text_content("#kpi-good-request .kpi-value") == _dollars(
+        slo["dollars_per_good_request"])
+    assert browser_page.text_content("#leak-slo-missed .leak-value") == _dollars(
+        slo["missed_dollars"])
+    for name, c in by_class.items():
+        row = browser_page.locator(f"table.slo-table tr[data-slo='{name}']")
+        objective = DEMO_SLO_CLASSES.by_name(name)
+        assert objective is not None and c["objective"] == objective.objective
+        assert row.locator(".objective").text_content() == f"{objective.objective:.2%}"
+        assert row.locator(".goodput").text_content() == _rate(
+            c["goodput_requests_per_second"])
+        assert row.locator(".per-good").text_content() == (
+            _dollars(c["dollars_per_good_request"]) if c["met"] else "\N{EM DASH}")
+        assert row.locator(".missed").text_content() == _dollars(c["missed_dollars"])
+    # chargeback by tenant: each tenant's dollars per good request, as /api/chargeback
+    rows = httpx.get(f"{url}/api/chargeback", timeout=30).json()["rows"]
+    for r in rows:
+        mine = [x for x in records if (x["tenant"] or "unattributed") == r["tenant"]]
+        assert r["good_requests"] == sum(x["slo_outcome"] == OUTCOME_MET for x in mine)
+        assert r["missed_slo_dollars"] == pytest.approx(
+            sum(x["cost_dollars"] for x in mine if x["slo_outcome"] == OUTCOME_MISSED),
+            rel=1e-9, abs=1e-12)
+        cell = browser_page.locator(f"table.tenants-table tr[data-tenant='{r['tenant']}'] "
+                                    ".per-good").text_content()
+        assert cell == (_dollars(r["dollars_per_good_request"]) if r["good_requests"]
+                        else "\N{EM DASH}")
+    screenshot(browser_page, "demo-slo")
+
+
 def test_ui_shows_a_short_demo(tmp_path: Path, page: tuple[Any, ConsoleLog]) -> None:
     store = tmp_path / "demo.db"
     demo = subprocess.run(
@@ -157,14 +243,16 @@ def test_ui_shows_a_short_demo(tmp_path: Path, page: tuple[Any, ConsoleLog]) -> 
         capture_output=True, text=True, timeout=180, check=False)
     assert demo.returncode == 0, demo.stdout + demo.stderr
 
+    # the demo's classes, as a user's collector config gives them: their objectives shown
     service = CollectorService(CollectorConfig(http_port=0, grpc_port=None,
-                                               store_path=str(store)))
+                                               store_path=str(store), slo=DEMO_SLO_CLASSES))
     service.start()
     browser_page, console = page
     try:
         url = service.http_url
         summary = httpx.get(f"{url}/api/summary", timeout=10).json()
         assert summary["requests"] > 5 and summary["cost_dollars"] > 0
+        _check_slo(browser_page, url, store, summary)
 
         _open(browser_page, url, "/")
         lede = browser_page.text_content(".lede")

@@ -20,6 +20,7 @@ def test_page_and_assets_are_served(collector: CollectorService) -> None:
     assert page.status_code == 200
     assert page.text == (UI_DIR / "index.html").read_text(encoding="utf-8")
     for name, media in (("app.js", "text/javascript"), ("views.js", "text/javascript"),
+                        ("slo.js", "text/javascript"),
                         ("charts.js", "text/javascript"), ("app.css", "text/css")):
         asset = httpx.get(f"{url}/ui/{name}", timeout=5)
         assert asset.status_code == 200, name
