@@ -15,8 +15,6 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-import typer
-
 from tokenpath import attributes, metric_names
 from tokenpath.collector.cost.chargeback import ChargebackRow
 from tokenpath.collector.cost.prices import load_price_sheet
@@ -66,8 +64,7 @@ def _option_names(param: Any) -> str:
     return ", ".join(f"`{n}`" for n in names)
 
 
-def commands_section(app: typer.Typer) -> list[str]:
-    root = typer.main.get_command(app)
+def commands_section(root: Any) -> list[str]:
     lines = ["## Commands", ""]
     for path, command in [("tokenpath", root), *_commands(root, "tokenpath")]:
         summary = _cell((command.help or "").split("\n\n")[0])
@@ -212,8 +209,9 @@ def whatif_shapes() -> list[str]:
     ]
 
 
-def reference_markdown(app: typer.Typer) -> str:
-    parts = [HEADER, *commands_section(app), *metrics_section(), *attributes_section(),
+def reference_markdown(cli: Any) -> str:
+    """The reference page, its commands read off the CLI's root command ``cli``."""
+    parts = [HEADER, *commands_section(cli), *metrics_section(), *attributes_section(),
              *json_section()]
     text = "\n".join(parts)
     while "\n\n\n" in text:

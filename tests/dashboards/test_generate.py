@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import typer
 from typer.testing import CliRunner
 
 from tokenpath import metric_names as mn
@@ -51,13 +52,13 @@ def _recorded_series() -> set[str]:
 
 
 def test_committed_files_match_generated_byte_for_byte() -> None:
-    assert generate.stale_files(REPO) == []
+    assert generate.stale_files(REPO, cli=typer.main.get_command(app)) == []
 
 
 def test_build_command_reproduces_committed_files(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["dashboards", "build", "--output", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    for relative in generate.generated_files():
+    for relative in generate.generated_files(cli=typer.main.get_command(app)):
         assert (tmp_path / relative).read_bytes() == (REPO / relative).read_bytes(), relative
 
 

@@ -13,16 +13,13 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 import typer
-from rich.table import Table
 
 from tokenpath import views
 from tokenpath.cli.client import Source, since_unix
-from tokenpath.cli.common import console
-from tokenpath.cli.query_cmd import COLLECTOR_HELP, STORE_HELP
+from tokenpath.cli.common import COLLECTOR_HELP, STORE_HELP, console
+from tokenpath.cli.render import render_chargeback
 from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy
-from tokenpath.collector.cost.energy import ENERGY_MODELED
 from tokenpath.query import Window
-from tokenpath.report import combined_energy_provenance
 
 CSV_COLUMNS = ("tenant", "requests", "input_tokens", "output_tokens", "cost_dollars",
                "idle_dollars", "total_dollars", "energy_joules", "idle_energy_joules",
@@ -46,41 +43,6 @@ def chargeback_csv(rows: Sequence[ChargebackRow]) -> str:
     return out.getvalue()
 
 
-def render_chargeback(rows: Sequence[ChargebackRow], policy: IdlePolicy,
-                      title: str = "chargeback by tenant") -> None:
-    table = Table(title=f"{title} (idle: {policy.value})", title_justify="left")
-    provenance = combined_energy_provenance(r.energy_provenance for r in rows) or ENERGY_MODELED
-    slo = any(r.slo_requests for r in rows)  # SLO classes configured
-    columns = ["tenant", "requests", "input tokens", "output tokens", "attributed $",
-               "idle $", "total $", "share", f"energy kJ ({provenance})"]
-    if slo:
-        columns += ["met SLO", "$ per good request", "missed-SLO $"]
-    for column in columns:
-        table.add_column(column, justify="left" if column == "tenant" else "right")
-    total = sum(r.total_dollars for r in rows)
-    for row in rows:
-        cells = [row.tenant, f"{row.requests:,}", f"{row.input_tokens:,}",
-                 f"{row.output_tokens:,}", f"${row.cost_dollars:.6f}",
-                 f"${row.idle_dollars:.6f}", f"${row.total_dollars:.6f}",
-                 f"{row.total_dollars / total:.1%}" if total > 0 else "-",
-                 f"{(row.energy_joules + row.idle_energy_joules) / 1e3:,.2f}"]
-        if slo:
-            per_good = row.dollars_per_good_request
-            cells += [f"{row.good_requests:,} of {row.slo_requests:,}",
-                      "-" if per_good is None else f"${per_good:.6f}",
-                      f"${row.missed_slo_dollars:.6f}"]
-        table.add_row(*cells)
-    totals = ["total", f"{sum(r.requests for r in rows):,}", "", "",
-              f"${sum(r.cost_dollars for r in rows):.6f}",
-              f"${sum(r.idle_dollars for r in rows):.6f}", f"${total:.6f}", "",
-              f"{sum(r.energy_joules + r.idle_energy_joules for r in rows) / 1e3:,.2f}"]
-    if slo:
-        totals += [f"{sum(r.good_requests for r in rows):,}", "",
-                   f"${sum(r.missed_slo_dollars for r in rows):.6f}"]
-    table.add_row(*totals)
-    console.print(table)
-
-
 def register(app: typer.Typer) -> None:
     @app.command("chargeback")
     def chargeback_command(
@@ -102,4 +64,4 @@ def register(app: typer.Typer) -> None:
         elif format is ChargebackFormat.CSV:
             print(chargeback_csv(rows), end="")
         else:
-            render_chargeback(rows, idle)
+            render_chargeback(rows, idle, console)

@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from tokenpath.endpoints import COLLECTOR_URL
+
 AUTH_TOKEN_ENV = "TOKENPATH_AUTH_TOKEN"
 
 # Piped output (CI logs, `make demo | tee`) gets room for the 15-stage table instead of
@@ -44,3 +46,9 @@ def auth_token(token_file: Path | None = None, flag: str = "--auth-token-file") 
         return token
     value = os.environ.get(AUTH_TOKEN_ENV, "").strip()
     return value or None
+
+
+STORE_HELP = ("Store path (default $TOKENPATH_STORE or ~/.local/share/tokenpath/store.db), "
+              "or chdb:///PATH, clickhouse[s]://[USER@]HOST[:PORT]/DB.")
+COLLECTOR_HELP = (f"Read from a running collector instead, e.g. {COLLECTOR_URL}; "
+                  "several replicas, comma-separated, are merged.")

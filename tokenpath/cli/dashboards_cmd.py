@@ -25,6 +25,7 @@ def _repository_root() -> Path:
 
 @app.command("build")
 def build(
+    ctx: typer.Context,
     output: Path = typer.Option(None, "--output", help="Root to write under (default: cwd)."),
     check: bool = typer.Option(False, "--check",
                                help="Write nothing; exit 1 when a committed file is stale."),
@@ -35,17 +36,18 @@ def build(
     from tokenpath.dashboards import generate, rules
 
     root = output or _repository_root()
+    cli = ctx.find_root().command  # docs/reference.md documents this CLI
     params = (rules.RuleParams(runbook_base_url=runbook_base_url) if runbook_base_url
               else rules.RuleParams())
     if check:
-        stale = generate.stale_files(root, params)
+        stale = generate.stale_files(root, params, cli)
         for path in stale:
             console.print(f"stale: {path}")
         if stale:
             raise typer.Exit(1)
         console.print("generated files are up to date")
         return
-    for path in generate.write_generated(root, params):
+    for path in generate.write_generated(root, params, cli):
         console.print(f"wrote {path}")
 
 

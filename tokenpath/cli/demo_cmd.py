@@ -436,8 +436,7 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
     """Flush the collector and print the report of this run's requests (the store may
     hold earlier runs too)."""
     from tokenpath import views
-    from tokenpath.cli.chargeback_cmd import render_chargeback
-    from tokenpath.cli.render import render_leak_ranking, render_report
+    from tokenpath.cli.render import render_chargeback, render_leak_ranking, render_report
     from tokenpath.collector.cost.chargeback import IdlePolicy
     from tokenpath.collector.cost.prices import load_price_sheet
     from tokenpath.collector.store import open_store_readonly
@@ -461,7 +460,7 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
         out.print()
         render_leak_ranking(ranked, out)
         out.print()
-        render_chargeback(rows, IdlePolicy.PROPORTIONAL)
+        render_chargeback(rows, IdlePolicy.PROPORTIONAL, out)
     out.print()
     # Lines naming paths and commands are not folded (soft_wrap): a path broken at the
     # console's width would not paste back whole.

@@ -10,11 +10,15 @@ import typer
 
 from tokenpath import views
 from tokenpath.cli.client import Source, since_unix
-from tokenpath.cli.common import console
-from tokenpath.cli.render import render_leak_ranking, render_report, render_requests
+from tokenpath.cli.common import COLLECTOR_HELP, STORE_HELP, console
+from tokenpath.cli.render import (
+    render_chargeback,
+    render_leak_ranking,
+    render_report,
+    render_requests,
+)
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.cost.prices import load_price_sheet
-from tokenpath.endpoints import COLLECTOR_URL
 from tokenpath.query import Window
 from tokenpath.records import RequestRecord
 
@@ -36,10 +40,6 @@ GROUP_KEYS: dict[GroupBy, Callable[[RequestRecord], str | None]] = {
     GroupBy.POOL: lambda r: r.pool,
 }
 
-STORE_HELP = ("Store path (default $TOKENPATH_STORE or ~/.local/share/tokenpath/store.db), "
-              "or chdb:///PATH, clickhouse[s]://[USER@]HOST[:PORT]/DB.")
-COLLECTOR_HELP = (f"Read from a running collector instead, e.g. {COLLECTOR_URL}; "
-                  "several replicas, comma-separated, are merged.")
 
 
 def register(app: typer.Typer) -> None:
@@ -75,9 +75,8 @@ def register(app: typer.Typer) -> None:
             if result.requests:
                 render_leak_ranking(ranked, console)
             if by is not None and groups is not None:
-                from tokenpath.cli.chargeback_cmd import render_chargeback
-
-                render_chargeback(groups, IdlePolicy.PROPORTIONAL, f"dollars by {by.value}")
+                render_chargeback(groups, IdlePolicy.PROPORTIONAL, console,
+                                  f"dollars by {by.value}")
 
     @app.command("requests")
     def requests(

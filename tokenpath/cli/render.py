@@ -8,10 +8,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy
+from tokenpath.collector.cost.energy import ENERGY_MODELED
 from tokenpath.collector.cost.leak_ranking import RankedLeak
 from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.records import RequestRecord
-from tokenpath.report import Report
+from tokenpath.report import Report, combined_energy_provenance
 from tokenpath.slo import OUTCOME_MISSED, SloSummary
 from tokenpath.stages import STAGE_BY_ID, Phase
 
@@ -186,3 +188,37 @@ def render_leak_ranking(ranked: Sequence[RankedLeak], console: Console) -> None:
                       _usd(leak.saving_dollars), leak.saving)
     console.print(table)
 
+
+def render_chargeback(rows: Sequence[ChargebackRow], policy: IdlePolicy, console: Console,
+                      title: str = "chargeback by tenant") -> None:
+    table = Table(title=f"{title} (idle: {policy.value})", title_justify="left")
+    provenance = combined_energy_provenance(r.energy_provenance for r in rows) or ENERGY_MODELED
+    slo = any(r.slo_requests for r in rows)  # SLO classes configured
+    columns = ["tenant", "requests", "input tokens", "output tokens", "attributed $",
+               "idle $", "total $", "share", f"energy kJ ({provenance})"]
+    if slo:
+        columns += ["met SLO", "$ per good request", "missed-SLO $"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    total = sum(r.total_dollars for r in rows)
+    for row in rows:
+        cells = [row.tenant, f"{row.requests:,}", f"{row.input_tokens:,}",
+                 f"{row.output_tokens:,}", f"${row.cost_dollars:.6f}",
+                 f"${row.idle_dollars:.6f}", f"${row.total_dollars:.6f}",
+                 f"{row.total_dollars / total:.1%}" if total > 0 else "-",
+                 f"{(row.energy_joules + row.idle_energy_joules) / 1e3:,.2f}"]
+        if slo:
+            per_good = row.dollars_per_good_request
+            cells += [f"{row.good_requests:,} of {row.slo_requests:,}",
+                      "-" if per_good is None else f"${per_good:.6f}",
+                      f"${row.missed_slo_dollars:.6f}"]
+        table.add_row(*cells)
+    totals = ["total", f"{sum(r.requests for r in rows):,}", "", "",
+              f"${sum(r.cost_dollars for r in rows):.6f}",
+              f"${sum(r.idle_dollars for r in rows):.6f}", f"${total:.6f}", "",
+              f"{sum(r.energy_joules + r.idle_energy_joules for r in rows) / 1e3:,.2f}"]
+    if slo:
+        totals += [f"{sum(r.good_requests for r in rows):,}", "",
+                   f"${sum(r.missed_slo_dollars for r in rows):.6f}"]
+    table.add_row(*totals)
+    console.print(table)
