@@ -34,6 +34,7 @@ from tokenpath.collector.calls import (
     is_http_server,
     split_calls,
 )
+from tokenpath.collector.disaggregated import disaggregate
 from tokenpath.collector.engine_steps import EngineStepsTelemetry, is_engine_steps_span
 from tokenpath.collector.interfaces import RecordConsumer
 from tokenpath.collector.spans import (
@@ -266,10 +267,13 @@ def map_trace(trace: AssembledTrace) -> RequestRecord | None:
     record.status = status
 
     _map_engine(record, acc, engine_spans)
+    roles = disaggregate(record, acc.stages, engine_spans, spans) if len(engine_spans) > 1 else None
     _map_gateway(acc, upstream, server_spans, engine_spans)
     _map_client_gaps(acc, client_spans, server_spans, engine_spans)
     _split_gpu_time(record, acc)
-    ttft = _ttft(look, spans, server_spans, engine_spans, outer_sends)
+    ttft = _ttft(look, spans, server_spans, engine_spans if roles is None else [], outer_sends)
+    if ttft is None and roles is not None and record.decode_start_unix is not None:
+        ttft = max(0.0, record.decode_start_unix - record.start_unix)  # P, transfer, D
     record.ttft_seconds = ttft
     if record.output_tokens > 1:
         if record.decode_seconds is not None:

@@ -176,6 +176,20 @@ class RequestRecord:
     router_predicted_cache_hit: float | None = None
     # Where cache_read_tokens came from (CACHE_SOURCE_*); None: nothing on the path said.
     cache_read_source: str | None = None
+    # A disaggregated request (prefill on one engine, decode on another): the engine and
+    # node that ran its prefill and those that ran its decode (``engine_id`` and ``node``
+    # name the decode engine); None for a request one engine served.
+    prefill_engine_id: str | None = None
+    prefill_node: str | None = None
+    decode_engine_id: str | None = None
+    decode_node: str | None = None
+    # Prompt tokens whose KV cache crossed from the prefill engine to the decode engine,
+    # the bytes that took (tokens x the model's KV bytes per token; 0 when the model is
+    # not in the catalog) and how the count was had: "relayed" (the kv_transfer_params
+    # a proxy relayed) or "derived" (from the two engines' spans).
+    kv_transfer_tokens: int | None = None
+    kv_transfer_bytes: int | None = None
+    kv_transfer_source: str | None = None
 
     def __init__(
         self,
@@ -232,6 +246,13 @@ class RequestRecord:
         energy_provenance: str | None = None,
         router_predicted_cache_hit: float | None = None,
         cache_read_source: str | None = None,
+        prefill_engine_id: str | None = None,
+        prefill_node: str | None = None,
+        decode_engine_id: str | None = None,
+        decode_node: str | None = None,
+        kv_transfer_tokens: int | None = None,
+        kv_transfer_bytes: int | None = None,
+        kv_transfer_source: str | None = None,
     ) -> None:
         """Every field, in declaration order, by position or by name."""
         self.trace_id = trace_id
@@ -287,6 +308,13 @@ class RequestRecord:
         self.energy_provenance = energy_provenance
         self.router_predicted_cache_hit = router_predicted_cache_hit
         self.cache_read_source = cache_read_source
+        self.prefill_engine_id = prefill_engine_id
+        self.prefill_node = prefill_node
+        self.decode_engine_id = decode_engine_id
+        self.decode_node = decode_node
+        self.kv_transfer_tokens = kv_transfer_tokens
+        self.kv_transfer_bytes = kv_transfer_bytes
+        self.kv_transfer_source = kv_transfer_source
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -344,6 +372,13 @@ class RequestRecord:
             "energy_provenance": self.energy_provenance,
             "router_predicted_cache_hit": self.router_predicted_cache_hit,
             "cache_read_source": self.cache_read_source,
+            "prefill_engine_id": self.prefill_engine_id,
+            "prefill_node": self.prefill_node,
+            "decode_engine_id": self.decode_engine_id,
+            "decode_node": self.decode_node,
+            "kv_transfer_tokens": self.kv_transfer_tokens,
+            "kv_transfer_bytes": self.kv_transfer_bytes,
+            "kv_transfer_source": self.kv_transfer_source,
         }
 
     @classmethod
@@ -404,6 +439,13 @@ class RequestRecord:
             energy_provenance=data.get("energy_provenance"),
             router_predicted_cache_hit=_opt_float(data.get("router_predicted_cache_hit")),
             cache_read_source=data.get("cache_read_source"),
+            prefill_engine_id=data.get("prefill_engine_id"),
+            prefill_node=data.get("prefill_node"),
+            decode_engine_id=data.get("decode_engine_id"),
+            decode_node=data.get("decode_node"),
+            kv_transfer_tokens=_opt_int(data.get("kv_transfer_tokens")),
+            kv_transfer_bytes=_opt_int(data.get("kv_transfer_bytes")),
+            kv_transfer_source=data.get("kv_transfer_source"),
         )
     # --- end of the generated part ---
 
