@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenpath import attributes as A
+from tokenpath.metric_names import LINK_NETWORK, LINK_NVLINK
 from tokenpath.collector.cost.catalog import catalog_model_name
 from tokenpath.collector.spans import STATUS_CODE_ERROR, SpanData, attribute_number
 from tokenpath.collector.stack_vocabularies import (
@@ -58,8 +59,6 @@ ROLE_DECODE = "decode"
 ROLES = (ROLE_PREFILL, ROLE_DECODE)
 KV_SOURCE_RELAYED = "relayed"
 KV_SOURCE_DERIVED = "derived"
-LINK_NVLINK = "nvlink"  # tokenpath_kv_transfer_bytes_total{link}
-LINK_NETWORK = "network"
 
 _OUTPUT_KEYS = (A.GEN_AI_USAGE_OUTPUT_TOKENS, A.VLLM_USAGE_COMPLETION_TOKENS,
                 DYNAMO_OUTPUT_TOKENS)
@@ -177,7 +176,7 @@ def has_timed_transfer(stages: dict[StageId, StageTiming]) -> bool:
                if s in stages)
 
 
-def transfer_link(record: RequestRecord) -> str:
+def kv_link(record: RequestRecord) -> str:
     """``nvlink`` when both engines are on one known node, else ``network``."""
     same = record.prefill_node is not None and record.prefill_node == record.decode_node
     return LINK_NVLINK if same else LINK_NETWORK
@@ -232,7 +231,7 @@ def disaggregate(record: RequestRecord, stages: dict[StageId, StageTiming],
     per_token = kv_bytes_per_token(record.model)
     record.kv_transfer_bytes = round(record.kv_transfer_tokens * (per_token or 0.0))
     if not has_timed_transfer(stages) and d_queue is not None:
-        link = NVLINK if transfer_link(record) == LINK_NVLINK else NIC_TX
+        link = NVLINK if kv_link(record) == LINK_NVLINK else NIC_TX
         _add(stages, link, d_queue, DERIVED)
     return roles
 

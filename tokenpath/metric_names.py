@@ -143,11 +143,18 @@ LONG_CONTEXT_COST = _m("context_cost_dollars", "counter", (LABEL_MODEL, "context
                        "Dollars by context-length bucket.")
 RESPONSE_CHUNKS = _m("response_chunks", "counter", (LABEL_MODEL, "size"),
                      "Streamed response chunks by payload size class (small = under 64 B).")
+LABEL_LINK: Final = "link"
+LINK_NVLINK: Final = "nvlink"  # the KV cache moved inside a node
+LINK_NETWORK: Final = "network"  # the KV cache moved across nodes (switch, NIC, Ethernet)
+KV_TRANSFER_BYTES = _m("kv_transfer_bytes", "counter", (LABEL_MODEL, LABEL_LINK),
+                       "KV cache bytes disaggregated requests moved from their prefill engine "
+                       "to their decode engine (transferred tokens x the model's KV bytes "
+                       "per token, modeled), by link: nvlink inside a node, network across.")
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
     NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS, ROUTER_CACHE_PREDICTION,
     CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS, TENANT_COST, TENANT_REQUESTS, ENERGY, IDLE_ENERGY,
-    ENERGY_MEASURED,
+    ENERGY_MEASURED, KV_TRANSFER_BYTES,
 )
 
 # --- Build: what the install runs, on the collector's and the agent's /metrics
