@@ -28,7 +28,7 @@ def test_demo_disaggregated_prices_each_engine_like_its_ground_truth(tmp_path: P
     result = run_demo(DemoConfig(
         duration=4.0, rps=6.0, store_path=str(store), ground_truth=truth,
         collector_host="127.0.0.1", collector_port=0, agent_listen="127.0.0.1:0",
-        time_scale=0.1, replicas=2, disaggregated=True), Console(file=out, width=200))
+        time_scale=0.25, replicas=2, disaggregated=True), Console(file=out, width=200))
     printed = out.getvalue()
     assert "prefill and 2 decode engines" in printed
     assert "KV transfer over network" in printed
