@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenpath import attributes as A
-from tokenpath.metric_names import LINK_NETWORK, LINK_NVLINK
 from tokenpath.collector.cost.catalog import catalog_model_name
 from tokenpath.collector.spans import STATUS_CODE_ERROR, SpanData, attribute_number
 from tokenpath.collector.stack_vocabularies import (
@@ -42,6 +41,7 @@ from tokenpath.collector.stack_vocabularies import (
     SGLANG_REQUEST_MODULE,
 )
 from tokenpath.identity import identity_from
+from tokenpath.metric_names import LINK_NETWORK, LINK_NVLINK
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.roofline import MODELS
 from tokenpath.stage_members import (

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from tokenpath.collector.interfaces import RecordSink
 from tokenpath.records import IdleCost, PhaseShare, RequestRecord, StageTiming
-from tokenpath.stage_members import DECODE, KV_TRANSFER, MODELED, NVLINK, PREFILL
+from tokenpath.stage_members import DECODE, KV_TRANSFER, NVLINK, PREFILL
 from tokenpath.stages import GPU_STAGES, PROVENANCE_RANK, Phase, StageId
 
 PREFILL_PART_SUFFIX = "/prefill"
@@ -128,13 +128,13 @@ def merge_parts(record: RequestRecord, prefill: RequestRecord,
             for phase, share in part.phases.items():
                 merged.phases[phase] = PhaseShare(share.seconds, share.cost_dollars)
         stages[stage] = merged
-    if kv_share is not None:  # the transfer inside the node: its GPUs' time, paid above
-        timing = stages.get(NVLINK)
-        if timing is None:
-            timing = stages[NVLINK] = StageTiming(NVLINK, 0.0, kv_on_nvlink.provenance
-                                                  if kv_on_nvlink is not None else MODELED)
-        timing.seconds += kv_share.seconds
-        timing.phases[KV_TRANSFER] = PhaseShare(kv_share.seconds, 0.0)
+    if kv_on_nvlink is not None and kv_share is not None:
+        # the transfer inside the node: time on its GPUs' links, paid by their slices above
+        nvlink = stages.get(NVLINK)
+        if nvlink is None:
+            nvlink = stages[NVLINK] = StageTiming(NVLINK, 0.0, kv_on_nvlink.provenance)
+        nvlink.seconds += kv_share.seconds
+        nvlink.phases[KV_TRANSFER] = PhaseShare(kv_share.seconds, 0.0)
     record.stages = stages
     record.cost_dollars = sum(t.cost_dollars for t in stages.values())
     record.naive_cost_dollars = prefill.naive_cost_dollars + decode.naive_cost_dollars

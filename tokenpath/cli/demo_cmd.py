@@ -35,10 +35,10 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
     from tokenpath.agent.service import AgentService
+    from tokenpath.collector.cost.attributor import NodeLedger
     from tokenpath.collector.service import CollectorService
     from tokenpath.instrumentation.reference.driver import DriveStats
     from tokenpath.instrumentation.reference.workload import WorkloadGenerator
-    from tokenpath.collector.cost.attributor import NodeLedger
     from tokenpath.records import RequestRecord
     from tokenpath.report import Report
 

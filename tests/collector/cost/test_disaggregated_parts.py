@@ -116,3 +116,17 @@ def test_shared_nodes_are_paid_by_the_requests_they_served() -> None:
     for node in ledger.values():
         assert math.isclose(node.node_dollars, node.attributed_dollars + node.idle_dollars,
                             rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_engines_on_one_node_keep_the_transfer_on_nvlink_and_share_its_gpus() -> None:
+    spans = vllm_pd_proxy_trace()
+    spans[4].resource["k8s.node.name"] = "prefill-0-node"  # the decode engine beside it
+    sink, cost = price([one_record(spans)])
+    record = sink.records[0]
+    assert set(cost.ledger) == {"prefill-0-node"}
+    nvlink = record.stages[StageId.NVLINK]
+    assert nvlink.phases[Phase.KV_TRANSFER].seconds == pytest.approx(0.12)
+    assert nvlink.phases[Phase.KV_TRANSFER].cost_dollars == 0.0  # the GPUs' slices paid
+    assert StageId.NIC_TX not in record.stages
+    node = cost.ledger["prefill-0-node"]
+    assert node.attributed_dollars == pytest.approx(record.gpu_cost_dollars, rel=1e-9)
