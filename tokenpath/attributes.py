@@ -126,10 +126,8 @@ ENGINE: Final = "tokenpath.engine"  # "simulated", "vllm", ...
 ENGINE_REPLICA: Final = "tokenpath.engine.replica"
 ENGINE_ID: Final = "tokenpath.engine.id"  # the engine (GPU set) on its node: the pricing unit
 SIMULATED: Final = "tokenpath.simulated"
-# Disaggregated serving: the part of a request an engine ran ("prefill" or "decode"), and
-# the prompt tokens whose KV a P/D proxy relayed between them (its kv_transfer_params).
-ENGINE_ROLE: Final = "tokenpath.engine.role"
-KV_TRANSFER_TOKENS: Final = "tokenpath.kv_transfer.tokens"
+ENGINE_ROLE: Final = "tokenpath.engine.role"  # disaggregated: "prefill" or "decode"
+KV_TRANSFER_TOKENS: Final = "tokenpath.kv_transfer.tokens"  # a P/D proxy relayed: KV tokens
 STATUS: Final = "tokenpath.request.status"
 CACHED_TOKENS: Final = "tokenpath.kv.cached_tokens"
 PREEMPTIONS: Final = "tokenpath.request.preemptions"
