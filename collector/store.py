@@ -342,6 +342,9 @@ class RecordStore(Store):
         if "energy_joules" not in columns:  # a store written before energy was kept
             db.execute("ALTER TABLE idle_cost ADD COLUMN energy_joules REAL NOT NULL DEFAULT 0")
         db.executescript(layout.schema_sql())
+        existing = {row[1] for row in db.execute("PRAGMA table_info(records)")}
+        for statement in layout.added_columns_sql(existing):  # fields added since
+            db.execute(statement)
         self._names.load(db)
         if _has_table(db, "main", LEGACY_TABLE):
             store_sql.ensure_rollups(db)

@@ -129,6 +129,18 @@ CREATE TABLE IF NOT EXISTS {schema}.meta (
 """
 
 
+def added_columns_sql(existing: set[str], schema: str = "main") -> list[str]:
+    """The ``ALTER TABLE`` statements that add to a store written by an earlier version the
+    columns it lacks (fields added to the record since; NULL in its older rows, which read
+    back as the field's default)."""
+    out: list[str] = []
+    for definition in _column_definitions():
+        name = definition.split(" ", 1)[0]
+        if name not in existing:
+            out.append(f"ALTER TABLE {schema}.records ADD COLUMN {definition}")
+    return out
+
+
 INSERT_SQL = (f"INSERT OR IGNORE INTO records({', '.join(COLUMNS)}) "
               f"VALUES ({', '.join('?' for _ in COLUMNS)})")
 SELECT_COLUMNS = ", ".join(COLUMNS)
