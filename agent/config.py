@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 from urllib.parse import urlsplit
 
+from tokenpath.agent.kv_index import DEFAULT_MAX_BLOCKS
+from tokenpath.agent.kv_receiver import KvEndpoint, check_engine_id, parse_kv_endpoint
 from tokenpath.agent.nic_sampler import (
     DEFAULT_NIC_EXCLUDE,
     DEFAULT_SYSFS_ROOT,
@@ -56,6 +58,10 @@ ENV_COLLECTOR: Final = "TOKENPATH_AGENT_COLLECTOR"
 ENV_INTERVAL: Final = "TOKENPATH_AGENT_INTERVAL"
 ENV_ENGINE_METRICS: Final = "TOKENPATH_AGENT_ENGINE_METRICS"
 ENV_NODE: Final = "TOKENPATH_AGENT_NODE"
+ENV_KV_EVENTS: Final = "TOKENPATH_AGENT_KV_EVENTS"
+# An engine's KV-block index is bounded; the largest GPU KV caches hold a few hundred
+# thousand blocks.
+MAX_KV_BLOCKS: Final = 100_000_000
 ENV_COLLECTOR_CA: Final = "TOKENPATH_AGENT_COLLECTOR_CA"
 ENV_COLLECTOR_CERT: Final = "TOKENPATH_AGENT_COLLECTOR_CERT"
 ENV_COLLECTOR_KEY: Final = "TOKENPATH_AGENT_COLLECTOR_KEY"
@@ -67,6 +73,19 @@ FILE_SECTION: Final = "agent"
 def default_node_name() -> str:
     """``NODE_NAME`` (downward API) when set, else the hostname."""
     return os.environ.get(ENV_KUBERNETES_NODE_NAME, "").strip() or socket.gethostname()
+
+
+def _engine_map(key: str, value: Any) -> dict[str, str]:
+    """A file mapping of engine id -> text (a model name, a replay address)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, "must be a mapping of engine id to a value")
+    result: dict[str, str] = {}
+    for engine, text in value.items():
+        if not isinstance(engine, str) or not isinstance(text, str) or not text:
+            raise ConfigError(key, f"expected text keys and values, got {engine!r}: {text!r}")
+        check_engine_id(engine, key)
+        result[engine] = text
+    return result
 
 
 def _url_list(value: Any) -> tuple[str, ...]:
@@ -96,6 +115,14 @@ class AgentConfig:
     max_devices: int = DEFAULT_MAX_DEVICES
     max_models: int = DEFAULT_MAX_MODELS
     max_sources: int = DEFAULT_MAX_SOURCES
+    # KV-cache event endpoints, ``[ENGINE_ID=]tcp://HOST:PORT`` (agent/kv_receiver.py).
+    kv_events: tuple[str, ...] = ()
+    # engine id -> model name, for the ``model`` label (engines of one model on a node
+    # are compared for the ``routed`` cause); unnamed engines share the model "unknown".
+    kv_event_models: dict[str, str] = field(default_factory=dict)
+    # engine id -> the engine's replay endpoint (vLLM's ``replay_endpoint``).
+    kv_events_replay: dict[str, str] = field(default_factory=dict)
+    kv_max_blocks: int = DEFAULT_MAX_BLOCKS
     # TLS (and mTLS with a client CA) on the /metrics listener: the collector's settings.
     tls: TlsConfig = field(default_factory=TlsConfig)
     # How the OTLP push meets an https:// collector: its CA, and a client certificate
@@ -105,6 +132,10 @@ class AgentConfig:
     @property
     def listen_address(self) -> tuple[str, int]:
         return parse_host_port(self.listen, "listen")
+
+    @property
+    def kv_endpoints(self) -> tuple[KvEndpoint, ...]:
+        return tuple(parse_kv_endpoint(value) for value in self.kv_events)
 
     def validate(self) -> AgentConfig:
         self.listen_address  # noqa: B018 - raises ConfigError naming "listen"
@@ -137,6 +168,17 @@ class AgentConfig:
                          ("max_sources", self.max_sources)):
             if not 1 <= cap <= 10_000:
                 raise ConfigError(key, f"must be between 1 and 10000, got {cap!r}")
+        addresses = [endpoint.address for endpoint in self.kv_endpoints]
+        if len(set(addresses)) != len(addresses):
+            raise ConfigError("kv_events", "an endpoint is named twice")
+        for engine, address in self.kv_events_replay.items():
+            check_engine_id(engine, "kv_events_replay")
+            parse_kv_endpoint(address, "kv_events_replay")
+        for engine in self.kv_event_models:
+            check_engine_id(engine, "kv_event_models")
+        if not 1 <= self.kv_max_blocks <= MAX_KV_BLOCKS:
+            raise ConfigError("kv_max_blocks", f"must be between 1 and {MAX_KV_BLOCKS}, "
+                              f"got {self.kv_max_blocks!r}")
         self.tls.validate()
         self.collector_tls.validate()
         return self
@@ -150,6 +192,7 @@ class AgentConfig:
         interval: str | float | None = None,
         engine_metrics_urls: list[str] | None = None,
         node: str | None = None,
+        kv_events: list[str] | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_client_ca: str | None = None,
@@ -216,6 +259,13 @@ class AgentConfig:
             max_devices=integer("max_devices", DEFAULT_MAX_DEVICES),
             max_models=integer("max_models", DEFAULT_MAX_MODELS),
             max_sources=integer("max_sources", DEFAULT_MAX_SOURCES),
+            kv_events=resolve("kv_events", tuple(kv_events) if kv_events else None,
+                              ENV_KV_EVENTS, section, (), _url_list),
+            kv_event_models=_engine_map("kv_event_models",
+                                        section.get("kv_event_models") or {}),
+            kv_events_replay=_engine_map("kv_events_replay",
+                                         section.get("kv_events_replay") or {}),
+            kv_max_blocks=integer("kv_max_blocks", DEFAULT_MAX_BLOCKS),
             tls=tls,
             collector_tls=collector_tls,
         )
@@ -231,6 +281,7 @@ DURATION_FILE_KEYS: Final = {
 KNOWN_FILE_KEYS: Final = frozenset({
     "listen", "collector", "engine_metrics", "node", "nic_source", "nic_exclude",
     "sysfs_root", "pcie_throughput", "max_devices", "max_models", "max_sources", "tls",
+    "kv_events", "kv_event_models", "kv_events_replay", "kv_max_blocks",
     "collector_tls", *DURATION_FILE_KEYS, *DURATION_FILE_KEYS.values(),
 })
 TLS_FILE_KEYS: Final = frozenset({"cert", "key", "client_ca"})

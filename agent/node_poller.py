@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from tokenpath import metric_names as mn
 from tokenpath.agent.engine_scraper import EngineReadings, EngineScraper
+from tokenpath.agent.kv_index import KvTracker
 from tokenpath.agent.monotonic import CounterGroup
 from tokenpath.agent.nic_sampler import NicSampler
 from tokenpath.agent.nvml_sampler import NvmlSampler
@@ -86,7 +87,9 @@ class NodePoller:
         max_devices: int,
         max_sources: int,
         engine_interval: float = 0.0,
+        kv_tracker: KvTracker | None = None,
     ) -> None:
+        self._kv = kv_tracker
         self._nvml = nvml_sampler
         self._nics = nic_sampler
         self._engines = engine_scraper
@@ -120,6 +123,8 @@ class NodePoller:
             deferred.append(lambda points: _add_nic_rows(nic_rows, points))
         if self._engines is not None:
             self._add_engines(points, started)
+        if self._kv is not None:
+            deferred.append(self._kv.add_to)
         errors = self.errors.items()
         if errors:
             points[mn.AGENT_SCRAPE_ERRORS] = {(source,): count for source, count in errors}

@@ -23,6 +23,8 @@ from tokenpath.agent.config import AgentConfig
 from tokenpath.agent.engine_scraper import EngineScraper
 from tokenpath.agent.http_fetch import HttpClient, KeepAliveHttpClient
 from tokenpath.agent.http_server import AgentHttpServer
+from tokenpath.agent.kv_index import KvTracker
+from tokenpath.agent.kv_receiver import KvEventReceiver
 from tokenpath.agent.nic_sampler import NetIoCounters, NicSampler
 from tokenpath.agent.node_poller import NodePoller
 from tokenpath.agent.nvml_sampler import NvmlSampler
@@ -85,10 +87,19 @@ class AgentService:
                           model_label=BoundedLabel(config.max_models))
             if config.engine_metrics_urls else None
         )
+        self.kv_tracker: KvTracker | None = None
+        self.kv_receiver: KvEventReceiver | None = None
+        if config.kv_events:
+            self.kv_tracker = KvTracker(models=config.kv_event_models,
+                                        max_blocks=config.kv_max_blocks,
+                                        max_engines=config.max_sources)
+            self.kv_receiver = KvEventReceiver(config.kv_endpoints, self.kv_tracker,
+                                               replay=config.kv_events_replay)
         self.poller = NodePoller(
             nvml_sampler=self.nvml_sampler, nic_sampler=nic_sampler, engine_scraper=engines,
             clock=clock, wall_clock_ns=wall_clock_ns, max_devices=config.max_devices,
             max_sources=config.max_sources, engine_interval=config.engine_interval_seconds,
+            kv_tracker=self.kv_tracker,
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         self._collector = AgentCollector(lambda: self._latest)
@@ -125,6 +136,8 @@ class AgentService:
         self.registry.register(self._build_info)
         logger.info("agent: %s", self.build.describe())
         log_fallbacks(self.build, "agent")
+        if self.kv_receiver is not None:
+            self.kv_receiver.start()  # raises ConfigError naming kv_events
         self.poll_once()
         if serve:
             host, port = self.config.listen_address
@@ -170,6 +183,8 @@ class AgentService:
             self._pusher.shutdown()
         if self._push_client is not None:
             self._push_client.close()
+        if self.kv_receiver is not None:
+            self.kv_receiver.shutdown()
         if self._started:
             self.registry.unregister(self._collector)
             self.registry.unregister(self._build_info)

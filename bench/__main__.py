@@ -73,7 +73,9 @@ BENCHES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "backlog": ("bench.backlog", "run", {}),
     "store": ("bench.store", "run", {}),
     "store_clickhouse": ("bench.store_clickhouse", "run", {}),
+    "remote_report": ("bench.remote_report", "run", {}),
     "no_loss": ("bench.no_loss", "run", {"requests": 2_000}),
+    "kv_events": ("bench.kv_events", "run", {}),
 }
 
 TARGETS = (
@@ -171,6 +173,13 @@ TARGETS = (
            ("summary", "records_per_second"), ">=", 10_000,
            beside=(("per CPU second of the writer", ("summary", "records_per_cpu_second"), ""),
                    ("filling the 1M store", ("summary", "fill_records_per_second"), "/s"))),
+    Target("remote_report", "report --collector, one collector of 1M records",
+           ("summary", "collector_seconds"), "<=", 5.0, "s",
+           beside=(("--store on the same file", ("summary", "store_seconds"), "s"),
+                   ("three replicas of a third each", ("summary", "replicas_seconds"), "s"))),
+    Target("remote_report", "report --collector peak RSS, one collector of 1M records",
+           ("summary", "collector_peak_rss_mb"), "<=", 300, "MB",
+           beside=(("three replicas", ("summary", "replicas_peak_rss_mb"), "MB"),)),
     Target("store", "store: bytes per record on disk, 1M records",
            ("summary", "bytes_per_record"), "<=", 1500, "B",
            beside=(("JSON layout, 100k", ("baseline_100000", "bytes_per_record"), "B"),)),
@@ -209,6 +218,15 @@ TARGETS = (
                    ("colliding", ("cpu_ms_colliding",), "ms"),
                    ("sequential ids vs random", ("sequential_ratio",), "x"),
                    ("longest probe, colliding", ("longest_probe_colliding",), "slots"))),
+    Target("kv_events", "KV-event receiver CPU per block event vs msgspec decode of the "
+           "engine's full events", ("cpu", "ratio_to_decode_floor"), "<=", 10.0, "x",
+           beside=(("receiver", ("cpu", "cpu_us_per_block_event"), "µs/block"),
+                   ("per batch of 16 stored + 16 removed", ("cpu", "cpu_us_per_batch"), "µs"),
+                   ("decode floor", ("cpu", "decode_floor_us_per_block_event"), "µs/block"))),
+    Target("kv_events", "KV-event index bytes per resident block, 1M blocks",
+           ("memory", "bytes_per_resident_block"), "<=", 200.0, "B",
+           beside=(("index", ("memory", "index_mib"), "MiB"),
+                   ("RSS growth", ("memory", "rss_growth_mib"), "MiB"))),
 )
 
 

@@ -171,6 +171,15 @@ def small_packet_view(records: Sequence[RequestRecord]) -> dict[str, Any]:
     }
 
 
+def prefill_dollars_per_computed_token(records: Sequence[RequestRecord]) -> float | None:
+    """Prefill dollars per prompt token computed (not read from the cache) over the
+    records; None when none is priced or none computed a token."""
+    if not any(r.cost_dollars > 0 or r.naive_cost_dollars > 0 for r in records):
+        return None
+    computed = sum(r.input_tokens for r in records) - sum(r.cache_read_tokens for r in records)
+    return sum(prefill_dollars(r) for r in records) / computed if computed > 0 else None
+
+
 def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT,
                long_context_tokens: int = DEFAULT_LONG_CONTEXT_TOKENS,
                block_tokens: int = DEFAULT_BLOCK_TOKENS,
@@ -190,6 +199,7 @@ def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT
                                          for r in records if r.prefix_fingerprints}),
             "prefix_cache_hit_ratio": token_weighted_hit_ratio(records),
             "cache_miss_waste_dollars": sum(r.cache_miss_waste_dollars for r in records),
+            "prefill_dollars_per_computed_token": prefill_dollars_per_computed_token(records),
             "requests_with_fingerprints": sum(1 for r in records if r.prefix_fingerprints),
             "recomputed_prefix_tokens": recomputed,
             "by_cause": {cause: summary.to_json()

@@ -28,10 +28,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tokenpath import metric_names as M
 from tokenpath import views
 from tokenpath.auth import bearer_matches
-from tokenpath.collector import api_views
+from tokenpath.collector import api_aggregate, api_views
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.cost.prices import PriceSheet
-from tokenpath.collector.node_metrics import NodeMetricsState, nic_last_mile
+from tokenpath.collector.node_metrics import (
+    NodeMetricsState,
+    kv_measured_causes,
+    nic_last_mile,
+)
 from tokenpath.collector.receivers.http import (
     OtlpFastPath,
     method_not_allowed,
@@ -130,6 +134,8 @@ def build_app(
     def metrics() -> Response:
         return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
+    api_aggregate.register(app, store)
+
     @app.get("/api/requests")
     def requests(limit: int = Query(api_views.DEFAULT_API_LIMIT, ge=1,
                                     le=api_views.MAX_API_LIMIT),
@@ -194,6 +200,11 @@ def build_app(
         view["last_mile"]["nodes"] = [] if node_metrics is None else nic_last_mile(
             node_metrics, M.NODE_NET_TX_BYTES.name, M.NODE_NET_TX_PACKETS.name,
             M.LABEL_DEVICE)
+        # What the engines' KV-cache events measure (node agents with --kv-events), beside
+        # the causes inferred from the records: this collector's agents only.
+        view["cache"]["measured"] = [] if node_metrics is None else kv_measured_causes(
+            node_metrics, M.KV_RECOMPUTED_TOKENS.name, M.LABEL_ENGINE, M.LABEL_MODEL,
+            M.LABEL_CAUSE, view["cache"]["prefill_dollars_per_computed_token"])
         return view
 
     @app.post("/api/whatif")

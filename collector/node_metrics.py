@@ -13,6 +13,7 @@ from tokenpath.collector.receivers.otlp_decode import MetricPoint
 from tokenpath.identity import node_of_resource
 
 DEFAULT_MAX_SERIES = 50_000
+SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,4 +123,31 @@ def nic_last_mile(state: NodeMetricsState, tx_bytes: str, tx_packets: str,
                     "loopback_bytes_per_second": lo_bytes,
                     "loopback_average_packet_bytes": (lo_bytes / lo_packets
                                                       if lo_packets > 0 else None)})
+    return out
+
+
+def kv_measured_causes(state: NodeMetricsState, recomputed: str, engine_label: str,
+                       model_label: str, cause_label: str,
+                       dollars_per_token: float | None = None) -> list[dict[str, object]]:
+    """Per node, engine, model and cause, from the agents' KV-cache event counters
+    (tokenpath_kv_recomputed_tokens): the tokens counted since each agent started, and
+    tokens/s between its last two pushes (None before the second); with
+    ``dollars_per_token`` (the window's prefill dollars per computed prompt token), that
+    rate in dollars per hour."""
+    out: list[dict[str, object]] = []
+    for node in sorted(state.nodes()):
+        totals = state.latest(node, recomputed)
+        if not totals:
+            continue
+        rates = state.rates(node, recomputed)
+        for labels, tokens in sorted(totals.items()):
+            named = dict(labels)
+            rate = rates.get(labels)
+            out.append({"node": node, "engine": named.get(engine_label, ""),
+                        "model": named.get(model_label, ""),
+                        "cause": named.get(cause_label, ""), "tokens": tokens,
+                        "tokens_per_second": rate,
+                        "dollars_per_hour": (rate * SECONDS_PER_HOUR * dollars_per_token
+                                             if rate is not None
+                                             and dollars_per_token is not None else None)})
     return out

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import queue
+import socket
 import sqlite3
 import threading
 import time
@@ -288,6 +289,12 @@ class Store(ABC):
     def count(self) -> int:
         return self.queries.count()
 
+    @property
+    def identity(self) -> str:
+        """The database this store reads, named the same by every collector that shares it:
+        the remote reader (tokenpath/cli/remote.py) counts such collectors' answers once."""
+        return f"{type(self).__name__}:{socket.gethostname()}:{id(self)}"
+
 
 class RecordStore(Store):
     """A sink that writes records in batches, and the reader the API and CLI use."""
@@ -319,6 +326,13 @@ class RecordStore(Store):
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last_retention = 0.0
+
+    @property
+    def identity(self) -> str:
+        path = self._config.path
+        if path == MEMORY:
+            return super().identity
+        return f"sqlite://{socket.gethostname()}{Path(path).expanduser().resolve()}"
 
     def _connect(self) -> sqlite3.Connection:
         path = self._config.path

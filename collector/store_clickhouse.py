@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -380,6 +381,14 @@ class ClickHouseStore(Store):
         if self._owner is not None:
             self._owner.release()
             self._owner = None
+
+    @property
+    def identity(self) -> str:
+        """The server's URL without credentials (a chDB folder: with this host's name),
+        as every replica sharing the database is configured with it."""
+        if self.target.chdb:
+            return f"chdb://{socket.gethostname()}{Path(self.target.path).resolve()}"
+        return self.target.describe()
 
     def announce_api(self, url: str) -> None:
         if self._owner is not None:

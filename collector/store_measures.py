@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenpath.collector import store_layout as L
-from tokenpath.instrumentation.network import DEFAULT_MSS_BYTES
 from tokenpath.leaks import CONTEXT_BUCKET_BOUNDS
 from tokenpath.query import (
     ALL_MEASURES,
@@ -43,6 +42,7 @@ from tokenpath.query import (
     Params,
     Window,
 )
+from tokenpath.wire_sizes import DEFAULT_MSS_BYTES
 
 ROLLUP_SECONDS = 600  # one rollup row per 10 minutes of end time (and group)
 NAME_GROUPS = ("tenant", "model", "pool")

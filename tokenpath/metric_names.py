@@ -405,6 +405,38 @@ ENGINE_STAGE_REQUESTS = _m("engine_stage_requests", "counter",
                            (LABEL_ENGINE, LABEL_MODEL, LABEL_STAGE),
                            "Requests that went through each engine stage (SGLang).")
 
+# --- Agent: KV-cache events (vLLM and SGLang publish them over ZeroMQ; agent/kv_index.py).
+# ``engine`` is the engine's id (its topic), ``cause`` one of evicted, routed, cold, and on
+# the stored-blocks counter also already_held (a re-store of a block held: not a miss).
+KV_RECOMPUTED_TOKENS = _m("kv_recomputed_tokens", "counter",
+                          (LABEL_ENGINE, LABEL_MODEL, LABEL_CAUSE),
+                          "Prompt tokens an engine computed into full KV blocks it did not "
+                          "hold, by measured cause: evicted (it removed the block earlier), "
+                          "routed (another engine of the model on this node held it), cold.")
+KV_STORED_BLOCKS = _m("kv_stored_blocks", "counter", (LABEL_ENGINE, LABEL_MODEL, LABEL_CAUSE),
+                      "Full KV blocks an engine reported stored, by cause (evicted, routed, "
+                      "cold, already_held).")
+KV_REMOVED_BLOCKS = _m("kv_removed_blocks", "counter", (LABEL_ENGINE, LABEL_MODEL),
+                       "KV blocks an engine reported removed (evicted).")
+KV_BLOCK_LIFETIME_SECONDS = _m("kv_block_lifetime_seconds", "counter",
+                               (LABEL_ENGINE, LABEL_MODEL),
+                               "Summed time from store to removal of the removed blocks the "
+                               "agent saw stored: / removed blocks is the mean residency.")
+KV_EVICTED_GONE_SECONDS = _m("kv_evicted_gone_seconds", "counter",
+                             (LABEL_ENGINE, LABEL_MODEL),
+                             "Summed time evicted blocks had been gone when they were stored "
+                             "again.")
+KV_RESIDENT_BLOCKS = _m("kv_resident_blocks", "gauge", (LABEL_ENGINE, LABEL_MODEL),
+                        "Distinct KV blocks the agent's index holds for an engine.")
+KV_INDEX_RESETS = _m("kv_index_resets", "counter", (LABEL_ENGINE, LABEL_MODEL),
+                     "Times an engine's index was emptied: AllBlocksCleared, or the "
+                     "engine's batch sequence restarted.")
+KV_EVENT_BATCHES = _m("kv_event_batches", "counter", (LABEL_ENGINE,),
+                      "KV-event batches received and applied.")
+KV_EVENTS_DROPPED = _m("kv_events_dropped", "counter", (LABEL_ENGINE, LABEL_REASON),
+                       "KV-event batches (or blocks, for index_full) not applied: undecodable, "
+                       "malformed, gap (batches missing from the sequence), index_full.")
+
 # --- Agent: self-telemetry
 AGENT_NVML_UP = _m("agent_nvml_up", "gauge", (), "1 when NVML initialized, 0 otherwise.")
 AGENT_SCRAPE_ERRORS = _m("agent_scrape_errors", "counter", (LABEL_SOURCE,),
@@ -428,7 +460,9 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     ENGINE_KV_TRANSFERS, ENGINE_KV_TRANSFER_BYTES, ENGINE_KV_TRANSFER_FAILURES,
     ENGINE_KV_BLOCK_EVICTIONS, ENGINE_KV_BLOCK_LIFETIME_SECONDS, ENGINE_KV_BLOCK_IDLE_SECONDS,
     ENGINE_STAGE_SECONDS, ENGINE_STAGE_REQUESTS, ENGINE_UP, AGENT_POLL_SECONDS,
-    AGENT_OTLP_PUSH_ERRORS,
+    AGENT_OTLP_PUSH_ERRORS, KV_RECOMPUTED_TOKENS, KV_STORED_BLOCKS, KV_REMOVED_BLOCKS,
+    KV_BLOCK_LIFETIME_SECONDS, KV_EVICTED_GONE_SECONDS, KV_RESIDENT_BLOCKS, KV_INDEX_RESETS,
+    KV_EVENT_BATCHES, KV_EVENTS_DROPPED,
 )
 
 # --- vLLM's engine metric names (vLLM V1 /metrics), as the reference serving path's

@@ -25,7 +25,6 @@ from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy, alloc
 from tokenpath.collector.cost.leak_ranking import COALESCE_FIX_TOKENS, RankedLeak
 from tokenpath.collector.cost.longcontext import ROOFLINE_GPU, ContextBucketSpend
 from tokenpath.collector.cost.routing_whatif import MAX_REPLAY_RECORDS, prefix_affine_whatif
-from tokenpath.instrumentation.network import PACKET_OVERHEAD_BYTES
 from tokenpath.last_mile import COALESCE_WHATIF_TOKENS, LastMileSummary
 from tokenpath.leaks import (
     LONG_CONTEXT_TOKENS,
@@ -56,6 +55,7 @@ from tokenpath.query import (
 from tokenpath.report import MissCauseSummary, Report, StageSummary
 from tokenpath.roofline import GPUS, MODELS, Roofline
 from tokenpath.stages import STAGES, Phase, Provenance
+from tokenpath.wire_sizes import PACKET_OVERHEAD_BYTES
 
 # The newest records of a window the record replays read.
 WHATIF_SAMPLE_LIMIT = 20_000
@@ -363,6 +363,7 @@ def leaks_view(q: RecordQueries, window: Window, limit: int = 10,
         })
     total_cost, total_prefill = agg["cost"], agg["prefill_seconds"]
     total_prefill_cost = agg["prefill_cost"]
+    computed_tokens = agg.count("input_tokens") - agg.count("cache_read_tokens")
     chunks = agg.count("response_chunks")
     path_seconds = sum(agg[f"st_s:{s.value}"] for s in RESPONSE_PATH_STAGES)
     all_seconds = sum(agg[f"st_s:{s.id.value}"] for s in STAGES)
@@ -379,6 +380,11 @@ def leaks_view(q: RecordQueries, window: Window, limit: int = 10,
             "prefix_cache_hit_ratio": (agg.count("cache_read_tokens") / inputs
                                        if inputs > 0 else None),
             "cache_miss_waste_dollars": agg["waste"],
+            # what a prompt token computed (not read from the cache) cost in prefill over
+            # the window: prices the engines' measured recomputation (KV-cache events)
+            "prefill_dollars_per_computed_token": (
+                total_prefill_cost / computed_tokens
+                if agg.count("priced_n") > 0 and computed_tokens > 0 else None),
             "requests_with_fingerprints": agg.count("fingerprinted_n"),
             "recomputed_prefix_tokens": tracker.recomputed_tokens,
             "by_cause": {cause: summary.to_json() for cause, summary in causes.items()},

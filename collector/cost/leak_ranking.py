@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 from tokenpath.collector.cost.longcontext import last_doubling_prefill_dollars
 from tokenpath.collector.cost.routing_whatif import prefix_affine_whatif
-from tokenpath.instrumentation.network import PACKET_OVERHEAD_BYTES
 from tokenpath.last_mile import coalesced_packets, is_stream, packets_of
 from tokenpath.leaks import LONG_CONTEXT_TOKENS, WASTE_CAUSES, MissCause, context_tokens
 from tokenpath.records import RequestRecord
 from tokenpath.report import miss_causes
 from tokenpath.stages import StageId
+from tokenpath.wire_sizes import PACKET_OVERHEAD_BYTES
 
 COALESCE_FIX_TOKENS = 16
 

@@ -35,6 +35,7 @@ from tokenpath.instrumentation.reference.kv_cache import (
     DEFAULT_NUM_BLOCKS,
     PagedKVCache,
 )
+from tokenpath.instrumentation.reference.kv_events import KvEventPublisher
 from tokenpath.instrumentation.reference.scheduler import (
     DEFAULT_MAX_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
@@ -73,6 +74,9 @@ class EngineConfig:
     time_scale: float = DEFAULT_TIME_SCALE
     gpu_dollars_per_hour: float = DEFAULT_GPU_DOLLARS_PER_HOUR
     fingerprints: FingerprintConfig = field(default_factory=FingerprintConfig)
+    # Where to publish KV-cache events as vLLM does (a ZeroMQ endpoint the node agent
+    # binds, ``tokenpath agent --kv-events``); the topic is the replica's name.
+    kv_events_endpoint: str | None = None
     role: str | None = None  # disaggregated serving: "prefill" or "decode"; None: both
 
     def validate(self) -> None:
@@ -118,6 +122,11 @@ class SimulatedEngine:
             self.config.gpu, self.config.model, self.config.tensor_parallel
         )
         self.kv = PagedKVCache(self.config.kv_blocks, self.config.kv_block_tokens)
+        self._kv_events: KvEventPublisher | None = None
+        if self.config.kv_events_endpoint is not None:
+            self.kv.record_events()
+            self._kv_events = KvEventPublisher(self.config.kv_events_endpoint,
+                                               self.config.replica, self.config.kv_block_tokens)
         self.scheduler = ContinuousBatchingScheduler(
             self.kv, SchedulerConfig(self.config.max_num_seqs, self.config.max_batched_tokens),
             timer=time.perf_counter,
@@ -195,6 +204,9 @@ class SimulatedEngine:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._loop_task
             self._loop_task = None
+        if self._kv_events is not None:
+            self._kv_events.close()
+            self._kv_events = None
         for seq in list(self.scheduler.waiting) + list(self.scheduler.running):
             state = seq.payload
             if isinstance(state, _RequestState) and not state.done:
@@ -221,6 +233,8 @@ class SimulatedEngine:
                 continue
             try:
                 await self._step()
+                if self._kv_events is not None:
+                    self._kv_events.publish(self.kv.drain_events())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep serving; count it like telemetry

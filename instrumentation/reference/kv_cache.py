@@ -5,6 +5,10 @@ identified by a chained hash (parent block hash, the block's token ids), so a bl
 reusable exactly when the whole prefix up to it matches. Blocks whose sequences have
 finished keep their contents and stay findable by hash until they are evicted, least
 recently used first, when a new block is needed.
+
+With :meth:`PagedKVCache.record_events`, the cache also keeps what a vLLM engine publishes
+as KV-cache events: each block hash it registers (stored) and each one it evicts
+(removed), in order, until :meth:`PagedKVCache.drain_events` takes them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ DEFAULT_BLOCK_TOKENS = 16
 DEFAULT_NUM_BLOCKS = 4096
 
 BlockHash = int
+KV_STORED = "stored"
+KV_REMOVED = "removed"
+KvCacheEvent = tuple[str, BlockHash]  # (KV_STORED or KV_REMOVED, block hash)
 
 
 def block_hashes(token_ids: Sequence[int], block_tokens: int) -> list[BlockHash]:
@@ -70,6 +77,20 @@ class PagedKVCache:
         self._refs = [0] * num_blocks
         self._seq_blocks: dict[str, list[int]] = {}
         self._seq_tokens: dict[str, int] = {}
+        self._events: list[KvCacheEvent] | None = None
+
+    def record_events(self) -> None:
+        """Keep stored and removed block hashes from now on (see :meth:`drain_events`)."""
+        if self._events is None:
+            self._events = []
+
+    def drain_events(self) -> list[KvCacheEvent]:
+        """The events kept since the last call, oldest first."""
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
 
     # --- queries -----------------------------------------------------------------------
     def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
@@ -178,6 +199,8 @@ class PagedKVCache:
         del self._by_hash[block_hash]
         del self._hash_of[block]
         self.stats.evictions += 1
+        if self._events is not None:
+            self._events.append((KV_REMOVED, block_hash))
         return block
 
     def _register(self, block: int, block_hash: BlockHash) -> None:
@@ -185,3 +208,5 @@ class PagedKVCache:
             return
         self._by_hash[block_hash] = block
         self._hash_of[block] = block_hash
+        if self._events is not None:
+            self._events.append((KV_STORED, block_hash))

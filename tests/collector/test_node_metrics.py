@@ -6,7 +6,7 @@ import pytest
 
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
-from tokenpath.collector.node_metrics import NodeMetricsState, nic_last_mile
+from tokenpath.collector.node_metrics import NodeMetricsState, kv_measured_causes, nic_last_mile
 from tokenpath.collector.receivers.otlp_decode import MetricPoint
 
 
@@ -62,3 +62,28 @@ def test_one_sample_or_a_counter_reset_gives_no_rate() -> None:
                          M.LABEL_DEVICE) == []
     state.consume_points([_point(M.NODE_NET_TX_PACKETS.name, "eth0", 10, 2.0)])  # reset
     assert state.rates("gpu-node-1", M.NODE_NET_TX_PACKETS.name) == {}
+
+
+def _kv_point(cause: str, value: float, seconds: float, engine: str = "vllm-0") -> MetricPoint:
+    return MetricPoint(M.KV_RECOMPUTED_TOKENS.name, value, int(seconds * 1e9),
+                       {M.LABEL_ENGINE: engine, M.LABEL_MODEL: "m", M.LABEL_CAUSE: cause},
+                       {A.NODE: "gpu-node-1"}, True)
+
+
+def test_measured_causes_from_the_agents_kv_counters() -> None:
+    state = NodeMetricsState()
+    assert kv_measured_causes(state, M.KV_RECOMPUTED_TOKENS.name, M.LABEL_ENGINE,
+                              M.LABEL_MODEL, M.LABEL_CAUSE) == []
+    state.consume_points([_kv_point("evicted", 320, 10.0), _kv_point("cold", 64, 10.0)])
+    state.consume_points([_kv_point("evicted", 960, 12.0), _kv_point("cold", 64, 12.0)])
+    rows = kv_measured_causes(state, M.KV_RECOMPUTED_TOKENS.name, M.LABEL_ENGINE,
+                              M.LABEL_MODEL, M.LABEL_CAUSE)
+    assert rows == [
+        {"node": "gpu-node-1", "engine": "vllm-0", "model": "m", "cause": "cold",
+         "tokens": 64, "tokens_per_second": 0.0, "dollars_per_hour": None},
+        {"node": "gpu-node-1", "engine": "vllm-0", "model": "m", "cause": "evicted",
+         "tokens": 960, "tokens_per_second": pytest.approx(320.0), "dollars_per_hour": None},
+    ]
+    priced = kv_measured_causes(state, M.KV_RECOMPUTED_TOKENS.name, M.LABEL_ENGINE,
+                                M.LABEL_MODEL, M.LABEL_CAUSE, dollars_per_token=1e-6)
+    assert [row["dollars_per_hour"] for row in priced] == [0.0, pytest.approx(1.152)]

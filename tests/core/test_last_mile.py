@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tokenpath.instrumentation.network import PACKET_OVERHEAD_BYTES
 from tokenpath.last_mile import coalesced_packets, packets_per_output_token, summarize_last_mile
 from tokenpath.records import RequestRecord
+from tokenpath.wire_sizes import PACKET_OVERHEAD_BYTES
 
 SSE_CHUNK_BYTES = 200  # one token in an OpenAI-style SSE event
 

@@ -8,12 +8,11 @@ from hypothesis import strategies as st
 
 from tokenpath.config import ConfigError
 from tokenpath.instrumentation.network import (
-    ETHERNET_FRAMING_BYTES,
-    IP_TCP_HEADER_BYTES,
     LinkModel,
     ResponseTally,
     derive_network_stages,
 )
+from tokenpath.wire_sizes import ETHERNET_FRAMING_BYTES, IP_TCP_HEADER_BYTES
 
 
 def test_chunks_become_packets_and_small_ones_are_counted() -> None:

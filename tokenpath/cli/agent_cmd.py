@@ -33,6 +33,9 @@ def register(app: typer.Typer) -> None:
         engine_metrics: list[str] = typer.Option(
             [], help="Engine /metrics URL, vLLM or SGLang (repeatable)."),
         node: str | None = typer.Option(None, help="Node name (default: the hostname)."),
+        kv_events: list[str] = typer.Option(
+            [], help="[ENGINE_ID=]tcp://HOST:PORT: a ZeroMQ endpoint the node's engines "
+            "publish KV-cache events to (repeatable; the agent binds it)."),
         config: Path | None = typer.Option(
             None, help="YAML config file (settings under `agent:`)."),
         auth_token_file: Path | None = typer.Option(
@@ -61,7 +64,8 @@ def register(app: typer.Typer) -> None:
         try:
             agent_config = AgentConfig.from_sources(
                 listen=listen, collector_url=collector, interval=interval,
-                engine_metrics_urls=engine_metrics, node=node, tls_cert=tls_cert,
+                engine_metrics_urls=engine_metrics, node=node, kv_events=kv_events,
+                tls_cert=tls_cert,
                 tls_key=tls_key, tls_client_ca=tls_client_ca, collector_ca=collector_ca,
                 collector_cert=collector_cert, collector_key=collector_key,
                 file_values=load_config_file(config),
@@ -86,6 +90,9 @@ def register(app: typer.Typer) -> None:
         except OSError as exc:
             service.shutdown()
             fail(f"--listen {agent_config.listen}: {exc.strerror or exc}")
+        except ConfigError as exc:
+            service.shutdown()
+            fail(f"agent config: {exc}")
         service.settle_heap()
         nvml = service.nvml_sampler
         console.print(

@@ -19,7 +19,7 @@ from tokenpath import views
 from tokenpath.cli.client import Source, since_unix
 from tokenpath.cli.common import console
 from tokenpath.cli.query_cmd import COLLECTOR_HELP, STORE_HELP
-from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy, chargeback
+from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy
 from tokenpath.collector.cost.energy import ENERGY_MODELED
 from tokenpath.query import Window
 from tokenpath.report import combined_energy_provenance
@@ -79,16 +79,8 @@ def register(app: typer.Typer) -> None:
         format: ChargebackFormat = typer.Option(ChargebackFormat.TABLE, "--format"),
     ) -> None:
         """Dollars by tenant over the window: attributed plus allocated idle."""
-        source = Source(store, collector)
-        if source.collectors:  # the replicas' records, merged here
-            rows = chargeback(source.records(None, since), source.idle_cost(since), idle,
-                              idle_energy_joules=source.idle_energy(since))
-        else:  # the store answers in SQL aggregates (tokenpath/views.py)
-            opened = source.open_store()
-            try:
-                rows = views.chargeback_view(opened, Window(since_unix(since)), idle)
-            finally:
-                opened.shutdown()
+        with Source(store, collector).queries() as opened:
+            rows = views.chargeback_view(opened, Window(since_unix(since)), idle)
         if format is ChargebackFormat.JSON:
             print(json.dumps({"idle_policy": idle.value, "rows": [r.to_json() for r in rows],
                               "total_dollars": sum(r.total_dollars for r in rows)}, indent=2))

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from tokenpath.cli.common import auth_token, fail
+from tokenpath.cli.remote import RemoteError, RemoteQueries
 from tokenpath.collector.api_views import MAX_API_LIMIT
 from tokenpath.config import ConfigError, parse_duration
+from tokenpath.query import RecordQueries
 from tokenpath.records import RequestRecord
 
 if TYPE_CHECKING:
@@ -142,6 +146,26 @@ class Source:
         """The store, read-only, for the views (tokenpath/views.py); the caller shuts it
         down."""
         return self._open()
+
+    @contextmanager
+    def queries(self) -> Iterator[RecordQueries]:
+        """What the views read: the collectors' aggregates (``--collector``, merged,
+        tokenpath/cli/remote.py) or the store file; closed after. A collector that cannot
+        be read ends the command with a message naming it."""
+        if self.collectors:
+            remote = RemoteQueries(self.collectors, auth_token())
+            try:
+                yield remote
+            except RemoteError as exc:
+                fail(f"--collector: {exc}")
+            finally:
+                remote.close()
+            return
+        store = self._open()
+        try:
+            yield store
+        finally:
+            store.shutdown()
 
     def _open(self) -> Store:
         from tokenpath.collector.config import default_store_path

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import secrets
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 
 DEFAULT_COLLECTOR_HTTP = COLLECTOR_HTTP
 DEFAULT_AGENT_LISTEN = AGENT_LISTEN
+# The loopback endpoint the demo's agent binds for its replicas' KV-cache events (a port
+# the kernel picks free at start).
+DEMO_KV_EVENTS_HOST = "127.0.0.1"
 DEFAULT_RPS = 4.0
 DEFAULT_TIME_SCALE = 1.0
 DEFAULT_SHARED_PREFIX = 0.7
@@ -236,17 +240,30 @@ def _banner_tail(collector: CollectorService, agent: AgentService | None, agent_
         out.print(f"  agent     not started: {agent_note}")
 
 
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def _start_agent(config: DemoConfig, collector: CollectorService, engine_metrics_url: str,
+                 kv_events: str | None = None, engines: tuple[str, ...] = (),
                  ) -> tuple[AgentService | None, str]:
     """The node agent on ``--agent-listen``, scraping the engine and pushing OTLP metrics
-    to the collector. A failure to start it is reported, never fatal to the demo."""
+    to the collector; with ``kv_events``, receiving the ``engines``' KV-cache events there.
+    A failure to start it is reported, never fatal to the demo."""
     from tokenpath.agent.config import AgentConfig
     from tokenpath.agent.service import AgentService
 
     try:
-        agent = AgentService(AgentConfig.from_sources(
+        agent_config = AgentConfig.from_sources(
             listen=config.agent_listen, collector_url=collector.http_url,
-            engine_metrics_urls=[engine_metrics_url]), auth_token=auth_token())
+            engine_metrics_urls=[engine_metrics_url],
+            kv_events=[kv_events] if kv_events else None)
+        if kv_events:
+            agent_config = dataclasses.replace(
+                agent_config, kv_event_models=dict.fromkeys(engines, config.model)).validate()
+        agent = AgentService(agent_config, auth_token=auth_token())
     except (ConfigError, OSError) as exc:
         return None, str(exc)
     try:
@@ -274,10 +291,13 @@ def _serve_simulated(config: DemoConfig, collector: CollectorService,
     truth = GroundTruthWriter(config.ground_truth) if config.ground_truth else None
     # the ground truth prices GPU time like the collector's price sheet does
     gpu_price = load_price_sheet(config.prices_path).gpu_price(config.gpu)
+    # The replicas publish their KV-cache events as vLLM does, to an endpoint the agent
+    # binds (docs/agent.md, "KV-cache events").
+    kv_events = f"tcp://{DEMO_KV_EVENTS_HOST}:{_free_port(DEMO_KV_EVENTS_HOST)}"
     engine = EngineConfig(gpu=config.gpu, model=config.model,
                           tensor_parallel=config.tensor_parallel, time_scale=config.time_scale,
                           gpu_dollars_per_hour=gpu_price.dollars_per_hour,
-                          kv_blocks=config.kv_blocks)
+                          kv_blocks=config.kv_blocks, kv_events_endpoint=kv_events)
     tenants = DemoTenants.draw()
     path = ReferenceServingPath(ReferencePathConfig(
         engine=engine, replicas=config.replicas, routing=RoutingPolicy(config.router),
@@ -288,7 +308,9 @@ def _serve_simulated(config: DemoConfig, collector: CollectorService,
     agent: AgentService | None = None
     try:
         path.start()
-        agent, agent_note = _start_agent(config, collector, f"{path.base_url}/metrics")
+        agent, agent_note = _start_agent(
+            config, collector, f"{path.base_url}/metrics", kv_events,
+            tuple(engine.config.replica for engine in path.engines))
         replicas = (f"{config.replicas} prefill and {config.replicas} decode engines "
                     "(disaggregated, the KV sent over a simulated link)"
                     if config.disaggregated else f"{config.replicas} replicas")

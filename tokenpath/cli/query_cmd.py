@@ -12,13 +12,11 @@ from tokenpath import views
 from tokenpath.cli.client import Source, since_unix
 from tokenpath.cli.common import console
 from tokenpath.cli.render import render_leak_ranking, render_report, render_requests
-from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
-from tokenpath.collector.cost.leak_ranking import rank_leaks
+from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.endpoints import COLLECTOR_URL
 from tokenpath.query import Window
 from tokenpath.records import RequestRecord
-from tokenpath.report import build_report
 
 
 class OutputFormat(StrEnum):
@@ -56,26 +54,15 @@ def register(app: typer.Typer) -> None:
                                           "(idle allocated proportionally), model or pool."),
     ) -> None:
         """Per-stage latency and cost over the recorded requests."""
-        source = Source(store, collector)
         dollars_per_byte = load_price_sheet(None).network_dollars_per_byte
-        if source.collectors:  # the replicas' records, merged here
-            records = source.records(None, since)
-            idle, idle_joules = source.idle_cost(since), source.idle_energy(since)
-            result = build_report(records, idle, idle_joules)
-            ranked = rank_leaks(records, dollars_per_byte) if records else []
-            groups = None if by is None else chargeback(
-                records, idle, IdlePolicy.PROPORTIONAL, GROUP_KEYS[by], idle_joules)
-        else:  # the store answers in SQL aggregates (tokenpath/views.py)
-            opened = source.open_store()
-            try:
-                window = Window(since_unix(since))
-                result = views.report_view(opened, window)
-                ranked = (views.rank_leaks_view(opened, window, dollars_per_byte)
-                          if result.requests else [])
-                groups = None if by is None else views.chargeback_view(
-                    opened, window, IdlePolicy.PROPORTIONAL, by.value)
-            finally:
-                opened.shutdown()
+        # one way for a store file, one collector or N replicas: views on their aggregates
+        with Source(store, collector).queries() as opened:
+            window = Window(since_unix(since))
+            result = views.report_view(opened, window)
+            ranked = (views.rank_leaks_view(opened, window, dollars_per_byte)
+                      if result.requests else [])
+            groups = None if by is None else views.chargeback_view(
+                opened, window, IdlePolicy.PROPORTIONAL, by.value)
         if format is OutputFormat.JSON:
             out = result.to_json()
             out["leaks_ranked"] = [leak.to_json() for leak in ranked]

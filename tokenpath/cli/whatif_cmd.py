@@ -38,10 +38,6 @@ from tokenpath.endpoints import COLLECTOR_URL
 from tokenpath.query import Window as QueryWindow
 from tokenpath.records import RequestRecord
 
-# The newest records a collector is asked for (a store gives its newest
-# tokenpath.views.WHATIF_SAMPLE_LIMIT): the calibration reads a bounded sample.
-RECORDS_LIMIT = 20_000
-
 
 class OutputFormat(StrEnum):
     TABLE = "table"
@@ -77,15 +73,10 @@ def _load_records(store: str | None, collector: str | None, records_file: Path |
             fail(f"--records: not a request record: {exc}")
         return [r for r in loaded if r.end_unix <= window.until_unix
                 and (window.since_unix is None or r.end_unix >= window.since_unix)]
-    source = Source(store, collector)
-    if source.collectors:  # the newest of the window, as a store's sample takes them
-        return source.records_between(RECORDS_LIMIT, window.since_unix, window.until_unix)
-    opened = source.open_store()
-    try:
+    # the newest of the window, capped in total over the collectors or from the store
+    with Source(store, collector).queries() as opened:
         return views.whatif_sample(opened, QueryWindow(window.since_unix,
                                                        window.until_unix)).records
-    finally:
-        opened.shutdown()
 
 
 # (label, key, format, kind): "pp" ratios change in percentage points, "rel" relatively

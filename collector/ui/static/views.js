@@ -307,6 +307,36 @@
     const causeRows = Object.entries(cache.by_cause).map(([cause, c]) => el("tr", {},
       td(el("code", { text: cause })), td(fmtNum(c.tokens), "num"), td(money(c.dollars), "num"),
       td(c.waste ? "waste" : "first prefill"), td(c.fix)));
+    // Measured by the engines: their KV-cache events, counted by the node agents.
+    const measured = cache.measured || [];
+    const measuredRows = measured.map((m) => el("tr", { "data-cause": m.cause },
+      td(m.node), td(el("code", { text: m.engine })), td(m.model),
+      td(el("code", { text: m.cause })), td(fmtNum(m.tokens), "num"),
+      td(m.tokens_per_second == null ? DASH : fmtNum(m.tokens_per_second), "num"),
+      td(m.dollars_per_hour == null ? DASH : fmtDollars(m.dollars_per_hour), "num")));
+    // How far the two agree: each side's share of its recomputed tokens by cause.
+    const shares = (pairs) => {
+      const total = pairs.reduce((sum, [, v]) => sum + v, 0);
+      const out = {};
+      for (const [cause, v] of pairs) out[cause] = (out[cause] || 0) + v;
+      return Object.entries(out).map(([cause, v]) =>
+        `${cause} ${total > 0 ? fmtPct(v / total, 0) : DASH}`).join(", ");
+    };
+    const measuredPart = !measured.length
+      ? note("Measured: no node agent sends the engines' KV-cache events to this collector "
+             + "(`tokenpath agent --kv-events`), so only the inferred causes are shown.")
+      : el("div", { id: "measured-causes" },
+        note("Measured by the engines: full KV blocks each engine stored without holding "
+             + "them, from its KV-cache events (evicted: it had removed the block; routed: "
+             + "another engine of the model on that node held it; cold). Counted since "
+             + "each agent started; routed is per node there, fleet-wide above. Dollars: "
+             + "tokens/s at the window's prefill dollars per computed prompt token."),
+        el("p", { class: "note cap", id: "causes-agreement", text:
+          `Shares of recomputed tokens: measured ${shares(measured.map((m) =>
+            [m.cause, m.tokens]))}; inferred ${shares(Object.entries(cache.by_cause).map(
+            ([cause, c]) => [cause, c.tokens]))}.` }),
+        table("Measured by the engines' KV-cache events", ["node", "engine", "model", "cause",
+          "tokens", "tokens/s", "$/h"], measuredRows, "data measured-causes-table"));
     const longCtx = data.long_context;
     const small = data.small_packets;
     const mile = data.last_mile;
@@ -375,7 +405,8 @@
              + "another (routed elsewhere), within one block of the cache hit (sub-block), "
              + "or never seen (cold: its first prefill, not waste)."),
         table("Misses by cause", ["cause", "tokens", "dollars", "kind", "fix"], causeRows,
-              "data causes-table")),
+              "data causes-table"),
+        measuredPart),
       card("Top repeated prefixes by waste",
         note("Salted fingerprints and lengths only: prompt content never reaches the "
              + `collector. Computed from ${cache.source}; `

@@ -86,8 +86,8 @@ def _traffic() -> list[RequestRecord]:
 
 
 def test_a_source_running_behind_makes_no_record_late() -> None:
-    """Replica a forwards its records of node-a promptly; b's arrive 20 s after its last heartbeat (held
-    back, under the source timeout), with b's heartbeats stalled meanwhile. The minimum
+    """Replica a forwards its records of node-a promptly; b's arrive 20 s after its last
+    heartbeat (held back, under the source timeout), its heartbeats stalled meanwhile. The minimum
     over the sources waits for b, so none is priced late and the dollars are those of one
     collector given every record."""
     clock = FakeClock(1000.0)
