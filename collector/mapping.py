@@ -220,6 +220,7 @@ def _first_count(layers: list[dict[str, AttrValue]], *keys: str) -> int | None:
 
 
 _START = attrgetter("start_unix_nano")
+_END = attrgetter("end_unix_nano")
 _INF = float("inf")
 
 
@@ -340,10 +341,10 @@ def _stage_times(spans: list[SpanData], upstream: list[SpanData]) -> _StageAccum
 def _map_identity(record: RequestRecord, trace: AssembledTrace, look: _Lookup,
                   engine_spans: list[SpanData]) -> None:
     """Where the request ran: node, engine, pool, tenant, GPU type and parallelism."""
-    if engine_spans:  # the engine's own spans name its GPUs, never the gateway's host
-        identity = identity_from([*trace.annotations,
-                                  *(s.attributes for s in engine_spans),
-                                  *(s.resource for s in engine_spans)])
+    if engine_spans:  # the engine's own spans name its GPUs, never the gateway's host;
+        # one engine's (the one that answered: its span ends last), never a key from each
+        last = max(engine_spans, key=_END)
+        identity = identity_from([*trace.annotations, last.attributes, last.resource])
         record.node, record.engine_id = identity.node, identity.engine
     else:
         record.node, record.engine_id = look.text(*NODE_KEYS), look.text(*ENGINE_KEYS)

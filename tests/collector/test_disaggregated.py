@@ -198,3 +198,18 @@ def test_a_failed_attempt_before_a_retry_is_not_a_prefill() -> None:
     second = vllm_engine(tid, "", 0.6, 1.5, instance="b", node="n2", prompt=10,
                          completion=5, queue=0.0, prefill=0.1, decode=0.7)
     assert split_roles([first, second]) is None
+
+
+def test_identity_is_one_engines_never_a_key_from_each() -> None:
+    """Two engines of one call, the first naming its node by tokenpath.node and the second
+    by k8s.node.name: the record's node and engine are both the answering engine's."""
+    tid = new_trace_id()
+    first = vllm_engine(tid, "", 0.0, 0.5, instance="a", node="n-a", prompt=10,
+                        completion=0, queue=0.0, prefill=0.1, decode=0.0)
+    first.status_code = 2  # a failed attempt, retried on another engine
+    first.resource.pop("k8s.node.name")
+    first.attributes[A.NODE] = "n-a"
+    second = vllm_engine(tid, "", 0.6, 1.5, instance="b", node="n-b", prompt=10,
+                         completion=5, queue=0.0, prefill=0.1, decode=0.7)
+    record = one_record([first, second])
+    assert (record.node, record.engine_id) == ("n-b", "b")
