@@ -81,8 +81,14 @@ def pd_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdStack]:
         _wait_http(f"{collector_url}/healthz", collector, SERVICE_START_SECONDS)
         with ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(start, role) for role in ("prefill", "decode")]
-            for future in futures:
-                engines.append(future.result())
+            errors = []
+            for future in futures:  # every engine that started is kept, to be stopped
+                try:
+                    engines.append(future.result())
+                except Exception as exc:
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
         prefill, decode = engines
         proxy = subprocess.Popen(
             [sys.executable, "-m", "tokenpath.instrumentation.vllm.pd_proxy",
