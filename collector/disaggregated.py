@@ -47,7 +47,6 @@ from tokenpath.roofline import MODELS
 from tokenpath.stage_members import (
     DERIVED,
     KV_TRANSFER,
-    MEASURED,
     NIC_TX,
     NVLINK,
     SCHEDULER_QUEUE,
@@ -59,6 +58,7 @@ ROLE_DECODE = "decode"
 ROLES = (ROLE_PREFILL, ROLE_DECODE)
 KV_SOURCE_RELAYED = "relayed"
 KV_SOURCE_DERIVED = "derived"
+QUEUE_MATCH_SECONDS = 1e-9
 
 _OUTPUT_KEYS = (A.GEN_AI_USAGE_OUTPUT_TOKENS, A.VLLM_USAGE_COMPLETION_TOKENS,
                 DYNAMO_OUTPUT_TOKENS)
@@ -217,8 +217,11 @@ def disaggregate(record: RequestRecord, stages: dict[StageId, StageTiming],
     record.decode_start_unix = decode_end - d_decode
     record.prefill_start_unix = min(prefill_end, record.decode_start_unix) - p_prefill
     queue = stages.get(SCHEDULER_QUEUE)
-    if queue is not None and queue.provenance is MEASURED and d_queue is not None:
-        queue.seconds = max(0.0, queue.seconds - d_queue)  # the decode's wait: the transfer
+    if (queue is not None and d_queue is not None
+            and abs(queue.seconds - (p_queue or 0.0) - d_queue) <= QUEUE_MATCH_SECONDS):
+        # the engines' queue waits summed (no shim or slice timed the queue itself): the
+        # decode engine's wait is the transfer's, not queueing
+        queue.seconds = p_queue or 0.0
     relayed = next((attribute_number(s.attributes.get(A.KV_TRANSFER_TOKENS))
                     for s in call_spans if A.KV_TRANSFER_TOKENS in s.attributes), None)
     if relayed is not None:
