@@ -34,6 +34,7 @@ from tokenpath.collector.calls import (
     is_http_server,
     split_calls,
 )
+from tokenpath.collector.disaggregated import disaggregate
 from tokenpath.collector.engine_steps import EngineStepsTelemetry, is_engine_steps_span
 from tokenpath.collector.interfaces import RecordConsumer
 from tokenpath.collector.spans import (
@@ -220,6 +221,7 @@ def _first_count(layers: list[dict[str, AttrValue]], *keys: str) -> int | None:
 
 
 _START = attrgetter("start_unix_nano")
+_END = attrgetter("end_unix_nano")
 _INF = float("inf")
 
 
@@ -268,10 +270,13 @@ def map_trace(trace: AssembledTrace, slo: SloConfig | None = None) -> RequestRec
     record.status = status
 
     _map_engine(record, acc, engine_spans)
+    roles = disaggregate(record, acc.stages, engine_spans, spans) if len(engine_spans) > 1 else None
     _map_gateway(acc, upstream, server_spans, engine_spans)
     _map_client_gaps(acc, client_spans, server_spans, engine_spans)
     _split_gpu_time(record, acc)
-    ttft = _ttft(look, spans, server_spans, engine_spans, outer_sends)
+    ttft = _ttft(look, spans, server_spans, engine_spans if roles is None else [], outer_sends)
+    if ttft is None and roles is not None and record.decode_start_unix is not None:
+        ttft = max(0.0, record.decode_start_unix - record.start_unix)  # P, transfer, D
     record.ttft_seconds = ttft
     if record.output_tokens > 1:
         if record.decode_seconds is not None:
@@ -340,10 +345,10 @@ def _stage_times(spans: list[SpanData], upstream: list[SpanData]) -> _StageAccum
 def _map_identity(record: RequestRecord, trace: AssembledTrace, look: _Lookup,
                   engine_spans: list[SpanData]) -> None:
     """Where the request ran: node, engine, pool, tenant, GPU type and parallelism."""
-    if engine_spans:  # the engine's own spans name its GPUs, never the gateway's host
-        identity = identity_from([*trace.annotations,
-                                  *(s.attributes for s in engine_spans),
-                                  *(s.resource for s in engine_spans)])
+    if engine_spans:  # the engine's own spans name its GPUs, never the gateway's host;
+        # one engine's (the one that answered: its span ends last), never a key from each
+        last = max(engine_spans, key=_END)
+        identity = identity_from([*trace.annotations, last.attributes, last.resource])
         record.node, record.engine_id = identity.node, identity.engine
     else:
         record.node, record.engine_id = look.text(*NODE_KEYS), look.text(*ENGINE_KEYS)

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from tokenpath import metric_names as M
 from tokenpath.collector.cost.energy import ENERGY_MEASURED
+from tokenpath.collector.disaggregated import kv_link
 from tokenpath.collector.exposition import CounterChild, FastCounter, FastHistogram, render
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.labels import BoundedLabel
@@ -87,6 +88,7 @@ class PrometheusSink:
         self.slo_dollars = FastCounter(M.SLO_DOLLARS)
         # Records come classified (by this replica's mapper or a forwarding one's).
         self._slo = BoundedLabel(DEFAULT_MAX_SLO_CLASSES, M.LABEL_SLO)
+        self.kv_transfer_bytes = FastCounter(M.KV_TRANSFER_BYTES)
         self._context_buckets = context_bucket_labels()
         # model label -> stage -> its series, looked up once (the model label is bounded)
         self._stage_series: dict[str, dict[StageId, _StageSeries]] = {}
@@ -95,7 +97,7 @@ class PrometheusSink:
             self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
             self.context_cost, self.router_cache, self.miss_dollars, self.miss_tokens,
             self.tenant_cost, self.tenant_requests, self.energy, self.idle_energy,
-            self.energy_measured, self.slo_requests, self.slo_dollars,
+            self.energy_measured, self.slo_requests, self.slo_dollars, self.kv_transfer_bytes,
         ]
         labels = (self._model, self._pool, self._status, self._tenant, self._slo)
         self.telemetry = TelemetryExporter([self._stats, _LabelTelemetry(labels)])
@@ -141,6 +143,8 @@ class PrometheusSink:
         self.tokens.labels(model, M.TOKEN_KIND_OUTPUT).inc(record.output_tokens)
         self.cache_miss_waste.labels(model).inc(max(0.0, record.cache_miss_waste_dollars))
         self.naive_cost.labels(model).inc(max(0.0, record.naive_cost_dollars))
+        if record.kv_transfer_bytes:  # a disaggregated request's KV, prefill to decode
+            self.kv_transfer_bytes.labels(model, kv_link(record)).inc(record.kv_transfer_bytes)
         if record.energy_joules > 0:  # split over the GPU stages as their dollars are
             gpu_dollars = record.gpu_cost_dollars
             for stage_id in GPU_STAGES:

@@ -25,6 +25,7 @@ from tokenpath.collector.backpressure import Backlog
 from tokenpath.collector.call_join import CallJoiner
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.attributor import CostAttributor
+from tokenpath.collector.cost.disaggregated_parts import PartMerger, PartSplitter
 from tokenpath.collector.cost.energy import GpuEnergyReadings
 from tokenpath.collector.cost.prices import PriceSheet, load_price_sheet
 from tokenpath.collector.fan_out import FanOut
@@ -78,11 +79,14 @@ class CollectorService:
         self.node_metrics = NodeMetricsState(downstream=[self.energy])
         sinks = FanOut([self.prometheus, self.store])
         self.prices = load_price_sheet(config.prices_path)
-        self.attributor = build_attributor(sinks, config, self.prices, self.energy)
+        # a disaggregated record is priced as its prefill and decode parts, each on its
+        # engine's unit, and merged again behind the attributor
+        self.parts = PartMerger(sinks)
+        self.attributor = build_attributor(self.parts, config, self.prices, self.energy)
         for holder in (sinks.telemetry, self.attributor.stats, self.energy.stats):
             self.prometheus.export_telemetry(holder)
         self.forwarder: RecordForwarder | None = None
-        mapped: RecordSink = self.attributor
+        mapped: RecordSink = PartSplitter(self.attributor, self.parts)
         tickers: list[Ticking] = []
         if config.forwarder is not None:
             progress = ForwardProgress(config.cost.lateness_bounds, self._held_floor)

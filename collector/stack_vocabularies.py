@@ -25,6 +25,7 @@ DYNAMO_INPUT_TOKENS: Final = "input_tokens"
 DYNAMO_OUTPUT_TOKENS: Final = "output_tokens"
 DYNAMO_TTFT_MS: Final = "ttft_ms"
 DYNAMO_MODEL: Final = "model"
+DYNAMO_DISAGG_ROLE: Final = "disagg_role"  # "prefill", "decode" or "agg"
 
 # --- gateway spans: the LLM front door of a request (api_gateway, derived) ------------------
 LITELLM_PROXY_SPAN: Final = "Received Proxy Server Request"  # litellm/integrations/opentelemetry.py

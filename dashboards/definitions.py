@@ -312,6 +312,13 @@ def nodes() -> dashboard_builders.Dashboard:
                      f"tx {_legend(*nic)}"),
              p.Query(q.sum_rate(mn.NODE_NET_RX_BYTES.series, W, POOL, nic),
                      f"rx {_legend(*nic)}")], p.UNIT_BYTES_PER_SECOND))
+        .with_panel(p.timeseries_panel(
+            "KV transfer of disaggregated requests, by link",
+            "KV cache bytes per second that requests served by a prefill engine and a decode "
+            "engine moved between them (modeled: transferred tokens x the model's KV bytes "
+            "per token), by link: nvlink inside a node, network across nodes.",
+            [p.Query(q.sum_rate(mn.KV_TRANSFER_BYTES.series, W, (), (mn.LABEL_LINK,)),
+                     _legend(mn.LABEL_LINK))], p.UNIT_BYTES_PER_SECOND, width=p.FULL_WIDTH))
     )
 
 

@@ -66,9 +66,10 @@ class EngineIdentity:
     gpu_type: str
     tensor_parallel: int = 1
     simulated: bool = False
+    role: str | None = None  # disaggregated serving: "prefill" or "decode"
 
     def span_attributes(self) -> dict[str, Any]:
-        return {
+        out = {
             attr.GEN_AI_REQUEST_MODEL: self.model,
             attr.ENGINE: self.engine,
             attr.ENGINE_REPLICA: self.replica,
@@ -78,6 +79,10 @@ class EngineIdentity:
             attr.TENSOR_PARALLEL: self.tensor_parallel,
             attr.SIMULATED: self.simulated,
         }
+        if self.role is not None:  # one process may run both: each names its own GPUs
+            out[attr.ENGINE_ROLE] = self.role
+            out[attr.ENGINE_ID] = self.replica
+        return out
 
 
 @dataclass(slots=True)

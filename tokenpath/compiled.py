@@ -40,6 +40,7 @@ COMPILED_MODULES: Final[tuple[str, ...]] = (
     "tokenpath.collector.spans",
     "tokenpath.collector.calls",
     "tokenpath.collector.mapping",
+    "tokenpath.collector.disaggregated",
     "tokenpath.collector.call_join",
     "tokenpath.collector.prometheus_sink",
     "tokenpath.collector.exposition",
@@ -50,6 +51,7 @@ COMPILED_MODULES: Final[tuple[str, ...]] = (
     "tokenpath.collector.cost.cache",
     "tokenpath.collector.cost.energy",
     "tokenpath.collector.cost.stage_cost",
+    "tokenpath.collector.cost.disaggregated_parts",
     "tokenpath.instrumentation.otlp_encoder",
 )
 

@@ -157,11 +157,19 @@ SLO_OBJECTIVE = _m("slo_objective_ratio", "gauge", (LABEL_SLO,),
 SLO_CONFIG_INFO = _m("slo_config_info", "gauge", (LABEL_DIGEST,),
                      "1, labelled with a digest of the configured SLO classes: every "
                      "replica that maps traces must show the same one.")
+LABEL_LINK: Final = "link"
+LINK_NVLINK: Final = "nvlink"  # the KV cache moved inside a node
+LINK_NETWORK: Final = "network"  # the KV cache moved across nodes (switch, NIC, Ethernet)
+KV_TRANSFER_BYTES = _m("kv_transfer_bytes", "counter", (LABEL_MODEL, LABEL_LINK),
+                       "KV cache bytes disaggregated requests moved from their prefill engine "
+                       "to their decode engine (transferred tokens x the model's KV bytes "
+                       "per token, modeled), by link: nvlink inside a node, network across.")
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
     NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS, ROUTER_CACHE_PREDICTION,
     CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS, TENANT_COST, TENANT_REQUESTS, ENERGY, IDLE_ENERGY,
     ENERGY_MEASURED, SLO_REQUESTS, SLO_DOLLARS, SLO_OBJECTIVE, SLO_CONFIG_INFO,
+    KV_TRANSFER_BYTES,
 )
 
 # --- Build: what the install runs, on the collector's and the agent's /metrics

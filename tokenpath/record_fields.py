@@ -169,6 +169,20 @@ FIELDS: Final[tuple[RecordField, ...]] = (
     F("slo_miss_stage", OPT_STR, "None",
       "A missed request's dominant stage (queue, prefill, decode, network) in the measure\n"
       "it missed; None when it did not miss.", storage=NAME),
+    F("prefill_engine_id", OPT_STR, "None",
+      "A disaggregated request (prefill on one engine, decode on another): the engine and\n"
+      "node that ran its prefill and those that ran its decode (``engine_id`` and ``node``\n"
+      "name the decode engine); None for a request one engine served.", storage=NAME),
+    F("prefill_node", OPT_STR, "None", storage=NAME),
+    F("decode_engine_id", OPT_STR, "None", storage=NAME),
+    F("decode_node", OPT_STR, "None", storage=NAME),
+    F("kv_transfer_tokens", OPT_INT, "None",
+      "Prompt tokens whose KV cache crossed from the prefill engine to the decode engine,\n"
+      "the bytes that took (tokens x the model's KV bytes per token; 0 when the model is\n"
+      'not in the catalog) and how the count was had: "relayed" (the kv_transfer_params\n'
+      'a proxy relayed) or "derived" (from the two engines\' spans).'),
+    F("kv_transfer_bytes", OPT_INT, "None"),
+    F("kv_transfer_source", OPT_STR, "None", storage=NAME),
 )
 
 # JSON keys that are not fields: (the field they follow, key, expression on ``self``).

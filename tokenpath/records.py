@@ -183,6 +183,20 @@ class RequestRecord:
     # A missed request's dominant stage (queue, prefill, decode, network) in the measure
     # it missed; None when it did not miss.
     slo_miss_stage: str | None = None
+    # A disaggregated request (prefill on one engine, decode on another): the engine and
+    # node that ran its prefill and those that ran its decode (``engine_id`` and ``node``
+    # name the decode engine); None for a request one engine served.
+    prefill_engine_id: str | None = None
+    prefill_node: str | None = None
+    decode_engine_id: str | None = None
+    decode_node: str | None = None
+    # Prompt tokens whose KV cache crossed from the prefill engine to the decode engine,
+    # the bytes that took (tokens x the model's KV bytes per token; 0 when the model is
+    # not in the catalog) and how the count was had: "relayed" (the kv_transfer_params
+    # a proxy relayed) or "derived" (from the two engines' spans).
+    kv_transfer_tokens: int | None = None
+    kv_transfer_bytes: int | None = None
+    kv_transfer_source: str | None = None
 
     def __init__(
         self,
@@ -242,6 +256,13 @@ class RequestRecord:
         slo: str | None = None,
         slo_outcome: str | None = None,
         slo_miss_stage: str | None = None,
+        prefill_engine_id: str | None = None,
+        prefill_node: str | None = None,
+        decode_engine_id: str | None = None,
+        decode_node: str | None = None,
+        kv_transfer_tokens: int | None = None,
+        kv_transfer_bytes: int | None = None,
+        kv_transfer_source: str | None = None,
     ) -> None:
         """Every field, in declaration order, by position or by name."""
         self.trace_id = trace_id
@@ -300,6 +321,13 @@ class RequestRecord:
         self.slo = slo
         self.slo_outcome = slo_outcome
         self.slo_miss_stage = slo_miss_stage
+        self.prefill_engine_id = prefill_engine_id
+        self.prefill_node = prefill_node
+        self.decode_engine_id = decode_engine_id
+        self.decode_node = decode_node
+        self.kv_transfer_tokens = kv_transfer_tokens
+        self.kv_transfer_bytes = kv_transfer_bytes
+        self.kv_transfer_source = kv_transfer_source
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -360,6 +388,13 @@ class RequestRecord:
             "slo": self.slo,
             "slo_outcome": self.slo_outcome,
             "slo_miss_stage": self.slo_miss_stage,
+            "prefill_engine_id": self.prefill_engine_id,
+            "prefill_node": self.prefill_node,
+            "decode_engine_id": self.decode_engine_id,
+            "decode_node": self.decode_node,
+            "kv_transfer_tokens": self.kv_transfer_tokens,
+            "kv_transfer_bytes": self.kv_transfer_bytes,
+            "kv_transfer_source": self.kv_transfer_source,
         }
 
     @classmethod
@@ -423,6 +458,13 @@ class RequestRecord:
             slo=data.get("slo"),
             slo_outcome=data.get("slo_outcome"),
             slo_miss_stage=data.get("slo_miss_stage"),
+            prefill_engine_id=data.get("prefill_engine_id"),
+            prefill_node=data.get("prefill_node"),
+            decode_engine_id=data.get("decode_engine_id"),
+            decode_node=data.get("decode_node"),
+            kv_transfer_tokens=_opt_int(data.get("kv_transfer_tokens")),
+            kv_transfer_bytes=_opt_int(data.get("kv_transfer_bytes")),
+            kv_transfer_source=data.get("kv_transfer_source"),
         )
     # --- end of the generated part ---
 

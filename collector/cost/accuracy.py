@@ -17,7 +17,8 @@ from tokenpath.records import RequestRecord
 
 
 def read_ground_truth(source: str | Path | Iterable[dict[str, Any]]) -> dict[str, float]:
-    """trace_id -> gpu_cost_dollars from a JSON-lines file or already parsed rows."""
+    """trace_id -> gpu_cost_dollars from a JSON-lines file or already parsed rows (the
+    rows of one trace summed: the engines of a disaggregated request each write one)."""
     if isinstance(source, str | Path):
         rows: Iterable[dict[str, Any]] = (
             json.loads(line) for line in Path(source).read_text(encoding="utf-8").splitlines()
@@ -25,7 +26,11 @@ def read_ground_truth(source: str | Path | Iterable[dict[str, Any]]) -> dict[str
         )
     else:
         rows = source
-    return {str(row["trace_id"]): float(row["gpu_cost_dollars"]) for row in rows}
+    out: dict[str, float] = {}
+    for row in rows:  # a disaggregated request has a row per engine: its GPU cost is both
+        trace_id = str(row["trace_id"])
+        out[trace_id] = out.get(trace_id, 0.0) + float(row["gpu_cost_dollars"])
+    return out
 
 
 def _relative(estimate: float, truth: float) -> float:

@@ -187,8 +187,8 @@ def land_cpu_and_network_cost(record: RequestRecord, cpu_dollars_per_core_second
                               kv_bytes_per_token: float | None = None) -> None:
     """Price CPU stages by their seconds and network stages by the bytes they moved: the
     response bytes over the response's share of their seconds, and a disaggregated
-    request's KV (its prompt tokens x the model's KV bytes per token, modeled) over the
-    ``kv_transfer`` phase's share."""
+    request's KV (the record's ``kv_transfer_bytes``, else its prompt tokens x the model's
+    KV bytes per token; modeled) over the ``kv_transfer`` phase's share."""
     for stage in CPU_STAGES:
         timing = record.stages.get(stage)
         if timing is None:
@@ -218,8 +218,11 @@ def land_cpu_and_network_cost(record: RequestRecord, cpu_dollars_per_core_second
             timing.cost_dollars = network_dollars / len(response or present)
     if not kv_shares:
         return
-    kv_dollars = (max(0, record.input_tokens) * (kv_bytes_per_token or 0.0)
-                  * network_dollars_per_byte)
+    if record.kv_transfer_bytes is not None:  # the mapper's count of what crossed
+        kv_dollars = max(0, record.kv_transfer_bytes) * network_dollars_per_byte
+    else:
+        kv_dollars = (max(0, record.input_tokens) * (kv_bytes_per_token or 0.0)
+                      * network_dollars_per_byte)
     total_kv = sum(kv_seconds.values())
     for timing, share in kv_shares:
         share.cost_dollars = (kv_dollars * kv_seconds[timing.stage] / total_kv if total_kv > 0

@@ -54,6 +54,9 @@ DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_TIME_SCALE = 1.0
 DEFAULT_NODE = "sim-node"  # replica i runs on "<node>-<i>"
 DEFAULT_POOL = "sim-pool"
+ROLE_PREFILL = "prefill"
+ROLE_DECODE = "decode"
+ENGINE_ROLES = (None, ROLE_PREFILL, ROLE_DECODE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ class EngineConfig:
     # Where to publish KV-cache events as vLLM does (a ZeroMQ endpoint the node agent
     # binds, ``tokenpath agent --kv-events``); the topic is the replica's name.
     kv_events_endpoint: str | None = None
+    role: str | None = None  # disaggregated serving: "prefill" or "decode"; None: both
 
     def validate(self) -> None:
         if self.gpu not in GPUS:
@@ -86,6 +90,8 @@ class EngineConfig:
             raise ConfigError("time_scale", "must be greater than 0")
         if self.gpu_dollars_per_hour < 0:
             raise ConfigError("gpu_dollars_per_hour", "must not be negative")
+        if self.role not in ENGINE_ROLES:
+            raise ConfigError("role", "must be prefill, decode or none")
         SchedulerConfig(self.max_num_seqs, self.max_batched_tokens).validate()
         self.fingerprints.validate()
 
@@ -97,6 +103,7 @@ class _RequestState:
     gpu_seconds: float = 0.0
     emitted: int = 0
     done: bool = False
+    kv_received_tokens: int = 0  # a disaggregated decode: the prompt KV it was sent
 
 
 class EngineOverloaded(RuntimeError):
@@ -128,6 +135,7 @@ class SimulatedEngine:
             model=self.config.model, engine=SIMULATED_ENGINE_NAME, replica=self.config.replica,
             node=self.config.node, pool=self.config.pool, gpu_type=self.config.gpu,
             tensor_parallel=self.config.tensor_parallel, simulated=True,
+            role=self.config.role,
         )
         self._tracer = get_tracer(tracer_provider)
         self._ground_truth = ground_truth
@@ -150,8 +158,13 @@ class SimulatedEngine:
 
     async def generate(self, prompt_ids: list[int], max_tokens: int,
                        request_id: str | None = None,
-                       trace_headers: Mapping[str, str] | None = None) -> AsyncGenerator[int, None]:
-        """Stream the output token ids of one request."""
+                       trace_headers: Mapping[str, str] | None = None,
+                       remote_kv_tokens: int = 0,
+                       kv_arrives_in: float = 0.0) -> AsyncGenerator[int, None]:
+        """Stream the output token ids of one request. A disaggregated decode is handed
+        ``remote_kv_tokens`` of the prompt's KV, computed by a prefill engine, which arrive
+        ``kv_arrives_in`` seconds after the request: it waits for them in the queue (as
+        vLLM schedules a request once its KV has arrived)."""
         if self._closed:
             raise RuntimeError("engine is shut down")
         if max(1, -(-len(prompt_ids) // self.kv.block_tokens)) + 1 > self.kv.num_blocks:
@@ -163,9 +176,12 @@ class SimulatedEngine:
             request_id=request_id or f"cmpl-{uuid.uuid4().hex}",
             prompt_tokens=len(prompt_ids), max_tokens=max_tokens, trace_headers=trace_headers,
         )
-        state = _RequestState(trace=trace, tokens=asyncio.Queue())
+        state = _RequestState(trace=trace, tokens=asyncio.Queue(),
+                              kv_received_tokens=max(0, remote_kv_tokens))
         seq = Sequence(f"{self.config.replica}-{next(self._ids)}", list(prompt_ids),
-                       max(1, max_tokens), payload=state)
+                       max(1, max_tokens), payload=state, remote_tokens=max(0, remote_kv_tokens))
+        if kv_arrives_in > 0:
+            await asyncio.sleep(kv_arrives_in)
         self.scheduler.add(seq)
         self._wake.set()
         try:
@@ -308,8 +324,13 @@ class SimulatedEngine:
         trace_id = state.trace.finish(time.time(), state.emitted, finish_reason, error)
         if self._ground_truth is not None and trace_id and not error:
             try:
-                self._ground_truth.write(trace_id, state.gpu_seconds,
-                                         state.gpu_seconds * self.gpu_dollars_per_second)
+                kv_tokens = state.kv_received_tokens
+                self._ground_truth.write(
+                    trace_id, state.gpu_seconds, state.gpu_seconds * self.gpu_dollars_per_second,
+                    engine=self.config.replica, node=self.config.node,
+                    kv_transfer_tokens=kv_tokens if kv_tokens else None,
+                    kv_transfer_bytes=(round(kv_tokens * self.roofline.model.kv_bytes_per_token)
+                                       if kv_tokens else None))
             except Exception as exc:
                 telemetry_errors.count("reference.ground_truth", exc)
 

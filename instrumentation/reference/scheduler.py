@@ -38,6 +38,9 @@ class Sequence:
     finished: bool = False
     preemptions: int = 0
     lookup_seconds: float = 0.0  # host time spent in prefix-cache lookups
+    # prompt tokens whose KV another engine computed and sent (disaggregated decode): at
+    # admission they count as cached, all but the last (computed here, as vLLM does)
+    remote_tokens: int = 0
     payload: Any = None  # the engine's per-request state
 
     @property
@@ -154,8 +157,9 @@ class ContinuousBatchingScheduler:
                 break
             self.waiting.popleft()
             seq.admitted = True
-            seq.cached_tokens = allocation.cached_tokens
-            seq.computed_tokens = allocation.cached_tokens
+            seq.cached_tokens = max(allocation.cached_tokens,
+                                    min(seq.remote_tokens, seq.prompt_len - 1))
+            seq.computed_tokens = seq.cached_tokens
             self.running.append(seq)
             plan.newly_admitted.append(seq)
             chunk = min(seq.prompt_len - seq.computed_tokens, budget)

@@ -16,11 +16,21 @@ from starlette.types import ASGIApp
 
 from tokenpath.config import ConfigError
 from tokenpath.instrumentation.gateway import GatewayConfig, GatewayInstrumentor
-from tokenpath.instrumentation.reference.engine import EngineConfig, SimulatedEngine
+from tokenpath.instrumentation.reference.disaggregated import (
+    DisaggregatedEngines,
+    KvLinkConfig,
+)
+from tokenpath.instrumentation.reference.engine import (
+    ROLE_DECODE,
+    ROLE_PREFILL,
+    EngineConfig,
+    SimulatedEngine,
+)
 from tokenpath.instrumentation.reference.gateway_parts import (
     DEFAULT_BURST,
     DEFAULT_RATE_PER_SECOND,
     ApiKeyAuth,
+    Replica,
     Router,
     RoutingPolicy,
     TokenBucket,
@@ -48,7 +58,10 @@ class ReferencePathConfig:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     instrument: bool = True
     stream_tokens_per_chunk: int = 1  # tokens per streamed SSE write
-
+    # disaggregated serving: ``replicas`` prefill engines (nodes "<node>-prefill-<i>") and
+    # as many decode engines ("<node>-decode-<i>"), the KV cache sent over ``kv_link``
+    disaggregated: bool = False
+    kv_link: KvLinkConfig = field(default_factory=KvLinkConfig)
 
     def validate(self) -> None:
         if self.replicas < 1:
@@ -59,6 +72,7 @@ class ReferencePathConfig:
             raise ConfigError("port", "out of range")
         self.engine.validate()
         self.gateway.validate()
+        self.kv_link.validate()
 
 
 class LoopbackServer:
@@ -112,16 +126,29 @@ class ReferenceServingPath:
                  ground_truth: GroundTruthWriter | None = None) -> None:
         self.config = config or ReferencePathConfig()
         self.config.validate()
-        self.engines = [
-            SimulatedEngine(
-                dataclasses.replace(self.config.engine, replica=f"replica-{index}",
-                                    node=f"{self.config.engine.node}-{index}"),
-                tracer_provider=tracer_provider, ground_truth=ground_truth,
-            )
-            for index in range(self.config.replicas)
-        ]
-        self.router = Router(self.engines, [e.config.replica for e in self.engines],
-                             policy=self.config.routing)
+        self.disaggregated: DisaggregatedEngines | None = None
+        if self.config.disaggregated:
+            pools = {role: [SimulatedEngine(dataclasses.replace(
+                self.config.engine, replica=f"{role}-{index}", role=role,
+                node=f"{self.config.engine.node}-{role}-{index}"),
+                tracer_provider=tracer_provider, ground_truth=ground_truth)
+                for index in range(self.config.replicas)] for role in (ROLE_PREFILL, ROLE_DECODE)}
+            self.engines = [*pools[ROLE_PREFILL], *pools[ROLE_DECODE]]
+            self.disaggregated = DisaggregatedEngines(pools[ROLE_PREFILL], pools[ROLE_DECODE],
+                                                      self.config.kv_link)
+            replicas: list[Replica] = [self.disaggregated]
+            names = ["prefill-decode"]
+        else:
+            self.engines = [
+                SimulatedEngine(
+                    dataclasses.replace(self.config.engine, replica=f"replica-{index}",
+                                        node=f"{self.config.engine.node}-{index}"),
+                    tracer_provider=tracer_provider, ground_truth=ground_truth,
+                )
+                for index in range(self.config.replicas)
+            ]
+            replicas, names = list(self.engines), [e.config.replica for e in self.engines]
+        self.router = Router(replicas, names, policy=self.config.routing)
         self.app: FastAPI = create_app(ServingComponents(
             router=self.router, engines=self.engines, auth=ApiKeyAuth(self.config.api_keys),
             rate_limit=TokenBucket(self.config.rate_limit_per_second,

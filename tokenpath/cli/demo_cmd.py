@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
     from tokenpath.agent.service import AgentService
+    from tokenpath.collector.cost.attributor import NodeLedger
     from tokenpath.collector.service import CollectorService
     from tokenpath.instrumentation.reference.driver import DriveStats
     from tokenpath.instrumentation.reference.workload import WorkloadGenerator
@@ -125,6 +126,7 @@ class DemoConfig:
     tokens_per_write: int = DEFAULT_TOKENS_PER_WRITE
     # SLO classes at time scale 1 (the collector runs them scaled by time_scale).
     slo: SloConfig = DEMO_SLO_CLASSES
+    disaggregated: bool = False  # a prefill pool and a decode pool of --replicas each
 
     def validate(self) -> None:
         if self.duration is not None and self.duration <= 0:
@@ -145,6 +147,9 @@ class DemoConfig:
             raise ConfigError("tokens-per-write", "must be at least 1")
         if self.engine is EngineKind.VLLM and self.ground_truth is not None:
             raise ConfigError("ground-truth", "only the simulated engine knows its ground truth")
+        if self.engine is EngineKind.VLLM and self.disaggregated:
+            raise ConfigError("disaggregated", "runs the simulated engine's prefill and "
+                              "decode pools")
         self.slo.validate()
 
     @property
@@ -189,6 +194,8 @@ class DemoResult:
 
     records: list[RequestRecord]
     report: Report
+    # per pricing unit (node): its GPU dollars, attributed and idle (the collector's)
+    ledger: dict[str, NodeLedger] = dataclasses.field(default_factory=dict)
 
 
 def _interruptible() -> None:
@@ -315,7 +322,7 @@ def _serve_simulated(config: DemoConfig, collector: CollectorService,
     tenants = DemoTenants.draw()
     path = ReferenceServingPath(ReferencePathConfig(
         engine=engine, replicas=config.replicas, routing=RoutingPolicy(config.router),
-        stream_tokens_per_chunk=config.tokens_per_write,
+        stream_tokens_per_chunk=config.tokens_per_write, disaggregated=config.disaggregated,
         api_keys=tuple(key for key, _ in tenants.keys),
         gateway=GatewayConfig(tenants=tenants.config)),
         tracer_provider=provider, ground_truth=truth)
@@ -325,9 +332,12 @@ def _serve_simulated(config: DemoConfig, collector: CollectorService,
         agent, agent_note = _start_agent(
             config, collector, f"{path.base_url}/metrics", kv_events,
             tuple(engine.config.replica for engine in path.engines))
+        replicas = (f"{config.replicas} prefill and {config.replicas} decode engines "
+                    "(disaggregated, the KV sent over a simulated link)"
+                    if config.disaggregated else f"{config.replicas} replicas")
         out.print(f"[bold]tokenpath demo[/] — reference serving path with a "
                   f"[yellow]{SIMULATED_ENGINE_LABEL}[/] ({config.model} on "
-                  f"{config.tensor_parallel} x {config.gpu}, {config.replicas} replicas "
+                  f"{config.tensor_parallel} x {config.gpu}, {replicas} "
                   f"behind a {config.router} router, {config.kv_blocks:,} KV blocks each, "
                   f"{config.tokens_per_write} token(s) per streamed write, "
                   f"time scale {config.time_scale:g})")
@@ -436,7 +446,12 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
     """Flush the collector and print the report of this run's requests (the store may
     hold earlier runs too)."""
     from tokenpath import views
-    from tokenpath.cli.render import render_chargeback, render_leak_ranking, render_report
+    from tokenpath.cli.render import (
+        render_chargeback,
+        render_disaggregated,
+        render_leak_ranking,
+        render_report,
+    )
     from tokenpath.collector.cost.chargeback import IdlePolicy
     from tokenpath.collector.cost.prices import load_price_sheet
     from tokenpath.collector.store import open_store_readonly
@@ -444,6 +459,7 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
 
     time.sleep(0.2)  # let the last OTLP export land
     collector.shutdown()  # flushes every buffered trace through the attributor to the store
+    ledger = collector.attributor.ledger
     store = open_store_readonly(str(Path(config.store_path).expanduser()))
     window = Window(started_unix)
     try:
@@ -461,6 +477,9 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
         render_leak_ranking(ranked, out)
         out.print()
         render_chargeback(rows, IdlePolicy.PROPORTIONAL, out)
+    if config.disaggregated:
+        out.print()
+        render_disaggregated(records, out)
     out.print()
     # Lines naming paths and commands are not folded (soft_wrap): a path broken at the
     # console's width would not paste back whole.
@@ -480,7 +499,7 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
     if config.ground_truth:
         out.print(f"Ground truth (simulated engine's GPU seconds and dollars per request): "
                   f"{config.ground_truth}", soft_wrap=True)
-    return DemoResult(records, report)
+    return DemoResult(records, report, ledger)
 
 
 def register(app: typer.Typer) -> None:
@@ -517,6 +536,11 @@ def register(app: typer.Typer) -> None:
                                       help="KV-cache blocks (16 tokens) per replica."),
         tokens_per_write: int = typer.Option(DEFAULT_TOKENS_PER_WRITE, "--tokens-per-write",
                                              help="Tokens per streamed SSE write."),
+        disaggregated: bool = typer.Option(
+            False, "--disaggregated",
+            help="Serve each request on two engines: prefill on one of --replicas prefill "
+                 "engines, decode on one of as many decode engines (other nodes), the KV "
+                 "cache sent between them over a simulated link."),
         gpu: str = typer.Option(DEFAULT_DEMO_GPU, help="GPU of the simulated engine."),
         model: str = typer.Option(DEFAULT_DEMO_MODEL, help="Model of the simulated engine."),
         tensor_parallel: int = typer.Option(DEFAULT_DEMO_TENSOR_PARALLEL, "--tensor-parallel"),
@@ -544,6 +568,7 @@ def register(app: typer.Typer) -> None:
                 router=router, kv_blocks=kv_blocks, tokens_per_write=tokens_per_write,
                 slo=(DEMO_SLO_CLASSES if slo_classes is None else SloConfig.from_file(
                     load_config_file(slo_classes).get(SLO_CONFIG_KEY))),
+                disaggregated=disaggregated,
             )
             config.validate()
             from tokenpath.instrumentation.reference.engine import EngineConfig

@@ -222,3 +222,40 @@ def render_chargeback(rows: Sequence[ChargebackRow], policy: IdlePolicy, console
                    f"${sum(r.missed_slo_dollars for r in rows):.6f}"]
     table.add_row(*totals)
     console.print(table)
+
+
+def render_disaggregated(records: Sequence[RequestRecord], console: Console) -> None:
+    """Disaggregated requests by engine: the prefills and decodes each engine ran, the GPU
+    dollars its GPUs were paid for them, and the KV cache sent between them (modeled)."""
+    from tokenpath.collector.disaggregated import kv_link
+    from tokenpath.stages import GPU_STAGES
+
+    rows: dict[tuple[str, str, str], list[float]] = {}  # (role, engine, node) -> [n, $]
+    links: dict[str, list[int]] = {}  # link -> [tokens, bytes]
+    for r in records:
+        if r.kv_transfer_source is None:
+            continue
+        for role, engine, node, phase in (
+                ("prefill", r.prefill_engine_id, r.prefill_node, Phase.PREFILL),
+                ("decode", r.decode_engine_id, r.decode_node, Phase.DECODE)):
+            dollars = sum(r.stages[s].phases[phase].cost_dollars for s in GPU_STAGES
+                          if s in r.stages and phase in r.stages[s].phases)
+            row = rows.setdefault((role, engine or "-", node or "-"), [0.0, 0.0])
+            row[0] += 1
+            row[1] += dollars
+        moved = links.setdefault(kv_link(r), [0, 0])
+        moved[0] += r.kv_transfer_tokens or 0
+        moved[1] += r.kv_transfer_bytes or 0
+    if not rows:
+        return
+    table = Table(title="disaggregated serving: each engine's GPUs paid for what they ran",
+                  title_justify="left")
+    for column, justify in (("role", "left"), ("engine", "left"), ("node", "left"),
+                            ("requests", "right"), ("GPU dollars", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for (role, engine, node), (count, dollars) in sorted(rows.items()):
+        table.add_row(role, Text(engine), Text(node), str(int(count)), _usd(dollars))
+    console.print(table)
+    for link, (tokens, nbytes) in sorted(links.items()):
+        console.print(f"KV transfer over {link}: {tokens:,} tokens, {nbytes / 1e9:,.2f} GB "
+                      "(modeled: tokens x the model's KV bytes per token)")

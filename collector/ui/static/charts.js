@@ -11,7 +11,7 @@ const GROUP_COLOURS = {
   gpu: "#7c3aed",
   network: "#047857",
 };
-const PHASE_COLOURS = { prefill: "#c2410c", decode: "#0e7490" };
+const PHASE_COLOURS = { prefill: "#c2410c", decode: "#0e7490", kv_transfer: "#7c3aed" };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);

@@ -205,6 +205,11 @@
     const [r, stages] = await Promise.all([
       api(`/api/requests/${encodeURIComponent(route.traceId)}`), stageList()]);
     const isPriced = priced(r); // an unpriced record shows dashes, never $0
+    // a disaggregated request: each phase's GPU time was paid by its own engine's GPUs
+    const PHASES = ["prefill", "decode", "kv_transfer"];
+    const disaggregated = r.kv_transfer_source != null;
+    const engineOf = disaggregated
+      ? { prefill: r.prefill_engine_id, decode: r.decode_engine_id } : {};
     const total = stages.reduce((s, st) => s + (r.stages[st.id] ? r.stages[st.id].seconds : 0), 0);
     let offset = 0;
     const rows = stages.map((st) => {
@@ -212,7 +217,7 @@
       const seconds = t ? t.seconds : 0;
       const phases = t && t.phases ? t.phases : null;
       const segments = phases
-        ? ["prefill", "decode"].filter((p) => phases[p])
+        ? PHASES.filter((p) => phases[p])
           .map((p) => ({ w: phases[p].seconds, colour: tp.PHASE_COLOURS[p] }))
         : [];
       const phased = segments.reduce((sum, seg) => sum + seg.w, 0);
@@ -224,8 +229,9 @@
         label: `${st.title}: ${fmtSeconds(seconds)} starting at ${fmtSeconds(offset)}`,
       });
       offset += seconds;
-      const phaseText = phases ? ["prefill", "decode"].filter((p) => phases[p])
-        .map((p) => `${p} ${fmtSeconds(phases[p].seconds)}`
+      const phaseText = phases ? PHASES.filter((p) => phases[p])
+        .map((p) => `${p}${engineOf[p] ? ` (${engineOf[p]})` : ""} `
+          + fmtSeconds(phases[p].seconds)
           + (isPriced ? ` / ${fmtDollars(phases[p].cost_dollars)}` : ""))
         .join(" · ") : "";
       return el("tr", { class: t ? "stage-row" : "stage-row missing", "data-stage": st.id },
@@ -268,6 +274,17 @@
         ], { fmt: fmtSeconds, title: "Engine in-model seconds: prefill versus decode" }),
         r.cache_miss_waste_dollars > 0 ? note(`Prefix-cache miss waste on this request: `
           + `${fmtDollars(r.cache_miss_waste_dollars)}`) : null),
+      disaggregated ? el("section", { class: "card", "aria-label": "Disaggregated serving",
+        id: "disaggregated" },
+        el("h2", { text: "Two engines: prefill, the KV transfer, decode" }),
+        note(`Prefill on ${r.prefill_engine_id || "an unnamed engine"}`
+          + (r.prefill_node ? ` (node ${r.prefill_node})` : "")
+          + `, decode on ${r.decode_engine_id || "an unnamed engine"}`
+          + (r.decode_node ? ` (node ${r.decode_node})` : "")
+          + `. KV transfer: ${fmtNum(r.kv_transfer_tokens)} tokens (${r.kv_transfer_source}), `
+          + `${fmtNum(r.kv_transfer_bytes)} bytes (modeled). Each GPU stage's prefill share `
+          + "was paid by the prefill engine's GPUs, its decode share by the decode engine's."))
+        : null,
       el("section", { class: "card", "aria-label": "Waterfall" },
         el("h2", { text: "Waterfall: the 15 stages in path order" }),
         note("Bars are laid end to end in path order; width is the stage's time. GPU stages "
@@ -278,6 +295,8 @@
         el("p", { class: "legend" },
           el("span", {}, el("i", { style: `background:${tp.PHASE_COLOURS.prefill}` }), "prefill"),
           el("span", {}, el("i", { style: `background:${tp.PHASE_COLOURS.decode}` }), "decode"),
+          el("span", {}, el("i", { style: `background:${tp.PHASE_COLOURS.kv_transfer}` }),
+            "KV transfer"),
           el("span", {}, el("i", { class: "hatch" }), "modeled"))));
   }
 
