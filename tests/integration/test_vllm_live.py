@@ -49,7 +49,7 @@ from tokenpath.instrumentation.vllm.launcher import (
 )
 from tokenpath.stages import StageId
 
-pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(1800)]
 
 if os.environ.get("TOKENPATH_SKIP_VLLM") == "1":
     pytest.skip("TOKENPATH_SKIP_VLLM=1", allow_module_level=True)

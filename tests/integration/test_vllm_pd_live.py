@@ -30,7 +30,7 @@ from tokenpath.instrumentation.vllm.launcher import (
     start_local_vllm,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(1800)]
 
 if os.environ.get("TOKENPATH_SKIP_VLLM") == "1":
     pytest.skip("TOKENPATH_SKIP_VLLM=1", allow_module_level=True)
