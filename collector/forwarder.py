@@ -50,7 +50,7 @@ from tokenpath.collector.batch_sender import (
 )
 from tokenpath.collector.cost.attributor import AttributorConfig
 from tokenpath.collector.forward_progress import ForwardProgress
-from tokenpath.collector.record_logs import OutgoingProgress, encode_records
+from tokenpath.collector.record_logs import OutgoingPricedPart, OutgoingProgress, encode_records
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.records import IdleCost, RequestRecord
@@ -108,7 +108,7 @@ class _Body:
     progress: int
 
 
-Item: TypeAlias = RequestRecord | OutgoingProgress
+Item: TypeAlias = RequestRecord | OutgoingProgress | OutgoingPricedPart
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -157,6 +157,12 @@ class RecordForwarder:
         self._progress.observe(record)
         self._sender.put(record)
 
+    def consume_priced_part(self, part: RequestRecord) -> None:
+        """A disaggregated record's prefill part, priced here, for the collector that
+        prices its decode (the decode engine's unit; collector/cost/disaggregated_parts.py).
+        Not a record of any unit's progress: it is merged there, not priced."""
+        self._sender.put(OutgoingPricedPart(part))
+
     # --- Ticking (the pipeline thread) -----------------------------------------------------
 
     @property
@@ -199,12 +205,12 @@ class RecordForwarder:
     # --- the sender's side ---------------------------------------------------------------
 
     def _encode(self, items: list[Item]) -> _Body:
-        records = sum(1 for item in items if isinstance(item, RequestRecord))
+        records = sum(1 for item in items if not isinstance(item, OutgoingProgress))
         body = encode_records(items, self._config.source_id, time.time())
         return _Body(body.SerializeToString(), records, len(items) - records)
 
     def _dropped(self, reason: str, items: Sequence[Item]) -> None:
-        records = sum(1 for item in items if isinstance(item, RequestRecord))
+        records = sum(1 for item in items if not isinstance(item, OutgoingProgress))
         if records:
             self._stats.records_forward_dropped.inc(reason, records)
 

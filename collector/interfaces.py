@@ -50,7 +50,8 @@ class RecordBatchConsumer(Protocol):
 
     def offer_records(self, records: list[RequestRecord],
                       sources: Sequence[str | None] = (),
-                      progress: Sequence[SourceProgress] = ()) -> bool: ...
+                      progress: Sequence[SourceProgress] = (),
+                      priced_parts: Sequence[RequestRecord] = ()) -> bool: ...
 
 
 class ForwardedConsumer(Protocol):
@@ -60,6 +61,13 @@ class ForwardedConsumer(Protocol):
     def consume_forwarded(self, record: RequestRecord, source: str | None) -> None: ...
 
     def consume_progress(self, progress: SourceProgress) -> None: ...
+
+
+class ForwardedPartsConsumer(ForwardedConsumer, Protocol):
+    """... and the parts of disaggregated records other collectors priced
+    (collector/cost/disaggregated_parts.py)."""
+
+    def consume_priced_part(self, part: RequestRecord) -> None: ...
 
 
 class TraceConsumer(Protocol):

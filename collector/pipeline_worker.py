@@ -30,7 +30,7 @@ from typing import NamedTuple
 from tokenpath.collector.assembler import AssembledTrace
 from tokenpath.collector.backpressure import Backlog
 from tokenpath.collector.cost.sources import SourceProgress
-from tokenpath.collector.interfaces import ForwardedConsumer, Ticking, TraceConsumer
+from tokenpath.collector.interfaces import ForwardedPartsConsumer, Ticking, TraceConsumer
 from tokenpath.collector.stats import PIPELINE_STEP_RECORDS, PIPELINE_STEP_TRACE, CollectorStats
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
@@ -49,6 +49,7 @@ class _Forwarded(NamedTuple):
     records: list[RequestRecord]
     sources: Sequence[str | None]
     progress: Sequence[SourceProgress]
+    priced_parts: Sequence[RequestRecord]
 
 
 class _Queued(NamedTuple):
@@ -91,7 +92,7 @@ class PipelineWorker:
     the attributor or the forwarder), ``records`` (forwarded records to price) and
     each ticker's ``tick()`` (the call joiner's, the attributor's) on one thread."""
 
-    def __init__(self, traces: TraceConsumer, records: ForwardedConsumer | None,
+    def __init__(self, traces: TraceConsumer, records: ForwardedPartsConsumer | None,
                  tickers: Sequence[Ticking] = (), stats: CollectorStats | None = None,
                  shed_at: int = DEFAULT_SHED_AT,
                  clock: Callable[[], float] = time.monotonic,
@@ -125,12 +126,14 @@ class PipelineWorker:
 
     def offer_records(self, records: list[RequestRecord],
                       sources: Sequence[str | None] = (),
-                      progress: Sequence[SourceProgress] = ()) -> bool:
+                      progress: Sequence[SourceProgress] = (),
+                      priced_parts: Sequence[RequestRecord] = ()) -> bool:
         """From the record-log receiver: forwarded records (``sources``: each one's
-        replica) and progress messages. False (nothing taken) while overloaded."""
+        replica), progress messages and priced parts. False (nothing taken) while
+        overloaded."""
         if self._records is None:
             raise RuntimeError("this collector does not price forwarded records")
-        batch = _Forwarded(records, sources, progress)
+        batch = _Forwarded(records, sources, progress, priced_parts)
         if self._thread is None:
             self._run_records(batch)
             return True
@@ -214,6 +217,12 @@ class PipelineWorker:
             except Exception:
                 log.exception("pipeline: forwarded record %s failed downstream",
                               record.trace_id)
+                self._stats.pipeline_errors.inc(PIPELINE_STEP_RECORDS)
+        for part in batch.priced_parts:
+            try:
+                self._records.consume_priced_part(part)
+            except Exception:
+                log.exception("pipeline: priced part %s failed downstream", part.record_id)
                 self._stats.pipeline_errors.inc(PIPELINE_STEP_RECORDS)
         for mark in batch.progress:
             try:

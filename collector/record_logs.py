@@ -39,6 +39,9 @@ from tokenpath.records import RequestRecord
 
 RECORD_EVENT_NAME = "tokenpath.request_record"
 PROGRESS_EVENT_NAME = "tokenpath.pricing_progress"
+# a disaggregated record's prefill part, priced by its unit's collector, on its way to the
+# decode unit's collector, which merges it (collector/cost/disaggregated_parts.py)
+PRICED_PART_EVENT_NAME = "tokenpath.priced_part"
 RECORD_SCHEMA_ATTRIBUTE = "tokenpath.record.schema"
 RECORD_SCHEMA_VERSION = 1
 SOURCE_ATTRIBUTE = "tokenpath.source.id"  # the forwarding replica (records and progress)
@@ -66,6 +69,13 @@ class OutgoingProgress:
     final: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class OutgoingPricedPart:
+    """A priced part, queued for the decode engine's unit (its resource)."""
+
+    part: RequestRecord
+
+
 def _progress_log(item: OutgoingProgress, source: str, now_unix: float) -> LogRecord:
     log = LogRecord(time_unix_nano=int(now_unix * 1e9), event_name=PROGRESS_EVENT_NAME)
     log.attributes.append(key_value(SOURCE_ATTRIBUTE, source))
@@ -76,13 +86,14 @@ def _progress_log(item: OutgoingProgress, source: str, now_unix: float) -> LogRe
     return log
 
 
-def _log_record(record: RequestRecord, source: str | None = None) -> LogRecord:
+def _log_record(record: RequestRecord, source: str | None = None,
+                event_name: str = RECORD_EVENT_NAME) -> LogRecord:
     data = record.to_json()
     try:
         body = orjson.dumps(data).decode()
     except TypeError:  # an integer past 64 bits: the stdlib encoder takes it
         body = json.dumps(data)
-    log = LogRecord(time_unix_nano=int(record.end_unix * 1e9), event_name=RECORD_EVENT_NAME,
+    log = LogRecord(time_unix_nano=int(record.end_unix * 1e9), event_name=event_name,
                     body=AnyValue(string_value=body))
     log.attributes.append(key_value(RECORD_SCHEMA_ATTRIBUTE, RECORD_SCHEMA_VERSION))
     if source is not None:
@@ -92,7 +103,7 @@ def _log_record(record: RequestRecord, source: str | None = None) -> LogRecord:
     return log
 
 
-def encode_records(items: Iterable[RequestRecord | OutgoingProgress],
+def encode_records(items: Iterable[RequestRecord | OutgoingProgress | OutgoingPricedPart],
                    source: str | None = None, now_unix: float = 0.0
                    ) -> ExportLogsServiceRequest:
     """One export: a ResourceLogs per pricing unit, in first-seen order, each unit's
@@ -104,6 +115,10 @@ def encode_records(items: Iterable[RequestRecord | OutgoingProgress],
             if source is None:
                 raise ValueError("progress needs the replica's source id")
             groups.setdefault(item.resource, []).append(_progress_log(item, source, now_unix))
+        elif isinstance(item, OutgoingPricedPart):
+            part = item.part
+            groups.setdefault(resource_key(part.decode_node, part.decode_engine_id), []).append(
+                _log_record(part, source, PRICED_PART_EVENT_NAME))
         else:
             groups.setdefault(resource_key(item.node, item.engine_id), []).append(
                 _log_record(item, source))
@@ -123,6 +138,7 @@ class DecodedRecords:
     records: list[RequestRecord] = field(default_factory=list)
     sources: list[str | None] = field(default_factory=list)  # each record's replica
     progress: list[SourceProgress] = field(default_factory=list)
+    priced_parts: list[RequestRecord] = field(default_factory=list)
     rejected: int = 0
     reasons: list[str] = field(default_factory=list)
 
@@ -189,7 +205,7 @@ def decode_records(request: ExportLogsServiceRequest) -> DecodedRecords:
                         unit = _unit_of(resource_logs)
                     _decode_progress(unit, attributes, out)
                     continue
-                if log.event_name != RECORD_EVENT_NAME:
+                if log.event_name not in (RECORD_EVENT_NAME, PRICED_PART_EVENT_NAME):
                     out.reject(f"not a {RECORD_EVENT_NAME} or {PROGRESS_EVENT_NAME} log record")
                     continue
                 if _schema(attributes) != RECORD_SCHEMA_VERSION:
@@ -202,8 +218,12 @@ def decode_records(request: ExportLogsServiceRequest) -> DecodedRecords:
                     data = orjson.loads(log.body.string_value)
                     if not isinstance(data, dict):
                         raise TypeError("not an object")
-                    out.records.append(RequestRecord.from_json(data))
-                    out.sources.append(_source(attributes))
+                    record = RequestRecord.from_json(data)
+                    if log.event_name == PRICED_PART_EVENT_NAME:
+                        out.priced_parts.append(record)
+                    else:
+                        out.records.append(record)
+                        out.sources.append(_source(attributes))
                 except (orjson.JSONDecodeError, TypeError, ValueError, KeyError,
                         AttributeError) as exc:
                     out.reject(f"malformed record body: {exc}")

@@ -25,7 +25,12 @@ from tokenpath.collector.backpressure import Backlog
 from tokenpath.collector.call_join import CallJoiner
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.attributor import CostAttributor
-from tokenpath.collector.cost.disaggregated_parts import PartMerger, PartSplitter
+from tokenpath.collector.cost.disaggregated_parts import (
+    ForwardedParts,
+    PartMerger,
+    PartSplitter,
+    split_parts,
+)
 from tokenpath.collector.cost.energy import GpuEnergyReadings
 from tokenpath.collector.cost.prices import PriceSheet, load_price_sheet
 from tokenpath.collector.fan_out import FanOut
@@ -81,17 +86,20 @@ class CollectorService:
         self.prices = load_price_sheet(config.prices_path)
         # a disaggregated record is priced as its prefill and decode parts, each on its
         # engine's unit, and merged again behind the attributor
-        self.parts = PartMerger(sinks)
-        self.attributor = build_attributor(self.parts, config, self.prices, self.energy)
-        for holder in (sinks.telemetry, self.attributor.stats, self.energy.stats):
-            self.prometheus.export_telemetry(holder)
         self.forwarder: RecordForwarder | None = None
-        mapped: RecordSink = PartSplitter(self.attributor, self.parts)
-        tickers: list[Ticking] = []
         if config.forwarder is not None:
             progress = ForwardProgress(config.cost.lateness_bounds, self._held_floor)
             self.forwarder = RecordForwarder(config.forwarder, self.stats, config.auth_token,
                                              progress=progress)
+        # sharded, a prefill part priced here goes on to its decode's collector
+        self.parts = PartMerger(sinks, None if self.forwarder is None
+                                else self.forwarder.consume_priced_part)
+        self.attributor = build_attributor(self.parts, config, self.prices, self.energy)
+        for holder in (sinks.telemetry, self.attributor.stats, self.energy.stats):
+            self.prometheus.export_telemetry(holder)
+        mapped: RecordSink = PartSplitter(self.attributor, self.parts)
+        tickers: list[Ticking] = []
+        if self.forwarder is not None:
             mapped = _ForwardThenClose(self.forwarder, self.attributor)
         self.joiner = CallJoiner(mapped, config.join, self.stats, slo=config.slo)
         self.mapper = StageMapper(self.joiner, self.stats, config.slo)
@@ -100,8 +108,9 @@ class CollectorService:
         tickers.append(self.joiner)
         if self.forwarder is not None:
             tickers.append(self.forwarder)
-        tickers.append(self.attributor)
-        self.worker = PipelineWorker(self.mapper, self.attributor, tickers, self.stats,
+        tickers.extend((self.attributor, self.parts))
+        self.worker = PipelineWorker(self.mapper, ForwardedParts(self.attributor, self.parts),
+                                     tickers, self.stats,
                                      shed_at=config.pipeline_shed_at,
                                      track_starts=self.forwarder is not None)
         self.assembler = Assembler(self.worker, config.assembler, self.stats)
@@ -188,20 +197,25 @@ class CollectorService:
 
 
 class _ForwardThenClose:
-    """The mapper's downstream on a forwarding replica: records go to the forwarder; at
-    shutdown the forwarder flushes, then the attributor (which priced only the records
-    other replicas forwarded here) and its sinks close."""
+    """The mapper's downstream on a forwarding replica: records go to the forwarder (a
+    disaggregated one also as its prefill part, for the prefill engine's unit); at
+    shutdown the attributor (which priced only the records other replicas forwarded here)
+    flushes and its sinks close, then the forwarder sends what it holds: the prefill parts
+    priced in that flush among it."""
 
     def __init__(self, forwarder: RecordForwarder, attributor: CostAttributor) -> None:
         self._forwarder = forwarder
         self._attributor = attributor
 
     def consume_record(self, record: RequestRecord) -> None:
+        parts = split_parts(record)
+        if parts is not None:  # its prefill is priced on the prefill engine's unit
+            self._forwarder.consume_record(parts[0])
         self._forwarder.consume_record(record)
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
         self._forwarder.consume_idle_cost(idle)
 
     def shutdown(self) -> None:
-        self._forwarder.shutdown()
         self._attributor.shutdown()
+        self._forwarder.shutdown()

@@ -23,18 +23,30 @@ prefill node's slices by the prefills it ran, the decode node's by the decodes.
 
 from __future__ import annotations
 
-from tokenpath.collector.interfaces import RecordSink
+import time
+from collections.abc import Callable
+
+from tokenpath.collector.cost.sources import SourceProgress
+from tokenpath.collector.interfaces import ForwardedConsumer, RecordSink
 from tokenpath.records import IdleCost, PhaseShare, RequestRecord, StageTiming
 from tokenpath.stage_members import DECODE, KV_TRANSFER, NVLINK, PREFILL
 from tokenpath.stages import GPU_STAGES, PROVENANCE_RANK, Phase, StageId
 
 PREFILL_PART_SUFFIX = "/prefill"
 DECODE_PART_SUFFIX = "/decode"
+# how long a priced part waits for the other before it goes on alone (counted)
+DEFAULT_PART_WAIT_SECONDS = 900.0
+PART_TICK_SECONDS = 5.0
 
 
 def is_disaggregated(record: RequestRecord) -> bool:
     """Whether the mapper found two engines (prefill and decode) for the record."""
     return record.kv_transfer_source is not None
+
+
+def is_part(record: RequestRecord) -> bool:
+    """Whether ``record`` is one part of a disaggregated record (never split again)."""
+    return record.record_id.endswith((PREFILL_PART_SUFFIX, DECODE_PART_SUFFIX))
 
 
 def _copy(timing: StageTiming, phase: Phase | None = None) -> StageTiming | None:
@@ -68,7 +80,8 @@ def split_parts(record: RequestRecord) -> tuple[RequestRecord, RequestRecord] | 
     """The prefill and decode parts of a disaggregated record; None when it is not one or
     has no engine timeline to apportion."""
     ps, ds, end = record.prefill_start_unix, record.decode_start_unix, record.engine_end_unix
-    if not is_disaggregated(record) or ps is None or ds is None or end is None:
+    if (not is_disaggregated(record) or is_part(record) or ps is None or ds is None
+            or end is None):
         return None
     prefill_end = min(ds, ps + (record.prefill_seconds or 0.0))
     prefill = _part(record, PREFILL_PART_SUFFIX, record.prefill_node,
@@ -81,6 +94,8 @@ def split_parts(record: RequestRecord) -> tuple[RequestRecord, RequestRecord] | 
     prefill.response_bytes = record.response_bytes
     prefill.prefix_fingerprints = record.prefix_fingerprints
     prefill.prefix_block_tokens = record.prefix_block_tokens
+    # where the priced prefill part goes when another collector prices the decode
+    prefill.decode_node, prefill.decode_engine_id = record.decode_node, record.decode_engine_id
     decode = _part(record, DECODE_PART_SUFFIX, record.decode_node, record.decode_engine_id,
                    ds, record.end_unix)
     decode.cache_read_tokens = record.input_tokens  # its prompt's KV came over the wire
@@ -151,41 +166,127 @@ def merge_parts(record: RequestRecord, prefill: RequestRecord,
 
 class PartMerger:
     """RecordSink behind the attributor: a disaggregated record goes on once both its
-    priced parts came back; every other record and the idle cost pass."""
+    priced parts came back; every other record and the idle cost pass.
 
-    def __init__(self, downstream: RecordSink) -> None:
+    Sharded (docs/cost-model.md): the prefill part is priced by its own unit's collector,
+    which hands it on priced (``forward_part``: the forwarder, to the decode unit's
+    collector); the decode unit's collector waits for it (:meth:`consume_priced_part`). A
+    part that comes before its record is expected is held; what waits longer than
+    ``wait_seconds`` goes on alone, counted (``unmatched``)."""
+
+    def __init__(self, downstream: RecordSink,
+                 forward_part: Callable[[RequestRecord], None] | None = None,
+                 wait_seconds: float = DEFAULT_PART_WAIT_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._downstream = downstream
-        # part record id -> (the record, its parts priced so far by suffix)
-        self._waiting: dict[str, tuple[RequestRecord, dict[str, RequestRecord]]] = {}
+        self._forward_part = forward_part
+        self._wait_seconds = wait_seconds
+        self._clock = clock
+        # part record id -> (the record, its parts priced so far by suffix, since when)
+        self._waiting: dict[str, tuple[RequestRecord, dict[str, RequestRecord], float]] = {}
+        self._orphans: dict[str, tuple[RequestRecord, float]] = {}  # priced, not expected
+        self.unmatched = 0
 
     @property
     def held(self) -> int:
-        return len(self._waiting) // 2
+        return len(self._waiting) // 2 + len(self._orphans)
+
+    @property
+    def tick_seconds(self) -> float:
+        return PART_TICK_SECONDS
 
     def expect(self, record: RequestRecord, prefill: RequestRecord,
                decode: RequestRecord) -> None:
-        entry: tuple[RequestRecord, dict[str, RequestRecord]] = (record, {})
+        entry: tuple[RequestRecord, dict[str, RequestRecord], float] = (record, {},
+                                                                        self._clock())
         self._waiting[prefill.record_id] = entry
         self._waiting[decode.record_id] = entry
+        for part_id in (prefill.record_id, decode.record_id):
+            orphan = self._orphans.pop(part_id, None)
+            if orphan is not None:
+                self._take(orphan[0])
 
     def consume_record(self, record: RequestRecord) -> None:
-        entry = self._waiting.pop(record.record_id, None)
-        if entry is None:
+        if record.record_id in self._waiting:
+            self._take(record)
+        elif self._forward_part is not None and record.record_id.endswith(
+                PREFILL_PART_SUFFIX) and is_disaggregated(record):
+            self._forward_part(record)  # its decode is priced on another collector
+        elif is_part(record) and is_disaggregated(record):
+            self._orphans[record.record_id] = (record, self._clock())
+        else:
             self._downstream.consume_record(record)
+
+    def consume_priced_part(self, part: RequestRecord) -> None:
+        """A part another collector priced, for a record whose decode is priced here."""
+        if part.record_id in self._waiting:
+            self._take(part)
+        else:
+            self._orphans[part.record_id] = (part, self._clock())
+
+    def _take(self, part: RequestRecord) -> None:
+        entry = self._waiting.pop(part.record_id, None)
+        if entry is None:
             return
-        original, priced = entry
-        suffix = (PREFILL_PART_SUFFIX if record.record_id.endswith(PREFILL_PART_SUFFIX)
+        original, priced, _ = entry
+        suffix = (PREFILL_PART_SUFFIX if part.record_id.endswith(PREFILL_PART_SUFFIX)
                   else DECODE_PART_SUFFIX)
-        priced[suffix] = record
+        priced[suffix] = part
         if len(priced) == 2:
             self._downstream.consume_record(merge_parts(
                 original, priced[PREFILL_PART_SUFFIX], priced[DECODE_PART_SUFFIX]))
+
+    def tick(self) -> None:
+        """Parts waiting past ``wait_seconds`` go on alone (their record ids say which)."""
+        horizon = self._clock() - self._wait_seconds
+        for part_id, (part, since) in list(self._orphans.items()):
+            if since < horizon:
+                del self._orphans[part_id]
+                self._give_up([part])
+        gone: list[str] = [i for i, (_, _, since) in self._waiting.items() if since < horizon]
+        for part_id in gone:
+            entry = self._waiting.pop(part_id, None)
+            if entry is not None and part_id.endswith(DECODE_PART_SUFFIX):
+                self._give_up(list(entry[1].values()))
+
+    def _give_up(self, parts: list[RequestRecord]) -> None:
+        self.unmatched += 1
+        for part in parts:
+            self._downstream.consume_record(part)
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
         self._downstream.consume_idle_cost(idle)
 
     def shutdown(self) -> None:
+        self._wait_seconds = -1.0
+        self.tick()  # what still waits goes on as it is
         self._downstream.shutdown()
+
+
+class ForwardedParts:
+    """The pipeline's consumer of forwarded records in front of the attributor: a
+    forwarded disaggregated record is priced here as its decode part (its prefill part
+    was forwarded to the prefill engine's unit, and comes back priced), every other
+    forwarded record, progress message and priced part goes where it belongs."""
+
+    def __init__(self, attributor: ForwardedConsumer, merger: PartMerger) -> None:
+        self._attributor = attributor
+        self._merger = merger
+
+    def consume_forwarded(self, record: RequestRecord, source: str | None) -> None:
+        parts = split_parts(record)
+        if parts is None:
+            self._attributor.consume_forwarded(record, source)
+            return
+        prefill, decode = parts
+        self._merger.expect(record, prefill, decode)
+        self._attributor.consume_forwarded(decode, source)
+
+    def consume_progress(self, progress: SourceProgress) -> None:
+        self._attributor.consume_progress(progress)
+
+    def consume_priced_part(self, part: RequestRecord) -> None:
+        self._merger.consume_priced_part(part)
 
 
 class PartSplitter:

@@ -105,9 +105,9 @@ class OtlpIngest:
         if self._records is None:
             decoded.rejected += len(decoded.records)
             decoded.reasons.append("this collector prices no forwarded records")
-        elif decoded.records or decoded.progress:
+        elif decoded.records or decoded.progress or decoded.priced_parts:
             if not self._records.offer_records(decoded.records, decoded.sources,
-                                               decoded.progress):
+                                               decoded.progress, decoded.priced_parts):
                 raise Overloaded()
             self._stats.records_received.inc(receiver, len(decoded.records))
         if decoded.rejected:

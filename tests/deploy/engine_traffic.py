@@ -229,3 +229,64 @@ def peak_in_flight(records: list[RequestRecord]) -> int:
         running += step
         peak = max(peak, running)
     return peak
+
+
+def pd_traffic(now: float, nodes: list[tuple[str, str]], per_pair: int = 60,
+               rps: float = 20.0, seed: int = 17) -> EngineTraffic:
+    """Disaggregated serving in the shape of vLLM's P/D proxy: a pair of a prefill engine
+    and a decode engine on the nodes named by each of ``nodes`` (prefill node, decode
+    node). Each request is a gateway SERVER span, the proxy's two CLIENT
+    calls, the prefill engine's ``llm_request`` (one output token) and the decode engine's
+    (same request id; its queue wait the KV's arrival), its times from the step simulator:
+    the prefills overlap on the prefill engine, the decodes on the decode engine."""
+    rng = random.Random(seed)
+    gateway = _Exporter.make({"service.name": "gateway", A.HOST_NAME: "gateway-host-1"}, rng)
+    tracer = gateway.provider.get_tracer("proxy")
+    timelines = [_timeline(seed + i, per_pair, rps) for i in range(len(nodes))]
+    for records in timelines:
+        for record in records:
+            record.trace_id = rng.randbytes(16).hex()
+    last = max(r.engine_end_unix or 0.0 for t in timelines for r in t)
+    exporters: list[_Exporter] = []
+    for index, records in enumerate(timelines):
+        _shift(records, now - 1.0 - last)
+        engines = {role: _Exporter.make({
+            "service.name": "vllm", A.SERVICE_INSTANCE_ID: f"{node}-vllm",
+            "k8s.node.name": node}, rng)
+            for role, node in zip(("prefill", "decode"), nodes[index], strict=True)}
+        exporters.extend(engines.values())
+        for record in records:
+            ps, ds, end = record.prefill_start_unix, record.decode_start_unix, \
+                record.engine_end_unix
+            assert ps is not None and ds is not None and end is not None
+            arrival = _arrival(record)
+            transfer = 0.002 + record.input_tokens * 2e-6  # the KV's way over the network
+            root = _gateway_span(gateway, record)
+            context = trace.set_span_in_context(root)
+            request_id = f"cmpl-{record.trace_id[:16]}"
+            calls = (("prefill", arrival, ds, 1, ps - arrival, ds - ps, 0.0),
+                     ("decode", ds, end, record.output_tokens, transfer, 0.0005,
+                      end - ds - transfer - 0.0005))
+            for role, start, stop, output, queue, prefill, decode in calls:
+                gateway.ids.next_trace_id = int(record.trace_id, 16)
+                client = tracer.start_span(f"POST {role}", context=context,
+                                           kind=SpanKind.CLIENT, start_time=_ns(start))
+                engine = engines[role]
+                engine.ids.next_trace_id = int(record.trace_id, 16)
+                span = engine.provider.get_tracer("vllm").start_span(
+                    A.VLLM_REQUEST_SPAN_NAME, context=trace.set_span_in_context(client),
+                    kind=SpanKind.SERVER, start_time=_ns(start), attributes={
+                        A.GEN_AI_REQUEST_MODEL: MODEL, A.GEN_AI_REQUEST_ID: request_id,
+                        A.VLLM_USAGE_PROMPT_TOKENS: record.input_tokens,
+                        A.VLLM_USAGE_COMPLETION_TOKENS: output,
+                        A.VLLM_LATENCY_TIME_IN_QUEUE: queue,
+                        A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL: prefill,
+                        A.VLLM_LATENCY_TIME_IN_MODEL_DECODE: max(0.0, decode)})
+                span.end(end_time=_ns(stop))
+                client.end(end_time=_ns(stop + 0.0005))
+            root.end(end_time=_ns(end + 0.003))
+    spans = [s for e in (gateway, *exporters) for s in e.spans()]
+    ids = [r.trace_id for t in timelines for r in t]
+    window = (min(r.prefill_start_unix or 0.0 for t in timelines for r in t),
+              max(r.engine_end_unix or 0.0 for t in timelines for r in t))
+    return EngineTraffic(encode_spans(spans), ids, window, 2 * len(nodes))

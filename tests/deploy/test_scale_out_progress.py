@@ -26,12 +26,16 @@ from collections.abc import Iterator
 import orjson
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.logs.v1.logs_pb2 import ResourceLogs
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 
 from tests.deploy.cluster import SETTLE_TIMEOUT_SECONDS, Cluster, cluster, post, samples
-from tests.deploy.engine_traffic import EngineTraffic, engine_traffic
+from tests.deploy.engine_traffic import EngineTraffic, engine_traffic, pd_traffic
+from tests.deploy.router import resource_key
+from tokenpath import attributes as A
 from tokenpath import metric_names as mn
 from tokenpath.identity import pricing_unit
+from tokenpath.otlp_values import key_value
 from tokenpath.records import RequestRecord
 
 pytestmark = pytest.mark.integration
@@ -226,6 +230,52 @@ def test_c_one_replica_delayed_and_reordered(cluster: Cluster) -> None:
         _assert_priced_alike(cluster, traffic)
     finally:
         cluster.router.undelay(0)
+    _no_late(cluster)
+
+
+def _split_pairs(cluster: Cluster, count: int) -> list[tuple[str, str]]:
+    """``count`` (prefill node, decode node) pairs whose units the router sends to
+    different replicas: the parts meet across collectors."""
+    def replica(node: str) -> str:
+        resource = ResourceLogs()
+        resource.resource.attributes.append(key_value(A.NODE, node))
+        return cluster.router.ring.endpoint_for(resource_key(resource))
+
+    pairs: list[tuple[str, str]] = []
+    for i in range(1000):
+        prefill, decode = f"pd-prefill-{i}", f"pd-decode-{i}"
+        if replica(prefill) != replica(decode):
+            pairs.append((prefill, decode))
+            if len(pairs) == count:
+                return pairs
+    raise AssertionError("the ring put every pair on one replica")
+
+
+def test_a_disaggregated_workload_is_priced_as_one_collector_prices_it(
+        cluster: Cluster) -> None:
+    """Prefill and decode on separate engines and nodes: each replica forwards a record's
+    prefill part to the prefill engine's unit and the record to the decode engine's; the
+    prefill's collector prices its part and sends it on, priced, to the decode's, which
+    merges the two. Every request's dollars and KV bytes are the lone collector's."""
+    traffic = pd_traffic(time.time() - 5.0, _split_pairs(cluster, 2), per_pair=PER_ENGINE)
+    body = traffic.request.SerializeToString()
+    post(f"{cluster.single.http_url}/v1/traces", body)
+    post(f"{cluster.router.url}/v1/traces", body)
+    ids = set(traffic.trace_ids)
+    alone = _wait_for([cluster.single.http_url], ids)
+    sharded = _wait_for([s.http_url for s in cluster.shards], ids)
+    assert all(r.prefill_engine_id and r.decode_engine_id for r in alone.values())
+    for trace_id, mine in alone.items():
+        theirs = sharded[trace_id]
+        assert theirs.record_id == mine.record_id  # one record, merged from its parts
+        assert (theirs.prefill_engine_id, theirs.decode_engine_id) == (
+            mine.prefill_engine_id, mine.decode_engine_id)
+        assert theirs.kv_transfer_bytes == mine.kv_transfer_bytes
+        assert mine.gpu_cost_dollars > 0
+        assert math.isclose(theirs.gpu_cost_dollars, mine.gpu_cost_dollars, rel_tol=1e-6), (
+            f"{trace_id}: {theirs.gpu_cost_dollars} sharded, {mine.gpu_cost_dollars} alone; "
+            f"{_late_counts(cluster)}")
+        assert math.isclose(theirs.cost_dollars, mine.cost_dollars, rel_tol=1e-6)
     _no_late(cluster)
 
 
