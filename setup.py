@@ -1,4 +1,4 @@
-"""Maps the top-level folders onto the ``tokenpath.*`` import namespace (SPEC section 3).
+"""Maps the top-level folders onto the ``tokenpath.*`` import namespace (docs/architecture.md).
 
 ``collector/`` installs as ``tokenpath.collector`` and so on, so that a generic top-level
 package named ``collector`` or ``agent`` never lands in a user's environment.

@@ -109,13 +109,6 @@ class OtlpRequestBuilder:
         return self._request
 
 
-def build_export_request(
-    snapshot: Snapshot, *, node: str, start_unix_nano: int
-) -> ExportMetricsServiceRequest:
-    """A fresh OTLP request for one snapshot."""
-    return OtlpRequestBuilder(node=node, start_unix_nano=start_unix_nano).build(snapshot)
-
-
 class OtlpMetricsPusher:
     """Sends the newest snapshot to ``<collector>/v1/metrics`` off the polling thread."""
 

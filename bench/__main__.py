@@ -1,4 +1,4 @@
-"""`make bench`: every benchmark of SPEC section 7, printed as a table of ratios and the
+"""`make bench`: every benchmark of docs/performance.md, printed as a table of ratios and the
 absolute figures behind them, and written as JSON (bench/results/latest.json).
 
 Each figure is measured against a baseline in the same run: these machines are shared

@@ -1,4 +1,4 @@
-"""Node agent benchmark (SPEC section 7: agent <= 0.5% of one core at 1 Hz).
+"""Node agent benchmark (docs/performance.md: agent <= 0.5% of one core at 1 Hz).
 
 There is no GPU on the machines this runs on (docs/agent.md). NVML is the real
 nvidia-ml-py (``pynvml``) over a fake driver library, ``testkit/fakes/libnvml`` compiled to

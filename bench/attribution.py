@@ -6,7 +6,7 @@ into the ``CostAttributor``; the attributor never sees the step log. With ``--st
 ``--ground-truth`` it scores a demo run instead (``tokenpath demo --ground-truth FILE``).
 
 Reports the median relative error, the naive wall-clock attribution's median error (as
-gateway tools count it) and their ratio (SPEC section 7: <= 5% and <= 0.1x naive).
+gateway tools count it) and their ratio (docs/performance.md: <= 5% and <= 0.1x naive).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def _attribution_cpu_per_request(in_flight: int, total: int) -> float:
 def run_in_flight(total: int = IN_FLIGHT_REQUESTS, rounds: int = IN_FLIGHT_ROUNDS
                   ) -> dict[str, Any]:
     """Attribution CPU per request with 1,024 requests in flight on one engine against
-    16, alternated in one process (medians of ``rounds``): SPEC section 7 asks within
+    16, alternated in one process (medians of ``rounds``): docs/performance.md asks within
     1.5x, i.e. CPU per request independent of the batch size."""
     small: list[float] = []
     large: list[float] = []

@@ -104,7 +104,7 @@ def _read_value(value: AnyValue) -> int:
 
 def parse_floor(payloads: list[bytes]) -> int:
     """The floor: parse each payload and read every field in Python, span events' and
-    links' attributes included (SPEC section 7), the common value kinds inline as a
+    links' attributes included (docs/performance.md), the common value kinds inline as a
     tuned reader would. Returns spans read."""
     n = 0
     sink = 0

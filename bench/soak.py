@@ -1,5 +1,5 @@
 """Bounded soak: mixed valid and invalid OTLP traffic against a collector process while its
-resident memory is sampled; memory must stay flat (SPEC section 8, issue 9/9).
+resident memory is sampled; memory must stay flat (docs/reliability.md).
 
     .venv/bin/python -m bench.soak                 # 10 minutes (the acceptance run)
     .venv/bin/python -m bench.soak --duration 120  # a shorter run

@@ -1,4 +1,4 @@
-"""Benchmarks of SPEC section 7 for the instrumentation (issue 2/9), as ratios in one run.
+"""Benchmarks of docs/performance.md for the instrumentation, as ratios in one run.
 
 1. ``stage_recording``: recording the 15 stages of one request with the hook API
    (:class:`StageRecorder`, span events on one span) vs the OpenTelemetry SDK creating one

@@ -8,7 +8,6 @@ wired in, the prefix leak table is computed here from the records' prefix finger
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -185,7 +184,7 @@ def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT
                block_tokens: int = DEFAULT_BLOCK_TOKENS,
                packets_per_token_threshold: float = DEFAULT_PACKETS_PER_TOKEN_THRESHOLD,
                network_dollars_per_byte: float = 0.0) -> dict[str, Any]:
-    """The three money leaks of SPEC section 1: cache misses, long contexts, small packets."""
+    """The three money leaks of README.md: cache misses, long contexts, small packets."""
     top, recomputed = repeated_prefixes(records, block_tokens, limit)
     return {
         "requests": len(records),
@@ -215,8 +214,3 @@ def leaks_view(records: Sequence[RequestRecord], limit: int = DEFAULT_LEAK_LIMIT
     }
 
 
-def finite_or_none(value: float | None) -> float | None:
-    """JSON has no NaN or infinity; the UI shows None as a dash."""
-    if value is None or not math.isfinite(value):
-        return None
-    return value

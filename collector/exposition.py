@@ -2,7 +2,7 @@
 
 prometheus_client builds a Sample object per series on every scrape, which costs about
 10 µs a series: 100 ms for the 10k series of a busy collector, against the target of
-20 ms (SPEC section 7). The request metrics therefore live in these plain structures,
+20 ms (docs/performance.md). The request metrics therefore live in these plain structures,
 written by one thread (the pipeline's), and are rendered straight to the text exposition
 format with label strings computed once per series. The collector's self-telemetry, a
 few dozen series, stays on a prometheus_client registry; /metrics concatenates both.

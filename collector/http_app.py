@@ -31,6 +31,7 @@ from tokenpath.auth import bearer_matches
 from tokenpath.collector import api_aggregate, api_views
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.cost.prices import PriceSheet
+from tokenpath.collector.cost.whatif_overview import WhatIfWindow
 from tokenpath.collector.node_metrics import (
     NodeMetricsState,
     kv_measured_causes,
@@ -45,12 +46,7 @@ from tokenpath.collector.receivers.http import (
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import Store
-from tokenpath.collector.whatif_view import (
-    WhatIfRequest,
-    WhatIfWindow,
-    whatif_page_view,
-    whatif_view,
-)
+from tokenpath.collector.whatif_view import WhatIfRequest, whatif_page_view, whatif_view
 from tokenpath.config import ConfigError, parse_duration
 from tokenpath.endpoints import host_port
 from tokenpath.last_mile import DEFAULT_PACKETS_PER_TOKEN_THRESHOLD

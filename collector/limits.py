@@ -1,4 +1,4 @@
-"""Ingest limits shared by the receivers and the assembler (SPEC section 8: bounded)."""
+"""Ingest limits shared by the receivers and the assembler (docs/reliability.md: bounded)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 forwarder's and store's counters, each an instrument built from its spec
 (:mod:`tokenpath.telemetry`); the Prometheus exporter writes every one of them.
 
-Every drop anywhere in the pipeline is counted here under a reason (SPEC section 8).
+Every drop anywhere in the pipeline is counted here under a reason (docs/reliability.md).
 """
 
 from __future__ import annotations

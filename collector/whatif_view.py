@@ -17,11 +17,9 @@ from typing import Any
 
 from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.collector.cost.whatif import Scenario, WhatIfError
-from tokenpath.collector.cost.whatif_overview import Window, run_whatif, whatif_overview
+from tokenpath.collector.cost.whatif_overview import WhatIfWindow, run_whatif, whatif_overview
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
-
-WhatIfWindow = Window  # since counted back from until (now without one); errors name them
 
 QUANTIZATIONS = ("none", "int8", "int4")
 ROUTERS = ("as_recorded", "prefix_affine")
@@ -85,7 +83,7 @@ def _given(value: float | None, default: float) -> float:
 
 
 def whatif_view(records: Sequence[RequestRecord], prices: PriceSheet,
-                request: WhatIfRequest, window: Window | None = None) -> dict[str, Any]:
+                request: WhatIfRequest, window: WhatIfWindow | None = None) -> dict[str, Any]:
     """``{baseline, projected, change, change_pp, cache_hit_rate, ...}`` from the roofline
     what-if engine; with the prefix-affine router, its replay (``routing``) and, unless
     the body gave a cache-hit change, the projection at the replay's per-request hits."""
@@ -109,6 +107,6 @@ def whatif_view(records: Sequence[RequestRecord], prices: PriceSheet,
 
 
 def whatif_page_view(records: Sequence[RequestRecord], prices: PriceSheet,
-                     window: Window) -> dict[str, Any]:
+                     window: WhatIfWindow) -> dict[str, Any]:
     """``GET /api/whatif``: the page's opening projections over ``records``, the window's."""
     return whatif_overview(records, prices, window)

@@ -54,10 +54,6 @@ def sum_increase(series: str, window: str, matchers: Sequence[str] = (),
     return f"sum{by_clause(by)} (increase({selector(series, matchers)}[{window}]))"
 
 
-def sum_of(expr: str, by: Sequence[str] = ()) -> str:
-    return f"sum{by_clause(by)} ({expr})"
-
-
 def token_rate(kind: str, window: str, matchers: Sequence[str] = (),
                by: Sequence[str] = (), shift: str = "") -> str:
     """Tokens per second of one kind (input, cache_read, output)."""
@@ -76,12 +72,6 @@ def histogram_quantile(quantile: float, spec: mn.MetricSpec, window: str,
     bucket = spec.series + mn.HISTOGRAM_BUCKET_SUFFIX
     return (f"histogram_quantile({quantile}, "
             f"{sum_rate(bucket, window, matchers, (*by, mn.LABEL_LE))})")
-
-
-def histogram_mean(spec: mn.MetricSpec, window: str, matchers: Sequence[str] = (),
-                   by: Sequence[str] = ()) -> str:
-    return (f"{sum_rate(spec.series + mn.HISTOGRAM_SUM_SUFFIX, window, matchers, by)}\n/\n"
-            f"{sum_rate(spec.series + mn.HISTOGRAM_COUNT_SUFFIX, window, matchers, by)}")
 
 
 def histogram_share_above(spec: mn.MetricSpec, bound: str, window: str,

@@ -19,7 +19,7 @@ from tokenpath import attributes, metric_names
 from tokenpath.collector.cost.chargeback import ChargebackRow
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.cost.whatif import Scenario
-from tokenpath.collector.cost.whatif_overview import Window, run_whatif, whatif_overview
+from tokenpath.collector.cost.whatif_overview import WhatIfWindow, run_whatif, whatif_overview
 from tokenpath.metric_names import (
     AGENT_METRICS,
     BUILD_METRICS,
@@ -195,7 +195,7 @@ def whatif_shapes() -> list[str]:
     record = RequestRecord(trace_id="0" * 32, input_tokens=32, output_tokens=2)
     prices = load_price_sheet()
     projection = run_whatif([record], prices, Scenario())
-    page = whatif_overview([record], prices, Window(None, None, 0.0))
+    page = whatif_overview([record], prices, WhatIfWindow(None, None, 0.0))
     return [
         "A what-if projection (`tokenpath whatif --format json`, `POST /api/whatif`; "
         "`change` is relative, 0.1 = 10 % more; `change_pp` in percentage points; "

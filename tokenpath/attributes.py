@@ -1,6 +1,6 @@
 """Span attribute, event and span names that tokenpath emits or understands.
 
-SPEC section 4, "Span conventions". OpenTelemetry GenAI names where they exist,
+docs/reference.md, "Span conventions". OpenTelemetry GenAI names where they exist,
 ``tokenpath.*`` for the rest, and the names vLLM's native tracing uses.
 """
 

@@ -1,4 +1,4 @@
-"""Default listen addresses and endpoints, one place (SPEC section 2: loopback by default).
+"""Default listen addresses and endpoints, one place (docs/security.md: loopback by default).
 
 Every listener binds the loopback interface unless told otherwise; the collector takes
 OTLP/gRPC on 4317 and OTLP/HTTP (and its API, UI and /metrics) on 4318, the OTLP

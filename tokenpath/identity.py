@@ -1,4 +1,4 @@
-"""Engine identity: which GPUs served a request (SPEC sections 3 and 5).
+"""Engine identity: which GPUs served a request (docs/architecture.md, docs/cost-model.md).
 
 Requests share a slice's GPU dollars only with requests on the same GPUs, so every record
 names its node and its engine, derived from what deployments already send, in this

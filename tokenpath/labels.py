@@ -1,4 +1,4 @@
-"""Bounded label values, shared by the collector's and the agent's metrics (SPEC section 4:
+"""Bounded label values, shared by the collector's and the agent's metrics (docs/reference.md:
 labels are bounded; values past the cap become ``other``, and the overflow is counted)."""
 
 from __future__ import annotations

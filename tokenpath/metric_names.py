@@ -1,6 +1,6 @@
 """Prometheus metric names and label names: the one place they are spelled.
 
-SPEC section 4. The collector and agent register metrics with these names, the
+docs/reference.md. The collector and agent register metrics with these names, the
 dashboards and rules generators build queries from them, and tests look them up here.
 Names are given without the ``_total`` suffix for counters where prometheus-client adds
 it; ``*_SERIES`` constants give the exposed series name for queries.

@@ -1,7 +1,7 @@
 """Plain records the collector computes: one per request, stage timings with provenance.
 
 No Prometheus, no store: sinks consume these. ``to_json``/``from_json`` give the JSON
-shape of SPEC section 4 (``tokenpath requests --format json``).
+shape of docs/reference.md (``tokenpath requests --format json``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The per-stage report: aggregates of request records (SPEC section 4, report JSON).
+"""The per-stage report: aggregates of request records (docs/reference.md, report JSON).
 
 Pure statistics over RequestRecords; rendering lives in tokenpath.cli.render.
 """

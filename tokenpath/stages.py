@@ -1,6 +1,6 @@
 """The 15 stages of an LLM request's path: the one table every other part imports.
 
-SPEC section 2. Instrumentation, collector, dashboards, UI and docs read stage ids,
+docs/stages.md. Instrumentation, collector, dashboards, UI and docs read stage ids,
 their order and what bounds them from here; nothing else spells a stage id.
 """
 
@@ -134,18 +134,3 @@ NETWORK_STAGES: tuple[StageId, ...] = tuple(
 STAGE_BY_VALUE: dict[object, StageId] = {stage.value: stage for stage in StageId}
 PHASE_BY_VALUE: dict[object, Phase] = {phase.value: phase for phase in Phase}
 PROVENANCE_BY_VALUE: dict[object, Provenance] = {p.value: p for p in Provenance}
-
-
-def parse_stage(value: object) -> StageId | None:
-    """The stage id for an attribute value, or None when it names no stage."""
-    return STAGE_BY_VALUE.get(value) if isinstance(value, str) else None
-
-
-def parse_phase(value: object) -> Phase | None:
-    return PHASE_BY_VALUE.get(value) if isinstance(value, str) else None
-
-
-def parse_provenance(value: object, default: Provenance) -> Provenance:
-    if isinstance(value, str):
-        return PROVENANCE_BY_VALUE.get(value, default)
-    return default

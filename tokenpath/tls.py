@@ -1,4 +1,4 @@
-"""TLS and mutual TLS for the listeners (SPEC section 8).
+"""TLS and mutual TLS for the listeners (docs/reliability.md).
 
 One certificate and key serve the collector's OTLP/HTTP (with the API and UI) and
 OTLP/gRPC; the node agent's /metrics listener takes the same settings. With a client CA,

@@ -5,7 +5,7 @@ sees only the records (timestamps and token counts, as spans give them), reconst
 each request's share of GPU time. Continuous batching: every step admits waiting requests
 (their prefill, optionally chunked) and decodes one token for every running sequence. The
 step lasts ``Roofline.step_seconds``; its duration is split among its sequences by
-``Roofline.sequence_work``, which is the ground truth (SPEC section 4, ``--ground-truth``).
+``Roofline.sequence_work``, which is the ground truth (docs/reference.md, ``--ground-truth``).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ PREFIX_AFFINE = "prefix_affine"
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
+class WhatIfWindow:
     """The requests that ended in ``[since_unix, until_unix]`` (no start with no ``since``)."""
 
     since: str | None
@@ -54,7 +54,7 @@ class Window:
 
     @classmethod
     def resolve(cls, since: str | None, until: float | None,
-                now: float | None = None) -> Window:
+                now: float | None = None) -> WhatIfWindow:
         """``since`` (a duration such as ``1h``) counts back from ``until`` (unix seconds),
         or from now. Errors name ``since`` or ``until``."""
         if until is not None and (isinstance(until, bool) or not math.isfinite(until)):
@@ -157,7 +157,7 @@ def _scenario_entry(id_: str, title: str, flags: list[str], request: dict[str, A
 
 
 def whatif_overview(records: Sequence[RequestRecord], prices: PriceSheet,
-                    window: Window) -> dict[str, Any]:
+                    window: WhatIfWindow) -> dict[str, Any]:
     """``GET /api/whatif``: the window, what the model is calibrated on, the baseline and
     the default scenarios (``scenarios``, each shaped like ``tokenpath whatif --format
     json`` with the flags named in ``cli_flags``). An empty or unusable window answers with

@@ -1,5 +1,5 @@
 """``tokenpath whatif --rules-of-thumb``: industry claims beside the model's projection for
-the recorded workload (SPEC section 5). Every projection is modeled."""
+the recorded workload (docs/cost-model.md). Every projection is modeled."""
 
 from __future__ import annotations
 

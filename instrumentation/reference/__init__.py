@@ -1,4 +1,4 @@
-"""The reference serving path of SPEC section 6: a simulated engine behind a real gateway.
+"""The reference serving path of docs/architecture.md: a simulated engine behind a real gateway.
 
 Every part is a real component (auth, token bucket, router, continuous-batching
 scheduler, paged KV cache with prefix caching); only the GPU is simulated: step times

@@ -1,4 +1,4 @@
-"""The ground-truth writer of SPEC section 4: what the simulated engine knows each request
+"""The ground-truth writer of docs/reference.md: what the simulated engine knows each request
 cost on the GPU, as JSON lines ``{trace_id, gpu_cost_dollars, gpu_seconds}``.
 
 ``gpu_seconds`` is the request's share of every engine step it took part in (each step's

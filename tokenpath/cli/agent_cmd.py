@@ -1,4 +1,4 @@
-"""``tokenpath agent``: the node agent (issue 5/9)."""
+"""``tokenpath agent``: the node agent."""
 
 from __future__ import annotations
 

@@ -30,10 +30,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def not_yet_available(command: str, issue: str) -> NoReturn:
-    fail(f"`tokenpath {command}` is not yet available (tracked in issue {issue}).", code=3)
-
-
 def auth_token(token_file: Path | None = None, flag: str = "--auth-token-file") -> str | None:
     """The bearer token from the file ``flag`` names, or ``TOKENPATH_AUTH_TOKEN``."""
     if token_file is not None:

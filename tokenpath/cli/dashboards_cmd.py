@@ -1,4 +1,4 @@
-"""``tokenpath dashboards build|push`` (issue 6/9)."""
+"""``tokenpath dashboards build|push``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``tokenpath demo``: the reference serving path, collector, agent and a workload, on loopback.
 
-Starts the collector (in-process, loopback), the reference serving path of SPEC section 6
+Starts the collector (in-process, loopback), the reference serving path of docs/architecture.md
 (a simulated engine behind a real gateway, instrumented with tokenpath's shims and
 exporting OTLP to the collector; or, with ``--engine vllm``, a local CPU vLLM behind the
 same gateway) and the node agent scraping the engine's metrics; drives a chat workload
@@ -358,7 +358,7 @@ def _serve_simulated(config: DemoConfig, collector: CollectorService,
 
 def _serve_vllm(config: DemoConfig, collector: CollectorService, provider: TracerProvider,
                 out: Console) -> None:
-    """A local vLLM (CPU, tiny test model, issue 3/9's launcher) behind the reference
+    """A local vLLM (CPU, tiny test model, instrumentation/vllm/launcher.py) behind the reference
     gateway; vLLM exports its own spans to the collector over OTLP/gRPC."""
     from tokenpath.instrumentation.gateway import GatewayConfig, GatewayInstrumentor
     from tokenpath.instrumentation.reference.gateway_parts import ApiKeyAuth, TokenBucket

@@ -2,7 +2,7 @@
 
 Reads the recorded requests from ``--store``, ``--collector`` or ``--records`` (the JSON of
 ``tokenpath requests --format json``) and prints the baseline beside the projection
-(SPEC section 4). ``--since`` counts back from ``--until`` (now without it), the window the
+(docs/reference.md). ``--since`` counts back from ``--until`` (now without it), the window the
 UI's what-if page names, so the page and this command read the same requests. Formulas:
 docs/cost-model.md. All figures are modeled: ratios change in percentage points, dollars,
 throughput and latency relatively.
@@ -31,7 +31,7 @@ from tokenpath.collector.cost.whatif import (
     calibrate,
     speculative_speedup,
 )
-from tokenpath.collector.cost.whatif_overview import Window, run_whatif
+from tokenpath.collector.cost.whatif_overview import WhatIfWindow, run_whatif
 from tokenpath.collector.cost.whatif_rules import check_rules_of_thumb
 from tokenpath.config import ConfigError
 from tokenpath.endpoints import COLLECTOR_URL
@@ -59,7 +59,7 @@ def parse_cache_hit_rate(value: str, current: float) -> float:
 
 
 def _load_records(store: str | None, collector: str | None, records_file: Path | None,
-                  window: Window) -> list[RequestRecord]:
+                  window: WhatIfWindow) -> list[RequestRecord]:
     if records_file is not None:
         try:
             data = json.loads(records_file.read_text(encoding="utf-8"))
@@ -212,7 +212,7 @@ def register(app: typer.Typer) -> None:
         if router is not None and router.replace("_", "-") != "prefix-affine":
             fail(f"--router: {router!r}: the one router modeled is prefix-affine")
         try:
-            window = Window.resolve(since, until)
+            window = WhatIfWindow.resolve(since, until)
         except ConfigError as exc:
             fail(f"--{exc.key}: {exc.message}")
         recorded = _load_records(store, collector, records, window)

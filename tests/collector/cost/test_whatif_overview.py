@@ -13,7 +13,7 @@ import pytest
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.cost.routing_whatif import prefix_affine_whatif
 from tokenpath.collector.cost.whatif import Scenario, calibrate, repeatable_tokens, what_if
-from tokenpath.collector.cost.whatif_overview import Window, run_whatif, whatif_overview
+from tokenpath.collector.cost.whatif_overview import WhatIfWindow, run_whatif, whatif_overview
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
 
@@ -105,7 +105,7 @@ def test_the_routing_projection_lands_on_the_replayed_hit_ratio() -> None:
 
 def test_the_overview_is_the_cli_s_answer_for_each_scenario() -> None:
     records = _workload()
-    window = Window.resolve("1h", 1100.0)
+    window = WhatIfWindow.resolve("1h", 1100.0)
     out = whatif_overview(records, PRICES, window)
     assert out["unavailable"] is None and out["provenance"] == "modeled"
     assert out["window"] == {"since": "1h", "since_unix": 1100.0 - 3600, "until_unix": 1100.0,
@@ -132,10 +132,10 @@ def test_the_overview_is_the_cli_s_answer_for_each_scenario() -> None:
 
 
 def test_an_empty_window_or_one_without_fingerprints_says_why() -> None:
-    out = whatif_overview([], PRICES, Window.resolve(None, 5.0))
+    out = whatif_overview([], PRICES, WhatIfWindow.resolve(None, 5.0))
     assert out["scenarios"] == [] and "no complete request" in out["unavailable"]
     plain = [_record(i, (), 300, 100, "engine-0", 1000.0 + i) for i in range(5)]
-    out = whatif_overview(plain, PRICES, Window.resolve(None, 2000.0))
+    out = whatif_overview(plain, PRICES, WhatIfWindow.resolve(None, 2000.0))
     routing = out["scenarios"][0]
     assert routing["id"] == "prefix_affine" and "fingerprints" in routing["unavailable"]
     assert "projected" not in routing
@@ -143,12 +143,12 @@ def test_an_empty_window_or_one_without_fingerprints_says_why() -> None:
 
 
 def test_the_window_counts_back_from_until_and_names_a_bad_value() -> None:
-    window = Window.resolve("30m", 10_000.0)
+    window = WhatIfWindow.resolve("30m", 10_000.0)
     assert (window.since_unix, window.until_unix) == (10_000.0 - 1800, 10_000.0)
-    now = Window.resolve(None, None, now=42.0)
+    now = WhatIfWindow.resolve(None, None, now=42.0)
     assert now.since_unix is None and now.until_unix == 42.0
     for since, until, key in (("soon", None, "since"), ("1h", math.inf, "until"),
                               (None, math.nan, "until")):
         with pytest.raises(ConfigError) as caught:
-            Window.resolve(since, until)
+            WhatIfWindow.resolve(since, until)
         assert caught.value.key == key
