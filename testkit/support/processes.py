@@ -76,16 +76,31 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float = 20.0) -> Non
         process.wait()
 
 
-def wait_http(url: str, timeout: float = 30.0) -> None:
+def wait_http(url: str, timeout: float = 30.0,
+              process: subprocess.Popen[bytes] | None = None) -> None:
+    """Until ``url`` answers 200 (any status under 500 with ``process``, a server that
+    may answer its root with 404); fails early when ``process`` has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
         try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
+            status = httpx.get(url, timeout=1.0).status_code
+            if status == 200 or (process is not None and status < 500):
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{url} not up after {timeout} s")
+
+
+def counter_sum(metrics_text: str, name: str) -> float:
+    """A Prometheus exposition's samples of ``name``, summed over their labels."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 @dataclass

@@ -34,7 +34,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from testkit.support.processes import free_port
+from testkit.support.processes import free_port, wait_http
 from tokenpath import metric_names as mn
 from tokenpath.agent.kv_index import CAUSE_COLD, CAUSE_EVICTED, CAUSE_ROUTED, MISS_CAUSES
 from tokenpath.instrumentation.vllm.launcher import (
@@ -74,18 +74,6 @@ class Node:
     work: Path
 
 
-def _wait_http(url: str, process: subprocess.Popen[bytes], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {seconds} s")
 
 
 def _kv_config(endpoint: str, engine: str) -> str:
@@ -109,7 +97,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     engines: dict[str, LocalVllm] = {}
     try:
         agent_url = f"http://127.0.0.1:{agent_port}"
-        _wait_http(f"{agent_url}/healthz", agent, SERVICE_START_SECONDS)
+        wait_http(f"{agent_url}/healthz", SERVICE_START_SECONDS, process=agent)
 
         # The venv and the model once, before the engines start side by side.
         python = ensure_vllm_env()

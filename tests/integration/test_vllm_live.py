@@ -37,6 +37,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.support.processes import counter_sum, stop_process, wait_http
 from tokenpath import metric_names as mn
 from tokenpath.agent.engine_scraper import endpoint_source
 from tokenpath.agent.http_fetch import KEEP_ALIVE_REUSE_SECONDS
@@ -96,28 +97,8 @@ class Stack:
     work: Path
 
 
-def _wait_http(url: str, process: subprocess.Popen[bytes], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {seconds} s")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +120,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     vllm: LocalVllm | None = None
     try:
         collector_url = f"http://127.0.0.1:{http_port}"
-        _wait_http(f"{collector_url}/healthz", collector, SERVICE_START_SECONDS)
+        wait_http(f"{collector_url}/healthz", SERVICE_START_SECONDS, process=collector)
         vllm = start_local_vllm(LocalVllmConfig(
             otlp_endpoint=f"127.0.0.1:{grpc_port}", log_path=work / "vllm.log",
             extra_args=VLLM_FLAGS))
@@ -151,7 +132,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         )
         processes.append(gateway)
         gateway_url = f"http://127.0.0.1:{gateway_port}"
-        _wait_http(f"{gateway_url}/health", gateway, SERVICE_START_SECONDS)
+        wait_http(f"{gateway_url}/health", SERVICE_START_SECONDS, process=gateway)
         agent_port = free_port()
         agent_config = work / "agent.yaml"
         agent_config.write_text(
@@ -164,7 +145,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         )
         processes.append(agent)
         agent_url = f"http://127.0.0.1:{agent_port}"
-        _wait_http(f"{agent_url}/healthz", agent, SERVICE_START_SECONDS)
+        wait_http(f"{agent_url}/healthz", SERVICE_START_SECONDS, process=agent)
         plain_port = free_port()
         plain = subprocess.Popen(
             [sys.executable, "-m", "tokenpath.instrumentation.vllm.proxy", "--plain",
@@ -174,13 +155,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         )
         processes.append(plain)
         plain_url = f"http://127.0.0.1:{plain_port}"
-        _wait_http(f"{plain_url}/health", plain, SERVICE_START_SECONDS)
+        wait_http(f"{plain_url}/health", SERVICE_START_SECONDS, process=plain)
         yield Stack(collector_url, gateway_url, agent_url, vllm, plain_url, work)
     finally:
         if vllm is not None:
             vllm.stop()
         for process in reversed(processes):
-            _stop(process)
+            stop_process(process)
 
 
 def _send(client: httpx.Client, n: int, model: str) -> str:
@@ -207,12 +188,6 @@ def _send(client: httpx.Client, n: int, model: str) -> str:
     return match.group(1)
 
 
-def _vllm_counter(metrics_text: str, name: str) -> float:
-    total = 0.0
-    for line in metrics_text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def _records(collector_url: str) -> list[dict[str, object]]:
@@ -246,9 +221,9 @@ def test_records_match_vllm_metrics_and_gateway_traces(stack: Stack) -> None:
     assert sorted(str(r["trace_id"]) for r in records) == sorted(trace_ids), summary
 
     metrics = httpx.get(f"{stack.vllm.base_url}/metrics", timeout=10).text
-    prompt_tokens = _vllm_counter(metrics, "vllm:prompt_tokens_total")
-    generation_tokens = _vllm_counter(metrics, "vllm:generation_tokens_total")
-    cached_tokens = _vllm_counter(metrics, "vllm:prompt_tokens_cached_total")
+    prompt_tokens = counter_sum(metrics, "vllm:prompt_tokens_total")
+    generation_tokens = counter_sum(metrics, "vllm:generation_tokens_total")
+    cached_tokens = counter_sum(metrics, "vllm:prompt_tokens_cached_total")
     assert generation_tokens == MAX_TOKENS * len(QUESTIONS)
     assert cached_tokens > 0, "the shared system prompt must hit vLLM's prefix cache"
 
@@ -294,8 +269,8 @@ def test_agent_reports_vllms_prefix_cache_counters_across_new_connections(
                 "prompt": f"{SYSTEM_PROMPT}\nQuestion: {question}\nAnswer:"})
             assert response.status_code == 200, response.text[:300]
         page = client.get("/metrics").text
-    queries = _vllm_counter(page, mn.VLLM_PREFIX_CACHE_QUERIES + mn.COUNTER_SUFFIX)
-    hits = _vllm_counter(page, mn.VLLM_PREFIX_CACHE_HITS + mn.COUNTER_SUFFIX)
+    queries = counter_sum(page, mn.VLLM_PREFIX_CACHE_QUERIES + mn.COUNTER_SUFFIX)
+    hits = counter_sum(page, mn.VLLM_PREFIX_CACHE_HITS + mn.COUNTER_SUFFIX)
     assert queries > 0 and hits > 0
 
     deadline = time.monotonic() + AGENT_WAIT_SECONDS
@@ -472,11 +447,11 @@ def _chat(client: httpx.Client, n: int, model: str) -> tuple[str, int, dict[str,
 def test_cached_tokens_through_tokenpaths_gateway_are_what_vllm_returned(
         stack: Stack) -> None:
     page = httpx.get(f"{stack.vllm.base_url}/metrics", timeout=10).text
-    hits_before = _vllm_counter(page, mn.VLLM_PREFIX_CACHE_HITS + mn.COUNTER_SUFFIX)
+    hits_before = counter_sum(page, mn.VLLM_PREFIX_CACHE_HITS + mn.COUNTER_SUFFIX)
     with httpx.Client(base_url=stack.gateway_url, timeout=60) as client:
         calls = [_chat(client, n, stack.vllm.model_name) for n in range(4)]
     page = httpx.get(f"{stack.vllm.base_url}/metrics", timeout=10).text
-    hits = _vllm_counter(page, mn.VLLM_PREFIX_CACHE_HITS + mn.COUNTER_SUFFIX) - hits_before
+    hits = counter_sum(page, mn.VLLM_PREFIX_CACHE_HITS + mn.COUNTER_SUFFIX) - hits_before
     returned = {trace_id: cached for trace_id, cached, _ in calls}
     assert sum(returned.values()) > 0, "the shared system prompt must hit the prefix cache"
     for _, _, final in calls:  # --enable-per-request-metrics

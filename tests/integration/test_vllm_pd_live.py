@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_vllm_live import _stop, _vllm_counter, _wait_http
+from testkit.support.processes import counter_sum, stop_process, wait_http
 from tokenpath.instrumentation.vllm.launcher import (
     LocalVllm,
     LocalVllmConfig,
@@ -78,7 +78,7 @@ def pd_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdStack]:
 
     try:
         collector_url = f"http://127.0.0.1:{http_port}"
-        _wait_http(f"{collector_url}/healthz", collector, SERVICE_START_SECONDS)
+        wait_http(f"{collector_url}/healthz", SERVICE_START_SECONDS, process=collector)
         with ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(start, role) for role in ("prefill", "decode")]
             errors = []
@@ -97,13 +97,13 @@ def pd_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdStack]:
             stdout=(work / "proxy.log").open("wb"), stderr=subprocess.STDOUT)
         processes.append(proxy)
         proxy_url = f"http://127.0.0.1:{proxy_port}"
-        _wait_http(f"{proxy_url}/health", proxy, SERVICE_START_SECONDS)
+        wait_http(f"{proxy_url}/health", SERVICE_START_SECONDS, process=proxy)
         yield PdStack(collector_url, proxy_url, prefill, decode)
     finally:
         for engine in engines:
             engine.stop()
         for process in reversed(processes):
-            _stop(process)
+            stop_process(process)
 
 
 def _records(collector_url: str) -> list[dict[str, Any]]:
@@ -118,7 +118,7 @@ def _records(collector_url: str) -> list[dict[str, Any]]:
 
 def test_live_pd_pair_gives_one_record_per_request_with_the_kv_it_moved(
         pd_stack: PdStack) -> None:
-    before = _vllm_counter(httpx.get(f"{pd_stack.decode.base_url}/metrics").text,
+    before = counter_sum(httpx.get(f"{pd_stack.decode.base_url}/metrics").text,
                            EXTERNAL_HITS)
     with httpx.Client(base_url=pd_stack.proxy_url, timeout=120) as client:
         for n in range(REQUESTS):
@@ -128,7 +128,7 @@ def test_live_pd_pair_gives_one_record_per_request_with_the_kv_it_moved(
                 "model": pd_stack.decode.model_name, "prompt": f"{n} {words}",
                 "max_tokens": MAX_TOKENS, "ignore_eos": True})
             assert response.status_code == 200, response.text[:300]
-    rise = _vllm_counter(httpx.get(f"{pd_stack.decode.base_url}/metrics").text,
+    rise = counter_sum(httpx.get(f"{pd_stack.decode.base_url}/metrics").text,
                          EXTERNAL_HITS) - before
     assert rise > 0, "the decode engine loaded no KV from the prefill engine"
     deadline = time.monotonic() + RECORDS_WAIT_SECONDS

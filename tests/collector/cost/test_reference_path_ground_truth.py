@@ -5,7 +5,6 @@ wall-clock error. Skipped until the reference path (issue 2/9) is on this branch
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from testkit.support.reference_client import drive_chat
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.accuracy import compare_to_ground_truth
 from tokenpath.collector.service import CollectorService
@@ -24,8 +24,6 @@ serving_path = pytest.importorskip("tokenpath.instrumentation.reference.serving_
 engine_module = pytest.importorskip("tokenpath.instrumentation.reference.engine")
 ground_truth_module = pytest.importorskip("tokenpath.instrumentation.reference.ground_truth")
 workload_module = pytest.importorskip("tokenpath.instrumentation.reference.workload")
-client_module = pytest.importorskip("tokenpath.instrumentation.client")
-tokenizer_module = pytest.importorskip("tokenpath.instrumentation.reference.tokenizer")
 
 pytestmark = pytest.mark.integration
 
@@ -58,25 +56,8 @@ def test_reference_path_cost_matches_engine_ground_truth(tmp_path: Path) -> None
         workload_module.WorkloadConfig(long_context_share=0.1))
     requests = [generator.next_request() for _ in range(REQUESTS)]
 
-    async def drive() -> None:
-        client = client_module.InstrumentedClient(
-            path.base_url, tracer_provider=provider,
-            tokenize=tokenizer_module.ToyTokenizer().encode)
-        gate = asyncio.Semaphore(CONCURRENCY)
-
-        async def one(request: object) -> None:
-            async with gate:
-                await client.chat_completion(request.messages, MODEL,  # type: ignore[attr-defined]
-                                             request.max_tokens,  # type: ignore[attr-defined]
-                                             stream=request.stream)  # type: ignore[attr-defined]
-
-        try:
-            await asyncio.gather(*(one(r) for r in requests))
-        finally:
-            await client.aclose()
-
     try:
-        asyncio.run(drive())
+        drive_chat(path.base_url, provider, requests, MODEL, CONCURRENCY)
     finally:
         path.shutdown()
         assert provider.force_flush(30_000)

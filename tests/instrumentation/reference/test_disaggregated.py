@@ -5,7 +5,6 @@ KV transfer's bytes those the simulator sent."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import statistics
 import time
@@ -16,11 +15,11 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from testkit.support.reference_client import drive_chat
 from tokenpath import metric_names as M
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.service import CollectorService
 from tokenpath.collector.store import open_store_readonly
-from tokenpath.instrumentation.client import InstrumentedClient
 from tokenpath.instrumentation.reference.engine import EngineConfig
 from tokenpath.instrumentation.reference.ground_truth import (
     GroundTruthWriter,
@@ -30,7 +29,6 @@ from tokenpath.instrumentation.reference.serving_path import (
     ReferencePathConfig,
     ReferenceServingPath,
 )
-from tokenpath.instrumentation.reference.tokenizer import ToyTokenizer
 from tokenpath.instrumentation.reference.workload import WorkloadConfig, WorkloadGenerator
 from tokenpath.records import RequestRecord
 from tokenpath.stages import GPU_STAGES, Phase
@@ -69,24 +67,8 @@ def test_disaggregated_reference_path_matches_each_engines_ground_truth(
     generator = WorkloadGenerator(WorkloadConfig(long_context_share=0.1))
     requests = [generator.next_request() for _ in range(REQUESTS)]
 
-    async def drive() -> None:
-        client = InstrumentedClient(path.base_url, tracer_provider=provider,
-                                    tokenize=ToyTokenizer().encode)
-        gate = asyncio.Semaphore(CONCURRENCY)
-
-        async def one(request: object) -> None:
-            async with gate:
-                await client.chat_completion(request.messages, MODEL,  # type: ignore[attr-defined]
-                                             request.max_tokens,  # type: ignore[attr-defined]
-                                             stream=request.stream)  # type: ignore[attr-defined]
-
-        try:
-            await asyncio.gather(*(one(r) for r in requests))
-        finally:
-            await client.aclose()
-
     try:
-        asyncio.run(drive())
+        drive_chat(path.base_url, provider, requests, MODEL, CONCURRENCY)
     finally:
         path.shutdown()
         assert provider.force_flush(30_000)
