@@ -43,6 +43,7 @@ from tokenpath.collector.backpressure import (
     high_water,
 )
 from tokenpath.collector.stats import CollectorStats
+from tokenpath.collector.store_url import is_clickhouse_url, parse_url
 from tokenpath.config import ConfigError
 from tokenpath.query import DEFAULT_PARAMS as _DEFAULT_PARAMS
 from tokenpath.query import Aggregates, Coverage, GroupBy, Params, Sample, Window
@@ -136,10 +137,8 @@ class StoreConfig:
         for key in ("write_retry_seconds", "shutdown_seconds"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"store.{key}", "must be >= 0")
-        from tokenpath.collector import store_clickhouse as ch  # it builds on this module
-
-        if ch.is_clickhouse_url(self.path):
-            target = ch.parse_url(self.path)
+        if is_clickhouse_url(self.path):
+            target = parse_url(self.path)
             if target.chdb:
                 parent = Path(target.path).resolve().parent
                 if not parent.is_dir():
@@ -688,26 +687,3 @@ def _ln(value: float | None) -> float | None:
 
 def _ceil(value: float | None) -> float | None:
     return None if value is None else float(math.ceil(value))
-
-
-def make_store(config: StoreConfig, stats: CollectorStats | None = None,
-               clock: Callable[[], float] = time.time) -> Store:
-    """The store ``config.path`` names: a SQLite file (or ``:memory:``), or a ClickHouse
-    URL (``chdb:///PATH``, ``clickhouse://``, ``clickhouses://``)."""
-    from tokenpath.collector import store_clickhouse as ch
-
-    if ch.is_clickhouse_url(config.path):
-        return ch.ClickHouseStore(config, stats, clock)
-    return RecordStore(config, stats, clock)
-
-
-def open_store_readonly(path: str) -> Store:
-    """A store for reading (CLI), opened read-only (nothing in the file changes, not even
-    its schema); errors name the path when it does not exist."""
-    from tokenpath.collector import store_clickhouse as ch
-
-    if ch.is_clickhouse_url(path):
-        return ch.ClickHouseStore(StoreConfig(path=path, read_only=True))
-    if not Path(path).expanduser().exists():
-        raise ConfigError("store", f"no store at {path}")
-    return RecordStore(StoreConfig(path=path, read_only=True))

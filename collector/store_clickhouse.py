@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import unquote, urlsplit
 
 from tokenpath.collector import store_clickhouse_rollups as chrollups
 from tokenpath.collector import store_clickhouse_sql as chsql
@@ -55,15 +54,12 @@ from tokenpath.collector.batch_sender import (
 )
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import Store, StoreConfig, split_batch
+from tokenpath.collector.store_url import ENV_PASSWORD, ENV_PASSWORD_FILE, Target, parse_url
 from tokenpath.config import ConfigError
 from tokenpath.records import IdleCost, RequestRecord
 
 log = logging.getLogger(__name__)
 
-SCHEMES = ("chdb", "clickhouse", "clickhouses")
-ENV_PASSWORD = "TOKENPATH_CLICKHOUSE_PASSWORD"
-ENV_PASSWORD_FILE = "TOKENPATH_CLICKHOUSE_PASSWORD_FILE"
-DEFAULT_DATABASE = "tokenpath"
 # a failed insert is retried while the collector runs (it pushes back meanwhile)
 DEFAULT_WRITE_RETRY_SECONDS = math.inf
 # Rows an insert carries, at most: each insert costs the server (and the rollups' views)
@@ -89,58 +85,6 @@ TRANSIENT_ERROR_CODES = frozenset({
 })
 _ERROR_CODE = re.compile(r"Code: (\d+)")
 OWNER_FILE = "tokenpath-owner.json"  # in a chDB folder: the process that has it open
-
-
-def is_clickhouse_url(path: str) -> bool:
-    return path.split("://", 1)[0].lower() in SCHEMES and "://" in path
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """Where a ``--store`` URL points."""
-
-    scheme: str
-    path: str = ""  # chdb: the folder
-    host: str = ""
-    port: int | None = None
-    user: str = "default"
-    database: str = DEFAULT_DATABASE
-
-    @property
-    def chdb(self) -> bool:
-        return self.scheme == "chdb"
-
-    def describe(self) -> str:
-        """The URL without a password (for logs)."""
-        if self.chdb:
-            return f"chdb://{self.path}"
-        port = f":{self.port}" if self.port else ""
-        return f"{self.scheme}://{self.user}@{self.host}{port}/{self.database}"
-
-
-def parse_url(url: str) -> Target:
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in SCHEMES:
-        raise ConfigError("store", f"not a ClickHouse URL: {url.split('://', 1)[0]}://...")
-    if scheme == "chdb":
-        path = unquote(parts.netloc + parts.path)
-        if not path:
-            raise ConfigError("store", "chdb:///PATH needs a folder")
-        return Target("chdb", path=str(Path(path).expanduser()), database="default")
-    if parts.password is not None:
-        raise ConfigError("store", "a password in the store URL shows in ps and logs: set "
-                          f"${ENV_PASSWORD} or ${ENV_PASSWORD_FILE} instead")
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError("store", f"bad port in {scheme}:// URL: {exc}") from None
-    database = parts.path.strip("/") or DEFAULT_DATABASE
-    if not database.replace("_", "").isalnum():
-        raise ConfigError("store", f"database name {database!r}: letters, digits and _ only")
-    return Target(scheme, host=parts.hostname or "localhost", port=port,
-                  user=unquote(parts.username) if parts.username else "default",
-                  database=database)
 
 
 def password() -> str:

@@ -30,8 +30,10 @@ from tokenpath.collector import store_layout as L
 from tokenpath.collector.batch_sender import GiveUp, Retry
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store import RecordStore, Store, StoreConfig, make_store
+from tokenpath.collector.store import RecordStore, Store, StoreConfig
 from tokenpath.collector.store_clickhouse import ClickHouseStore
+from tokenpath.collector.store_factory import make_store
+from tokenpath.collector.store_url import DEFAULT_DATABASE, parse_url
 from tokenpath.config import ConfigError
 from tokenpath.query import QUANTILE_RELATIVE_ERROR, Window
 from tokenpath.records import IdleCost
@@ -374,13 +376,13 @@ def test_a_full_queue_makes_the_caller_wait() -> None:
 
 
 def test_urls_and_passwords(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    target = ch.parse_url("clickhouses://reader@db.example:9440/usage")
+    target = parse_url("clickhouses://reader@db.example:9440/usage")
     assert (target.scheme, target.host, target.port, target.user, target.database) == (
         "clickhouses", "db.example", 9440, "reader", "usage")
-    assert ch.parse_url("clickhouse://db").database == ch.DEFAULT_DATABASE
-    assert ch.parse_url(f"chdb://{tmp_path}/x").path == f"{tmp_path}/x"
+    assert parse_url("clickhouse://db").database == DEFAULT_DATABASE
+    assert parse_url(f"chdb://{tmp_path}/x").path == f"{tmp_path}/x"
     with pytest.raises(ConfigError, match="shows in ps"):
-        ch.parse_url("clickhouse://u:secret@db/x")
+        parse_url("clickhouse://u:secret@db/x")
     monkeypatch.delenv(ch.ENV_PASSWORD, raising=False)
     secret = tmp_path / "pw"
     secret.write_text("s3cret\n")
