@@ -16,7 +16,7 @@ never called concurrently and needs no lock for what only that thread touches.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -109,3 +109,15 @@ class Ticking(Protocol):
     def tick_seconds(self) -> float: ...
 
     def tick(self) -> None: ...
+
+
+class Stepped(Protocol):
+    """A component whose queued work (the attributor's closes and the pricing of what
+    they finish) runs in bounded steps on the pipeline thread. Once given a hook, its
+    ``consume_record`` and ``tick`` only queue; the pipeline worker then calls ``step``
+    (True while work remains) after each item, giving up the GIL between two steps, and
+    the component calls ``hook`` between the steps it runs itself (at shutdown)."""
+
+    def yield_between_steps(self, hook: Callable[[], None] | None) -> None: ...
+
+    def step(self) -> bool: ...

@@ -72,6 +72,7 @@ class PrometheusSink:
         self.tokens = FastCounter(M.TOKENS)
         self.cost = FastCounter(M.COST)
         self.idle_cost = FastCounter(M.IDLE_COST)
+        self.idle_reclaimed = FastCounter(M.IDLE_COST_RECLAIMED)
         self.cache_miss_waste = FastCounter(M.CACHE_MISS_WASTE)
         self.naive_cost = FastCounter(M.NAIVE_COST)
         self.response_chunks = FastCounter(M.RESPONSE_CHUNKS)
@@ -94,7 +95,8 @@ class PrometheusSink:
         self._stage_series: dict[str, dict[StageId, _StageSeries]] = {}
         self._families: list[FastCounter | FastHistogram] = [
             self.requests, self.stage_duration, self.ttft, self.tpot, self.tokens, self.cost,
-            self.idle_cost, self.cache_miss_waste, self.naive_cost, self.response_chunks,
+            self.idle_cost, self.idle_reclaimed, self.cache_miss_waste, self.naive_cost,
+            self.response_chunks,
             self.context_cost, self.router_cache, self.miss_dollars, self.miss_tokens,
             self.tenant_cost, self.tenant_requests, self.energy, self.idle_energy,
             self.energy_measured, self.slo_requests, self.slo_dollars, self.kv_transfer_bytes,
@@ -192,9 +194,15 @@ class PrometheusSink:
                 record.response_chunks - small)
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
-        self.idle_cost.labels(self._pool(idle.pool)).inc(max(0.0, idle.dollars))
+        """Idle dollars; a negative row (idle a late record was charged from, afterwards)
+        counts on the reclaimed counter, so both stay monotonic."""
+        pool = self._pool(idle.pool)
+        if idle.dollars >= 0:
+            self.idle_cost.labels(pool).inc(idle.dollars)
+        else:
+            self.idle_reclaimed.labels(pool).inc(-idle.dollars)
         if idle.energy_joules > 0:
-            self.idle_energy.labels(self._pool(idle.pool)).inc(idle.energy_joules)
+            self.idle_energy.labels(pool).inc(idle.energy_joules)
 
     def render(self) -> str:
         """The /metrics body: request metrics, then the registry (self-telemetry)."""

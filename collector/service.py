@@ -113,7 +113,9 @@ class CollectorService:
         self.worker = PipelineWorker(self.mapper, ForwardedParts(self.attributor, self.parts),
                                      tickers, self.stats,
                                      shed_at=config.pipeline_shed_at,
-                                     track_starts=self.forwarder is not None)
+                                     track_starts=self.forwarder is not None,
+                                     stepped=(self.attributor,),
+                                     records_per_step=config.cost.max_records_per_step)
         self.assembler = Assembler(self.worker, config.assembler, self.stats)
         # Admission (collector/backpressure.py): the receivers refuse while any stage a
         # span or record still has to pass is past its high-water mark.

@@ -14,6 +14,7 @@ from tokenpath.telemetry import Count, LabelledCount, Level, Telemetry
 PIPELINE_STEP_HAND_OFF = "hand_off"  # the assembler handing a trace to the worker
 PIPELINE_STEP_TRACE = "trace"  # mapping and pricing one trace
 PIPELINE_STEP_RECORDS = "records"  # pricing forwarded records
+PIPELINE_STEP_PRICING = "pricing"  # a bounded step of the attributor's queued closes
 
 
 class CollectorStats(Telemetry):

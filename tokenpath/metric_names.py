@@ -110,6 +110,10 @@ COST = _m("cost_dollars", "counter", (LABEL_STAGE, LABEL_PHASE, LABEL_MODEL),
           "Dollars attributed to requests, by stage and phase.")
 IDLE_COST = _m("idle_cost_dollars", "counter", (LABEL_POOL,),
                "Dollars of GPU time with no request active, by pool.")
+IDLE_COST_RECLAIMED = _m("idle_cost_reclaimed_dollars", "counter", (LABEL_POOL,),
+                         "Idle dollars charged afterwards to late records (the store's "
+                         "negative idle rows), by pool: net idle is "
+                         "tokenpath_idle_cost_dollars_total minus this.")
 CACHE_MISS_WASTE = _m("cache_miss_waste_dollars", "counter", (LABEL_MODEL,),
                       "Prefill dollars spent on prefixes seen recently but recomputed.")
 NAIVE_COST = _m("naive_cost_dollars", "counter", (LABEL_MODEL,),
@@ -165,7 +169,8 @@ KV_TRANSFER_BYTES = _m("kv_transfer_bytes", "counter", (LABEL_MODEL, LABEL_LINK)
                        "to their decode engine (transferred tokens x the model's KV bytes "
                        "per token, modeled), by link: nvlink inside a node, network across.")
 COLLECTOR_METRICS: tuple[MetricSpec, ...] = (
-    REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, CACHE_MISS_WASTE,
+    REQUESTS, STAGE_DURATION, TTFT, TPOT, TOKENS, COST, IDLE_COST, IDLE_COST_RECLAIMED,
+    CACHE_MISS_WASTE,
     NAIVE_COST, LONG_CONTEXT_COST, RESPONSE_CHUNKS, ROUTER_CACHE_PREDICTION,
     CACHE_MISS_DOLLARS, CACHE_MISS_TOKENS, TENANT_COST, TENANT_REQUESTS, ENERGY, IDLE_ENERGY,
     ENERGY_MEASURED, SLO_REQUESTS, SLO_DOLLARS, SLO_OBJECTIVE, SLO_CONFIG_INFO,
@@ -210,7 +215,8 @@ TRACES_EVICTED = _m("collector_traces_evicted", "counter", (LABEL_REASON,),
 PIPELINE_ERRORS = _m("collector_pipeline_errors", "counter", ("step",),
                      "Traces or record batches lost to an error in a pipeline step "
                      "(hand_off: assembler to worker; trace: mapping and pricing a trace; "
-                     "records: pricing forwarded records); the error is logged.")
+                     "records: pricing forwarded records; pricing: a step of queued "
+                     "closes); the error is logged.")
 SINK_ERRORS = _m("collector_sink_errors", "counter", ("sink",),
                  "Records or idle slices a sink (store, Prometheus) failed to take.")
 TRACES_IN_FLIGHT = _m("collector_traces_in_flight", "gauge", (),
@@ -257,8 +263,8 @@ RECORDS_FORWARD_DROPPED = _m("collector_records_forward_dropped", "counter", (LA
 RECORDS_RECEIVED = _m("collector_records_received", "counter", (LABEL_RECEIVER,),
                       "Forwarded records accepted for pricing on /v1/logs.")
 RECORDS_LATE = _m("collector_records_late", "counter", (),
-                  "Records that arrived after their node's slices closed (priced from "
-                  "the closed slices).")
+                  "Records that arrived after their node's slices closed (charged from "
+                  "the idle of the closed slices they overlap).")
 RECORDS_DUPLICATE = _m("collector_records_duplicate", "counter", (),
                        "Records priced already and received again (a re-sent forwarded "
                        "batch): dropped.")
@@ -297,8 +303,27 @@ PRICING_RECORDS_IN = _m("collector_pricing_records_in", "counter", (),
 PRICING_RECORDS_OUT = _m("collector_pricing_records_out", "counter", (),
                          "Records the cost attributor priced and passed to the sinks.")
 RECORDS_LATE_DOLLARS = _m("collector_records_late_dollars", "counter", (),
-                          "Dollars charged to late records for slices the others in them "
-                          "had already paid for (double-counted by design, so bounded).")
+                          "Dollars charged to late records from the idle of the closed "
+                          "slices they overlap (taken off the idle: "
+                          "tokenpath_idle_cost_reclaimed_dollars_total).")
+RECORDS_LATE_UNPRICED_DOLLARS = _m(
+    "collector_records_late_unpriced_dollars", "counter", (),
+    "Dollars late records would have been charged that the idle of their closed slices "
+    "could not cover: not charged, so attributed plus idle stays the node's dollars.")
+PRICING_STEPS = _m("collector_pricing_steps", "counter", (),
+                   "Bounded pricing steps run (each closes at most "
+                   "cost.max_slices_per_step slices and prices at most "
+                   "cost.max_records_per_step records; the pipeline thread gives up the "
+                   "GIL between two).")
+PRICING_STEP_SLICES = _m("collector_pricing_step_slices", "gauge", (),
+                         "Slices (and engine events) a pricing step may close at most "
+                         "(cost.max_slices_per_step).")
+PRICING_STEP_RECORDS = _m("collector_pricing_step_records", "gauge", (),
+                          "Records a pricing step may price at most "
+                          "(cost.max_records_per_step).")
+PRICING_PENDING_CLOSES = _m("collector_pricing_pending_closes", "gauge", (),
+                            "Pricing units whose slices wait to be closed by the next "
+                            "pricing steps.")
 ENERGY_WAITS_EXPIRED = _m("collector_pricing_energy_waits_expired", "counter", (),
                           "Times a metered node was closed past its GPU energy readings "
                           "(cost.energy_max_wait_seconds): those slices' joules are modeled.")

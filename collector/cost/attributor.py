@@ -1,4 +1,4 @@
-"""``CostAttributor``: dollars onto every record, idle cost per pool (SPEC section 5).
+"""``CostAttributor``: dollars onto every record, idle cost per pool (docs/cost-model.md).
 
 Sits between the stage mapper and the sinks (``collector/interfaces.py``), called from one
 thread only (the pipeline's worker, :mod:`tokenpath.collector.pipeline_worker`), so it
@@ -24,11 +24,25 @@ behind the others.
 
 A record that still arrives after its unit's watermark passed its engine start (it lagged
 its unit's newest engine time by more than the allowed lateness, or its unit had gone
-quiet) is priced from kept summaries of the closed slices (``late_records``,
-``late_dollars``): the others in them have already paid.
+quiet) is charged from the idle of the closed slices it overlaps (``late_records``,
+``late_dollars``; the idle it takes goes downstream as negative :class:`IdleCost` rows),
+and what that idle cannot cover is counted as unpriced (``late_unpriced_dollars``), never
+charged on top: the others in those slices have already paid.
 
 Conservation: per node, the attributed GPU dollars of the records plus the idle dollars
-equal gpu_count x $/GPU-second x the window (see ``ledger``).
+(negative rows included) equal gpu_count x $/GPU-second x the window (see ``ledger``),
+late records included.
+
+Bounded steps. Closing a unit's slices and pricing the records they finish is queued
+work, done by :meth:`CostAttributor.step`: each step closes at most
+``max_slices_per_step`` slices (slices closed plus engine events taken) and prices at
+most ``max_records_per_step`` records, the rest left queued for the next step.
+Called directly, ``consume_record``, ``tick`` and ``shutdown`` run the steps until
+nothing is queued. Once the pipeline worker has given its hook
+(:meth:`CostAttributor.yield_between_steps`), ``consume_record`` and ``tick`` only queue:
+the worker runs the steps after each item, giving up the GIL between two, so the
+receivers, ``/metrics`` and the API answer while a large close runs (compiled code never
+releases the GIL by itself), and the closes a batch of records asks for run together.
 """
 
 from __future__ import annotations
@@ -37,7 +51,7 @@ import heapq
 import logging
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,6 +60,7 @@ from tokenpath.collector.cost.apportion import (
     DEFAULT_ENGINE_RETIRE_SECONDS,
     MIN_IN_MODEL_FRACTION,
     EngineInterval,
+    LateCharge,
     NodeTimeline,
     is_finite_interval,
     price_late_interval,
@@ -108,6 +123,11 @@ DEFAULT_MAX_PENDING_RECORDS = 100_000
 # longer than it is expired, and its records that then arrive are priced late.
 DEFAULT_SOURCE_DISCOVERY_SECONDS = 10.0
 DEFAULT_SOURCE_TIMEOUT_SECONDS = 60.0
+# A pricing step's work (cost.max_slices_per_step, cost.max_records_per_step): a slice or
+# an engine event costs a few microseconds compiled, a record's pricing and sinks tens;
+# a step stays within milliseconds (docs/cost-model.md, "Bounded steps").
+DEFAULT_MAX_SLICES_PER_STEP = 1_000
+DEFAULT_MAX_RECORDS_PER_STEP = 200
 MAX_REMEMBERED_RECORD_IDS = 200_000  # to drop a record priced already (re-sent batches)
 # an expired or stopped source is forgotten after this many source timeouts
 SOURCE_MEMORY_TIMEOUTS = 10.0
@@ -137,6 +157,9 @@ class AttributorConfig:
     def lateness_bounds(self) -> LatenessBounds:
         return LatenessBounds(self.min_delay_seconds, self.max_delay_seconds,
                               self.lag_window, self.lag_margin_seconds)
+    # bounded steps: slices closed (and engine events taken), records priced, per step
+    max_slices_per_step: int = DEFAULT_MAX_SLICES_PER_STEP
+    max_records_per_step: int = DEFAULT_MAX_RECORDS_PER_STEP
 
     def validate(self) -> None:
         if not self.min_delay_seconds >= 0:
@@ -164,6 +187,8 @@ class AttributorConfig:
             ("cost.lag_window", self.lag_window),
             ("cost.prefix_block_tokens", self.prefix_block_tokens),
             ("cost.recent_prefix_capacity", self.recent_prefix_capacity),
+            ("cost.max_slices_per_step", self.max_slices_per_step),
+            ("cost.max_records_per_step", self.max_records_per_step),
         ):
             if value < 1:
                 raise ConfigError(key, "must be >= 1")
@@ -194,6 +219,10 @@ class NodeLedger:
     # seconds the engine reports in-model vs the wall time they took (all its records)
     in_model_seconds: float = 0.0
     elapsed_seconds: float = 0.0
+    # late records: charged from the idle of closed slices (moved from idle_dollars to
+    # attributed_dollars), and what that idle could not cover (in neither)
+    late_dollars: float = 0.0
+    late_unpriced_dollars: float = 0.0
     # False: not in the price sheet's inventory, priced as its engines' GPUs of its type
     in_inventory: bool = False
 
@@ -213,13 +242,16 @@ class NodeLedger:
 class AttributorStats(Telemetry):
     """The cost attributor's telemetry (written by the pipeline worker alone)."""
 
-    def __init__(self, pending: Callable[[], float]) -> None:
+    def __init__(self, pending: Callable[[], float], pending_closes: Callable[[], float],
+                 step_slices: int, step_records: int) -> None:
         self.records_in = Count(M.PRICING_RECORDS_IN)
         self.records_out = Count(M.PRICING_RECORDS_OUT)
         self.without_timeline = Count(M.RECORDS_WITHOUT_TIMELINE)
         self.late_records = Count(M.RECORDS_LATE)
-        # charged to late records for slices others already paid
+        # charged to late records from the idle of the closed slices they overlap, and
+        # what that idle could not cover (not charged)
         self.late_dollars = Count(M.RECORDS_LATE_DOLLARS)
+        self.late_unpriced_dollars = Count(M.RECORDS_LATE_UNPRICED_DOLLARS)
         self.forced_closes = Count(M.PRICING_FORCED_CLOSES)
         # a record id seen again (a re-sent forwarded batch): dropped
         self.duplicates = Count(M.RECORDS_DUPLICATE)
@@ -229,6 +261,13 @@ class AttributorStats(Telemetry):
         # a forwarding replica that sent no progress for cost.source_timeout_seconds
         self.sources_expired = Count(M.PRICING_SOURCES_EXPIRED)
         self.progress_in = Count(M.PRICING_PROGRESS_IN)
+        # bounded steps: how many ran, their configured size, and the closes queued
+        self.steps = Count(M.PRICING_STEPS)
+        self.step_slices = Level(M.PRICING_STEP_SLICES)
+        self.step_slices.set(step_slices)
+        self.step_records = Level(M.PRICING_STEP_RECORDS)
+        self.step_records.set(step_records)
+        self.pending_closes = Level(M.PRICING_PENDING_CLOSES, pending_closes)
 
 
 @dataclass(slots=True, init=False)  # a written __init__: see tokenpath/records.py
@@ -254,6 +293,9 @@ class _Node:
     pending: dict[int, _Pending] = field(default_factory=dict)
     # a record's close waits until the watermark reaches this (cost.close_step_seconds)
     next_close: float = -math.inf
+    # a queued close (CostAttributor.step): up to ``target``, or everything (``flush``)
+    target: float = -math.inf
+    flush: bool = False
 
 
 class CostAttributor:
@@ -281,11 +323,21 @@ class CostAttributor:
         self._next_key = 0
         self._pending_total = 0
         self._closed = False
+        # bounded steps: the units with a close queued (in the order asked), the records
+        # their closes finished that wait to be priced, and the hook run between steps
+        self._due: dict[str, _Node] = {}
+        self._ready: deque[tuple[_Pending, _Node]] = deque()
+        self._between_steps: Callable[[], None] | None = None
+        self._deferred = False  # the pipeline worker runs the steps
+        # called after each step with the slices it closed and the records it priced
+        self.step_observer: Callable[[int, int], None] | None = None
         # closed slices are kept as long as a record may still be waited for, so a late
         # record (a request longer than the delay) is priced over all of them
         self._late_horizon = max(self._config.late_horizon_seconds,
                                  self._config.max_delay_seconds + self._config.lag_margin_seconds)
-        self.stats = AttributorStats(lambda: self._pending_total)
+        self.stats = AttributorStats(lambda: self._pending_total, lambda: len(self._due),
+                                     self._config.max_slices_per_step,
+                                     self._config.max_records_per_step)
         self.cache = PrefixCacheTracker(
             block_tokens=self._config.prefix_block_tokens,
             ttl_seconds=self._config.recent_prefix_ttl_seconds,
@@ -307,12 +359,18 @@ class CostAttributor:
         if self._closed:
             return
         self._closed = True
-        out_records: list[RequestRecord] = []
-        out_idle: list[IdleCost] = []
         for node in self._nodes.values():
-            self._close_node(node, None, out_records, out_idle)
-        self._emit(out_records, out_idle)
+            node.flush = True
+            self._due[node.name] = node
+        self._run_steps()
         self._downstream.shutdown()
+
+    def yield_between_steps(self, hook: Callable[[], None] | None) -> None:
+        """From now on ``consume_record`` and ``tick`` leave the queued work to
+        :meth:`step`, which the caller (the pipeline worker) runs, calling ``hook``
+        between two steps (``shutdown`` too); None: they run the steps themselves."""
+        self._between_steps = hook
+        self._deferred = hook is not None
 
     # -- data path ------------------------------------------------------------------------
 
@@ -336,10 +394,9 @@ class CostAttributor:
         node = self._nodes.get(mark.unit)
         if node is None:
             return
-        out_records: list[RequestRecord] = []
-        out_idle: list[IdleCost] = []
-        self._close_node(node, self._watermark(node, now), out_records, out_idle)
-        self._emit(out_records, out_idle)
+        self._request_close(node, self._energy_stop(node, self._watermark(node, now)))
+        if not self._deferred:
+            self._run_steps()
 
     def _sources_of(self, unit: str, now: float) -> UnitSources:
         sources = self._sources.get(unit)
@@ -362,7 +419,7 @@ class CostAttributor:
             self._sources_of(pricing_unit(record.node, record.engine_id),
                              self._clock()).record(source, self._clock())
         self._price_record_basics(record)
-        node = None if self._closed else self._admit(record, out_records)
+        node = None if self._closed else self._admit(record, out_records, out_idle)
         if node is None:
             if not out_records:  # not held: nothing to apportion
                 record.cost_dollars = sum(t.cost_dollars for t in record.stages.values())
@@ -374,9 +431,10 @@ class CostAttributor:
                     else self._watermark(node, self._clock()))
             if stop >= node.next_close:
                 node.next_close = stop + self._config.close_step_seconds
-                self._close_node(node, stop, out_records, out_idle)
-        self._force_if_over_capacity(out_records, out_idle)
+                self._request_close(node, self._energy_stop(node, stop))
         self._emit(out_records, out_idle)
+        if not self._deferred:
+            self._run_steps()
 
     def consume_idle_cost(self, idle: IdleCost) -> None:
         """Idle cost computed upstream (none today) passes through."""
@@ -387,19 +445,20 @@ class CostAttributor:
         traffic is sparse (a quiet unit's watermark moves with the wall clock only here)."""
         if self._closed:
             return
-        out_records: list[RequestRecord] = []
-        out_idle: list[IdleCost] = []
         now = self._clock()
-        for node in self._nodes.values():
-            self._close_node(node, self._watermark(node, now), out_records, out_idle)
+        # what the last tick's closes left: a unit every engine of which is gone costs no
+        # idle and no memory
         for name in [n for n, node in self._nodes.items()
-                     if not node.pending and node.timeline.retired]:
-            del self._nodes[name]  # every engine of it gone: no idle, no memory
+                     if not node.pending and n not in self._due and node.timeline.retired]:
+            del self._nodes[name]
             self._sources.pop(name, None)
         horizon = SOURCE_MEMORY_TIMEOUTS * self._config.source_timeout_seconds
         for sources in self._sources.values():
             sources.forget_gone(now, horizon)
-        self._emit(out_records, out_idle)
+        for node in self._nodes.values():
+            self._request_close(node, self._energy_stop(node, self._watermark(node, now)))
+        if not self._deferred:
+            self._run_steps()
 
     def lateness_for(self, unit: str) -> float:
         """How far (engine seconds) behind its newest engine time ``unit``'s records may
@@ -491,7 +550,8 @@ class CostAttributor:
         gpus = max(1, record.tensor_parallel)
         record.naive_cost_dollars = record.duration_seconds * price.dollars_per_second * gpus
 
-    def _admit(self, record: RequestRecord, out_records: list[RequestRecord]) -> _Node | None:
+    def _admit(self, record: RequestRecord, out_records: list[RequestRecord],
+               out_idle: list[IdleCost]) -> _Node | None:
         ps, ds, end = record.prefill_start_unix, record.decode_start_unix, record.engine_end_unix
         if ps is None or ds is None or end is None or not is_finite_interval(ps, ds, end):
             self.stats.without_timeline.inc()
@@ -521,7 +581,7 @@ class CostAttributor:
         self._next_key += 1
         closed = node.timeline.closed_until
         if closed is not None and ps < closed:
-            self._price_late(node, interval, closed, record.trace_id)
+            self._price_late(node, interval, closed, record.trace_id, out_idle)
         item = _Pending(record, interval, roofline)
         if not node.timeline.add(interval):  # all of it was in closed slices
             self._finish(item, node)
@@ -555,23 +615,37 @@ class CostAttributor:
         return min(1.0, in_model / elapsed)
 
     def _price_late(self, node: _Node, interval: EngineInterval, closed: float,
-                    trace_id: str) -> None:
-        """Its slices before ``closed`` were apportioned without it: charge it its modeled
-        share of them (counted in ``late_dollars``); apportion only the rest normally."""
+                    trace_id: str, out_idle: list[IdleCost]) -> None:
+        """Its slices before ``closed`` were apportioned without it: charge it from their
+        idle (``late_dollars``; the idle taken goes out as negative idle rows) and count
+        what that idle cannot cover (``late_unpriced_dollars``); apportion only the rest
+        normally."""
         self.stats.late_records.inc()
         if self.stats.late_records.value == 1:
             log.warning("cost: record %s arrived after its unit's watermark passed its engine "
-                        "start; priced from the closed slices (cost.max_delay_seconds bounds "
-                        "the allowed lateness); further ones are only counted", trace_id)
-        interval.late_dollars = price_late_interval(
+                        "start; charged from the idle of the closed slices (cost."
+                        "max_delay_seconds bounds the allowed lateness); further ones are only "
+                        "counted", trace_id)
+        charge: LateCharge = price_late_interval(
             interval, node.timeline.closed_after(interval.prefill_start), closed,
             node.timeline.dollars_per_gpu_second)
-        self.stats.late_dollars.inc(interval.late_dollars)
+        interval.late_dollars = charge.charged
+        interval.late_unpriced_dollars = charge.unpriced
+        self.stats.late_dollars.inc(charge.charged)
+        self.stats.late_unpriced_dollars.inc(charge.unpriced)
+        ledger = node.ledger
+        ledger.late_dollars += charge.charged
+        ledger.late_unpriced_dollars += charge.unpriced
+        ledger.attributed_dollars += charge.charged
+        ledger.idle_dollars -= charge.charged
+        rows = merge_idle_spans(ledger.pool, charge.idle_spans)
+        for row in rows:
+            ledger.idle_joules += row.energy_joules
+        out_idle.extend(rows)
 
-    def _force_if_over_capacity(self, out_records: list[RequestRecord],
-                                out_idle: list[IdleCost]) -> None:
+    def _force_if_over_capacity(self) -> None:
         """Over ``max_pending_records`` held, close the oldest ends early (counted)."""
-        excess = self._pending_total - self._config.max_pending_records
+        excess = self._pending_total - len(self._ready) - self._config.max_pending_records
         if excess <= 0:
             return
         self.stats.forced_closes.inc()
@@ -580,8 +654,7 @@ class CostAttributor:
         stop = ends[-1]
         now = self._clock()
         for node in self._nodes.values():
-            self._close_node(node, max(stop, self._watermark(node, now)), out_records,
-                             out_idle, wait_for_energy=False)
+            self._request_close(node, max(stop, self._watermark(node, now)))
 
     def _energy_stop(self, node: _Node, stop: float) -> float:
         """``stop``, held back to where the node's energy readings reach (for at most
@@ -601,18 +674,73 @@ class CostAttributor:
                         node.name, known)
         return stop
 
-    def _close_node(self, node: _Node, stop: float | None, out_records: list[RequestRecord],
-                    out_idle: list[IdleCost], wait_for_energy: bool = True) -> None:
-        """Close ``node``'s slices up to ``stop`` (None: all of them, at shutdown)."""
-        timeline = node.timeline
-        if stop is not None and wait_for_energy:
-            stop = self._energy_stop(node, stop)
-        if stop is None:
-            result = timeline.flush()
-        elif timeline.closed_until is not None and stop < timeline.closed_until:
+    def _request_close(self, node: _Node, stop: float) -> None:
+        """Queue a close of ``node``'s slices up to ``stop`` (done by :meth:`step`)."""
+        closed = node.timeline.closed_until
+        if closed is not None and stop < closed:
             return
+        if stop > node.target:
+            node.target = stop
+        self._due[node.name] = node
+
+    def _run_steps(self) -> None:
+        """Step until nothing is queued, running the between-steps hook in between."""
+        while self.step():
+            if self._between_steps is not None:
+                self._between_steps()
+
+    def step(self) -> bool:
+        """One bounded step of the queued work: price the records earlier closes finished,
+        then close queued units' slices, then price what those finished, within
+        ``max_slices_per_step`` slices closed (plus engine events taken) and
+        ``max_records_per_step`` records priced; the rest stays queued. True while
+        work remains."""
+        self._force_if_over_capacity()
+        if not self._due and not self._ready:
+            return False
+        cfg = self._config
+        out_records: list[RequestRecord] = []
+        out_idle: list[IdleCost] = []
+        records = self._price_ready(cfg.max_records_per_step, out_records)
+        budget = cfg.max_slices_per_step
+        slices = 0
+        while self._due and budget > 0 and len(self._ready) < cfg.max_records_per_step:
+            # taken off the queue while it closes (a failing close is not retried
+            # forever); back at its end when its close is not done
+            node = self._due.pop(next(iter(self._due)))
+            work, closed = self._advance(node, budget, out_idle)
+            budget -= work
+            slices += closed
+        records += self._price_ready(cfg.max_records_per_step - records, out_records)
+        self._emit(out_records, out_idle)
+        self.stats.steps.inc()
+        if self.step_observer is not None:
+            self.step_observer(slices, records)
+        return bool(self._due) or bool(self._ready)
+
+    def _price_ready(self, limit: int, out_records: list[RequestRecord]) -> int:
+        """Price up to ``limit`` of the records closes finished; how many it priced."""
+        done = 0
+        ready = self._ready
+        while ready and done < limit:
+            item, node = ready.popleft()
+            self._pending_total -= 1
+            self._finish(item, node)
+            out_records.append(item.record)
+            done += 1
+        return done
+
+    def _advance(self, node: _Node, budget: int, out_idle: list[IdleCost]) -> tuple[int, int]:
+        """Close ``node``'s queued slices, within ``budget``; (work done, slices closed).
+        Its finished records join the ready queue; idle rows go to ``out_idle``."""
+        timeline = node.timeline
+        result = (timeline.flush(budget) if node.flush
+                  else timeline.advance(node.target, budget))
+        if result.done:
+            node.target = -math.inf
+            node.flush = False
         else:
-            result = timeline.advance(stop)
+            self._due[node.name] = node
         ledger = node.ledger
         ledger.window_start = timeline.window_start
         ledger.closed_until = timeline.closed_until
@@ -628,11 +756,9 @@ class CostAttributor:
         out_idle.extend(merge_idle_spans(ledger.pool, result.idle_spans))
         for interval in result.finished:
             item = node.pending.pop(interval.key, None)
-            if item is None:
-                continue
-            self._pending_total -= 1
-            self._finish(item, node)
-            out_records.append(item.record)
+            if item is not None:
+                self._ready.append((item, node))
+        return max(1, result.work), result.slices
 
     def _finish(self, item: _Pending, node: _Node) -> None:
         record, iv = item.record, item.interval
@@ -653,7 +779,7 @@ class CostAttributor:
         # the part priced from closed slices others already paid for is modeled
         joules = iv.energy_joules + iv.late_dollars * per_dollar
         measured = (iv.modeled_energy_slices < 0.5 and iv.measured_energy_slices > 0.5
-                    and iv.late_dollars == 0.0)
+                    and iv.late_dollars == 0.0 and iv.late_unpriced_dollars == 0.0)
         if measured or per_dollar > 0:
             record.energy_joules = joules
             record.energy_provenance = ENERGY_MEASURED if measured else ENERGY_MODELED

@@ -44,7 +44,7 @@ PER_RECORD_CLASSES = (
     ("tokenpath.collector.assembler", "AssembledTrace"),
     ("tokenpath.collector.assembler", "_Pending"),
     ("tokenpath.collector.cost.apportion", "EngineInterval"),
-    ("tokenpath.collector.cost.apportion", "GroupSummary"),
+    ("tokenpath.collector.cost.apportion", "LateCharge"),
     ("tokenpath.collector.cost.apportion", "ClosedSlice"),
     ("tokenpath.collector.cost.apportion", "SliceResult"),
     ("tokenpath.collector.cost.attributor", "_Pending"),

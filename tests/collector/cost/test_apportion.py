@@ -1,107 +1,23 @@
 """The event sweep (collector/cost/apportion.py) against a direct computation of the same
-model, slice by slice and member by member (O(slices x batch), as the model reads); and
-its results independent of arrival order and of when slices are closed."""
+model, slice by slice and member by member (testkit/pricing_oracle.py, as the model
+reads); each group's dollars the node-slice rule's; and its results independent of
+arrival order and of when slices are closed."""
 
 from __future__ import annotations
 
 import math
 import random
 from collections import defaultdict
-from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenpath.collector.cost.apportion import (
-    DECODE_SLOPE_MIN_SECONDS,
-    MIN_IN_MODEL_FRACTION,
-    EngineInterval,
-    GroupKey,
-    NodeTimeline,
-)
-from tokenpath.roofline import Roofline, roofline_for
+from testkit.pricing_oracle import group_slice_dollars, node_slice_dollars
+from tokenpath.collector.cost.apportion import EngineInterval, NodeTimeline
+from tokenpath.roofline import roofline_for
 from tokenpath.stages import Phase
 
 PRICE = 0.001  # $/GPU-second
-
-
-def _direct(intervals: list[EngineInterval], node_gpus: int) -> dict[int, dict[Phase, float]]:
-    """Each slice between consecutive engine events, each member's work computed from
-    its own tokens and context at the slice's midpoint."""
-    cuts = sorted({t for iv in intervals for t in (iv.prefill_start, iv.decode_start, iv.end)})
-    out: dict[int, dict[Phase, float]] = defaultdict(dict)
-    for a, b in pairwise(cuts):
-        dt, mid = b - a, (a + b) / 2
-        groups: dict[GroupKey, list[tuple[EngineInterval, Phase]]] = defaultdict(list)
-        for iv in intervals:
-            phase = iv.phase_at(mid)
-            if phase is not None:
-                groups[iv.group].append((iv, phase))
-        if not groups:
-            continue
-        # an engine's GPUs (its largest TP), shared by its models' groups by their requests
-        engine_gpus: dict[str, int] = defaultdict(int)
-        for iv in intervals:
-            engine_gpus[iv.group[0]] = max(engine_gpus[iv.group[0]], iv.gpus)
-        engine_members: dict[str, int] = defaultdict(int)
-        for key, members in groups.items():
-            engine_members[key[0]] += len(members)
-        demand = sum(engine_gpus[e] for e in engine_members)
-        scale = min(1.0, node_gpus / demand)
-        for key, members in groups.items():
-            ratios = [iv.in_model_ratio for iv, _ in members if iv.in_model_ratio is not None]
-            fraction = 1.0 if not ratios else min(1.0, max(MIN_IN_MODEL_FRACTION,
-                                                              sum(ratios) / len(ratios)))
-            share = len(members) / engine_members[key[0]]
-            dollars = PRICE * engine_gpus[key[0]] * share * scale * dt * fraction
-            weights = _weights(members, dt, mid, fraction)
-            total = sum(weights)
-            for (iv, phase), w in zip(members, weights, strict=True):
-                out[iv.key][phase] = out[iv.key].get(phase, 0.0) + dollars * w / total
-    return out
-
-
-def _weights(members: list[tuple[EngineInterval, Phase]], dt: float, mid: float,
-             fraction: float) -> list[float]:
-    roofline: Roofline | None = members[0][0].roofline
-    if roofline is None:
-        return [1.0] * len(members)
-    batch = len(members)
-    ws = roofline.memory_seconds(roofline.model.weight_bytes / batch)
-    per_step, extra = [], []
-    dc = dm = pc = pm = pnv = 0.0
-    decoders = 0
-    for iv, phase in members:
-        if phase is Phase.DECODE:
-            short = iv.end - iv.decode_start < DECODE_SLOPE_MIN_SECONDS
-            ctx = iv.context_at((iv.decode_start + iv.end) / 2 if short else mid)
-            c = roofline.compute_seconds(roofline.decode_flops(ctx))  # type: ignore[arg-type]
-            m = roofline.memory_seconds(roofline.decode_bytes(ctx))  # type: ignore[arg-type]
-            dc, dm, decoders = dc + c, dm + m, decoders + 1
-            per_step.append(c + m + ws)
-            extra.append(0.0)
-            continue
-        n, cached = iv.new_tokens, iv.cached_tokens
-        c = roofline.compute_seconds(roofline.prefill_flops(n, cached))
-        m = roofline.memory_seconds(roofline.prefill_bytes(n, cached))
-        if iv.prefill_steps is not None:
-            dc, dm = dc + c / iv.prefill_steps, dm + m / iv.prefill_steps
-            per_step.append((c + m) / iv.prefill_steps + ws)
-            extra.append(0.0)
-        else:
-            share = dt / (iv.decode_start - iv.prefill_start)
-            pc, pm = pc + c * share, pm + m * share
-            pnv += roofline.nvlink_seconds(n) * share
-            per_step.append(ws)
-            extra.append((c + m) * share)
-    steps = 1.0
-    if pc > 0 or pm > 0:
-        overhead = roofline.step_overhead_seconds + roofline.nvlink_seconds(decoders)
-        busy = dt * fraction - pnv
-        steps = max(1.0, min((busy - pc) / (overhead + dc),
-                             (busy - pm) / (overhead + roofline.memory_seconds(
-                                 roofline.model.weight_bytes) + dm)))
-    return [steps * s + e for s, e in zip(per_step, extra, strict=True)]
 
 
 ROOFLINES = {name: roofline_for("H100-SXM", name, tp) for name, tp in
@@ -153,11 +69,13 @@ def _sweep(intervals: list[EngineInterval], stops: list[float], node_gpus: int
     return {iv.key: dict(iv.cost_by_phase) for iv in finished}, node, attributed
 
 
-def _close(a: dict[int, dict[Phase, float]], b: dict[int, dict[Phase, float]]) -> None:
+def _close(a: dict[int, dict[Phase, float]], b: dict[int, dict[Phase, float]],
+           rel: float = 1e-7) -> None:
     for key in set(a) | set(b):
         for phase in set(a.get(key, {})) | set(b.get(key, {})):
             x, y = a.get(key, {}).get(phase, 0.0), b.get(key, {}).get(phase, 0.0)
-            assert math.isclose(x, y, rel_tol=1e-7, abs_tol=1e-12), (key, phase, x, y)
+            assert math.isclose(x, y, rel_tol=rel, abs_tol=1e-12 * rel / 1e-7), (
+                key, phase, x, y)
 
 
 @settings(max_examples=80, deadline=None)
@@ -165,8 +83,23 @@ def _close(a: dict[int, dict[Phase, float]], b: dict[int, dict[Phase, float]]) -
 def test_the_sweep_equals_the_direct_computation(spec: list, node_gpus: int) -> None:
     intervals = _build(spec)
     swept, node, attributed = _sweep(intervals, [], node_gpus)
-    _close(swept, _direct(_build(spec), node_gpus))
+    _close(swept, group_slice_dollars(_build(spec), node_gpus, PRICE), 1e-9)
     assert attributed <= node * (1 + 1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(intervals_strategy, st.integers(1, 12))
+def test_each_groups_dollars_are_the_node_slice_rules(spec: list, node_gpus: int) -> None:
+    """Only the split within a group changed with group slices: a group's (an engine's
+    model's) dollars are what the node-slice rule gave it."""
+    swept, _, _ = _sweep(_build(spec), [], node_gpus)
+    before = node_slice_dollars(_build(spec), node_gpus, PRICE)
+    totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])  # type: ignore[type-arg]
+    for iv in _build(spec):
+        totals[iv.group][0] += sum(swept.get(iv.key, {}).values())
+        totals[iv.group][1] += sum(before.get(iv.key, {}).values())
+    for group, (now, then) in totals.items():
+        assert math.isclose(now, then, rel_tol=1e-9, abs_tol=1e-15), group
 
 
 @settings(max_examples=60, deadline=None)

@@ -117,7 +117,18 @@ def test_records_are_held_until_the_watermark_passes() -> None:
     assert sink.shutdowns == 1
 
 
-def test_late_record_is_priced_from_closed_slices_and_counted() -> None:
+def _conserved(cost: CostAttributor, sink: RecordingSink) -> None:
+    """Attributed GPU dollars plus idle (its negative rows included) are the node dollars,
+    in the sink and in the ledger."""
+    attributed = sum(r.gpu_cost_dollars for r in sink.records)
+    node = sum(ledger.node_dollars for ledger in cost.ledger.values())
+    assert math.isclose(attributed + sink.idle_dollars, node, rel_tol=1e-9)
+    for ledger in cost.ledger.values():
+        assert math.isclose(ledger.attributed_dollars + ledger.idle_dollars,
+                            ledger.node_dollars, rel_tol=1e-9)
+
+
+def test_a_late_record_is_charged_from_the_idle_it_overlaps_and_counted() -> None:
     sink = RecordingSink()
     clock = FakeClock(1000.0)
     cost = attributor(sink, clock, NO_DELAY)
@@ -128,13 +139,19 @@ def test_late_record_is_priced_from_closed_slices_and_counted() -> None:
     cost.shutdown()
     assert cost.stats.late_records.value == 2
     late = {r.trace_id: r for r in sink.records}
-    assert late[f"{3:032x}"].gpu_cost_dollars > 0
-    # alone on the node (the slice was idle): the full rate of its GPU
+    # its engine's one GPU was busy with record 0: no idle to charge it from; it would
+    # have paid half the GPU over its 10.1 s, counted as unpriced
+    assert late[f"{3:032x}"].gpu_cost_dollars == 0.0
+    assert math.isclose(cost.stats.late_unpriced_dollars.value, 10.1 * H100_PER_SECOND / 2,
+                        rel_tol=1e-9)
+    # alone on the node (the slice was idle): the full rate of its GPU, taken off the idle
     assert math.isclose(late[f"{4:032x}"].gpu_cost_dollars, 10.1 * H100_PER_SECOND, rel_tol=1e-9)
-    ledger = cost.ledger["node-a"]
-    attributed = sum(r.gpu_cost_dollars for r in sink.records)
-    assert math.isclose(attributed + sink.idle_dollars,
-                        ledger.node_dollars + cost.stats.late_dollars.value, rel_tol=1e-9)
+    assert math.isclose(cost.stats.late_dollars.value, 10.1 * H100_PER_SECOND, rel_tol=1e-9)
+    negative = [row for row in sink.idle if row.dollars < 0]
+    assert [(r.start_unix, r.end_unix) for r in negative] == [(950.1, 980.0)]
+    assert math.isclose(negative[0].dollars, -10.1 * H100_PER_SECOND, rel_tol=1e-9)
+    assert negative[0].energy_joules < 0
+    _conserved(cost, sink)
 
 
 def test_gpu_stages_are_modeled_with_phases_and_keep_measured_dispatch() -> None:
@@ -260,9 +277,10 @@ def test_a_busy_node_never_holds_back_another_nodes_records() -> None:
     assert sorted(r.node or "" for r in sink.records) == ["node-a", "node-b"]
 
 
-def test_a_request_longer_than_the_longest_wait_is_billed_whole() -> None:
+def test_a_request_longer_than_the_kept_slices_is_charged_from_their_idle() -> None:
     """A 20-minute request arrives after its node's slices closed and the oldest were
-    dropped: the slices kept price their part, its GPUs' full rate the part before them."""
+    dropped: the slices kept charge it from their idle; its part before them (whose idle
+    is no longer known) is unpriced, counted, never charged on top."""
     sink = RecordingSink()
     clock = FakeClock(0.0)
     cost = attributor(sink, clock, AttributorConfig(tick_seconds=0, min_delay_seconds=0,
@@ -276,8 +294,12 @@ def test_a_request_longer_than_the_longest_wait_is_billed_whole() -> None:
     cost.shutdown()
     assert cost.stats.late_records.value == 1
     priced = next(r for r in sink.records if r.trace_id == long.trace_id)
-    # about its whole 1,200 s on one GPU (it shared some slices with the short ones)
-    assert priced.gpu_cost_dollars > 0.95 * 1200 * H100_PER_SECOND
+    charged, unpriced = cost.stats.late_dollars.value, cost.stats.late_unpriced_dollars.value
+    assert math.isclose(priced.gpu_cost_dollars, charged, rel_tol=1e-9)
+    # most of its 1,200 s lie before the slices kept (the last two seconds' worth)
+    assert unpriced > 0.95 * 1200 * H100_PER_SECOND
+    assert charged + unpriced <= 1200 * H100_PER_SECOND * (1 + 1e-9)
+    _conserved(cost, sink)
 
 
 def test_a_record_received_twice_is_priced_once() -> None:
