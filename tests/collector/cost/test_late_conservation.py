@@ -19,7 +19,8 @@ from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
 from tokenpath.collector.cost.prices import price_sheet_from_mapping
 from tokenpath.collector.fan_out import FanOut
 from tokenpath.collector.prometheus_sink import PrometheusSink
-from tokenpath.collector.store import RecordStore, StoreConfig, open_store_readonly
+from tokenpath.collector.store import RecordStore, StoreConfig
+from tokenpath.collector.store_factory import open_store_readonly
 from tokenpath.stages import GPU_STAGES
 
 from .helpers import RecordingSink, engine_record
