@@ -156,3 +156,35 @@ def test_a_silent_source_expires_and_the_unit_is_priced_without_it() -> None:
     cost.consume_progress(SourceProgress("node-a", "live", 40, 995.0))
     assert cost.stats.sources_expired.value == 1
     assert len(sink.records) == 40
+
+
+def test_a_source_that_expired_then_delivers_is_late_and_keeps_conservation() -> None:
+    """The late path as it happens: replica "dead" falls silent, leaves the minimum after
+    the timeout, the unit closes on "live"'s progress, then "dead" delivers its records
+    after all. They are priced late, from the closed slices' idle, and the unit's
+    attributed + idle dollars still equal its GPUs' dollars (docs/cost-model.md)."""
+    clock = FakeClock(1000.0)
+    sink = RecordingSink()
+    cost = _attributor(clock, sink)
+    records = _traffic()
+    live, dead = records[0::2], records[1::2]
+    cost.consume_progress(SourceProgress("node-a", "dead", 0, 850.0))
+    for i, record in enumerate(live):
+        cost.consume_forwarded(record, "live")
+        cost.consume_progress(SourceProgress("node-a", "live", i + 1, 990.0))
+    clock.now += TIMEOUT + 1.0
+    cost.consume_progress(SourceProgress("node-a", "live", len(live), 995.0))
+    cost.tick()
+    assert cost.stats.sources_expired.value == 1
+    assert cost.stats.late_records.value == 0
+    for record in dead:  # back after all, its records with it
+        cost.consume_forwarded(record, "dead")
+    cost.consume_progress(SourceProgress("node-a", "dead", len(dead), 995.0))
+    cost.shutdown()
+    assert cost.stats.late_records.value == len(dead)
+    ledger = cost.ledger["node-a"]
+    assert math.isclose(ledger.attributed_dollars + ledger.idle_dollars, ledger.node_dollars,
+                        rel_tol=1e-9)
+    attributed = sum(r.gpu_cost_dollars for r in sink.records)
+    assert math.isclose(attributed + sink.idle_dollars, ledger.node_dollars, rel_tol=1e-9)
+    assert cost.stats.late_dollars.value + cost.stats.late_unpriced_dollars.value > 0
