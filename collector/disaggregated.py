@@ -105,6 +105,10 @@ def _identity_key(span: SpanData) -> tuple[str | None, str | None]:
     return identity.node, identity.engine
 
 
+# clocks of the prefill and the decode engine's hosts may disagree by this much
+HOST_SKEW_NANOS = 5_000_000
+
+
 def split_roles(engine_spans: list[SpanData]) -> Roles | None:
     """The prefill and decode engines' spans; None when one engine served the call."""
     if len(engine_spans) < 2:
@@ -116,8 +120,13 @@ def split_roles(engine_spans: list[SpanData]) -> Roles | None:
         return Roles(prefill, decode) if prefill and decode else None
     last = max(engine_spans, key=lambda s: s.end_unix_nano)
     decoder = _identity_key(last)
+    # A prefill is over before its decode is scheduled (the decode engine waits for the
+    # KV in its queue): spans of one engine that overlap, as an engine's own hook span
+    # and its llm_request span of one request do, are never a prefill and its decode.
+    scheduled = last.start_unix_nano + int(
+        (_seconds(last, A.VLLM_LATENCY_TIME_IN_QUEUE) or 0.0) * 1e9) + HOST_SKEW_NANOS
     prefill = [s for s in engine_spans
-               if s is not last and s.end_unix_nano <= last.end_unix_nano
+               if s is not last and s.end_unix_nano <= scheduled
                and s.status_code != STATUS_CODE_ERROR
                and (_count([s], _OUTPUT_KEYS) or 0) <= 1
                and (_identity_key(s) != decoder or decoder == (None, None))]

@@ -23,6 +23,7 @@ WAIT_SECONDS = 20.0
 ENGINE = "vllm-0"
 MODEL = "m"
 BLOCK = 32
+RESEND_AFTER_SECONDS = 3.0
 
 
 @pytest.fixture
@@ -56,7 +57,11 @@ def _publish_evictions(endpoint: str, agent: AgentService) -> None:
             assert time.monotonic() < deadline
             publisher.seq = 0
             publisher.publish(vllm_batch(1.0, [vllm_stored([block_hash(n) for n in range(3)])]))
-            time.sleep(0.05)
+            # a resend that arrives too is a restart to the agent (its sequence starts
+            # again) and counts the blocks cold twice: resend only once this one is lost
+            applied_by = time.monotonic() + RESEND_AFTER_SECONDS
+            while tracker.resident_blocks() < 3 and time.monotonic() < applied_by:
+                time.sleep(0.02)
         publisher.publish(vllm_batch(2.0, [vllm_removed([block_hash(0)])]))
         publisher.publish(vllm_batch(3.0, [vllm_stored([block_hash(0)])]))
     finally:
