@@ -264,6 +264,10 @@ def pd_traffic(now: float, nodes: list[tuple[str, str]], per_pair: int = 60,
             root = _gateway_span(gateway, record)
             context = trace.set_span_in_context(root)
             request_id = f"cmpl-{record.trace_id[:16]}"
+            # the decode engine schedules the request once its KV arrived, computes the
+            # prompt's last token and decodes: it ends after the prefill engine did, a
+            # one-token answer included
+            end = max(end, ds + transfer + 0.001)
             calls = (("prefill", arrival, ds, 1, ps - arrival, ds - ps, 0.0),
                      ("decode", ds, end, record.output_tokens, transfer, 0.0005,
                       end - ds - transfer - 0.0005))
