@@ -112,7 +112,8 @@ def _gateway_span(gateway: _Exporter, record: RequestRecord) -> trace.Span:
                     "http.response.status_code": 200})
 
 
-def _vllm_span(engine: _Exporter, record: RequestRecord, parent: trace.Span | None) -> None:
+def _vllm_span(engine: _Exporter, record: RequestRecord, parent: trace.Span | None,
+               model: str = MODEL) -> None:
     ps, ds, end = record.prefill_start_unix, record.decode_start_unix, record.engine_end_unix
     assert ps is not None and ds is not None and end is not None
     arrival = _arrival(record)
@@ -121,7 +122,7 @@ def _vllm_span(engine: _Exporter, record: RequestRecord, parent: trace.Span | No
     span = engine.provider.get_tracer("vllm").start_span(
         A.VLLM_REQUEST_SPAN_NAME, context=context, kind=SpanKind.SERVER,
         start_time=_ns(arrival), attributes={
-            A.GEN_AI_REQUEST_MODEL: MODEL,
+            A.GEN_AI_REQUEST_MODEL: model,
             A.GEN_AI_REQUEST_ID: f"cmpl-{record.trace_id[:16]}",
             A.VLLM_USAGE_PROMPT_TOKENS: record.input_tokens,
             A.VLLM_USAGE_COMPLETION_TOKENS: record.output_tokens,
@@ -218,6 +219,32 @@ def burst_traffic(now: float, count: int, seed: int = 5) -> ExportTraceServiceRe
             prefill_start_unix=start, decode_start_unix=decode_start, engine_end_unix=end)
         _vllm_span(engine, record, None)
     return encode_spans(engine.spans())
+
+
+def lora_traffic(now: float, count: int, seed: int = 23) -> EngineTraffic:
+    """``count`` requests on one vLLM engine, each on a model of its own (LoRA adapters are
+    served so: the adapter is the request's model), overlapping: scheduled over ten
+    seconds, decoding for two to eight, the last done a second before ``now``."""
+    rng = random.Random(seed)
+    instance = f"vllm-lora-{seed}"
+    engine = _Exporter.make({"service.name": "vllm", A.SERVICE_INSTANCE_ID: instance}, rng)
+    records = []
+    for i in range(count):
+        start = now - 19.0 + 10.0 * i / count
+        decode_start = start + rng.uniform(0.05, 0.3)
+        end = decode_start + rng.uniform(2.0, 8.0)
+        record = RequestRecord(
+            trace_id=rng.randbytes(16).hex(), model=f"{MODEL}-adapter-{i}",
+            input_tokens=rng.randint(64, 2048), output_tokens=rng.randint(50, 400),
+            queue_seconds=0.01, prefill_start_unix=start, decode_start_unix=decode_start,
+            engine_end_unix=end)
+        records.append(record)
+    for record in records:
+        _vllm_span(engine, record, None, model=record.model)
+    window = (min(r.prefill_start_unix or 0.0 for r in records),
+              max(r.engine_end_unix or 0.0 for r in records))
+    return EngineTraffic(encode_spans(engine.spans()), [r.trace_id for r in records],
+                         window, 1)
 
 
 def peak_in_flight(records: list[RequestRecord]) -> int:

@@ -30,7 +30,7 @@ from opentelemetry.proto.logs.v1.logs_pb2 import ResourceLogs
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 
 from tests.deploy.cluster import SETTLE_TIMEOUT_SECONDS, Cluster, cluster, post, samples
-from tests.deploy.engine_traffic import EngineTraffic, engine_traffic, pd_traffic
+from tests.deploy.engine_traffic import EngineTraffic, engine_traffic, lora_traffic, pd_traffic
 from tests.deploy.router import resource_key
 from tokenpath import attributes as A
 from tokenpath import metric_names as mn
@@ -56,6 +56,7 @@ BACKLOG_AGE_SECONDS = 40.0
 SETTINGS: dict[str, object] = {"cost": {"source_timeout_seconds": TIMEOUT_SECONDS,
                                         "source_discovery_seconds": 5,
                                         "min_delay_seconds": 15}}
+LORA_MODELS = 300
 LIVE_RPS = 3.0  # a slow live stream: 100 requests an engine take about 45 s
 DELAY_SECONDS = (15.0, 25.0)
 LIVE_STEP_SECONDS = 0.25
@@ -276,6 +277,20 @@ def test_a_disaggregated_workload_is_priced_as_one_collector_prices_it(
             f"{trace_id}: {theirs.gpu_cost_dollars} sharded, {mine.gpu_cost_dollars} alone; "
             f"{_late_counts(cluster)}")
         assert math.isclose(theirs.cost_dollars, mine.cost_dollars, rel_tol=1e-6)
+    _no_late(cluster)
+
+
+def test_many_models_on_one_node_sent_late(cluster: Cluster) -> None:
+    """300 requests in flight on one engine, each on its own model (LoRA adapters),
+    40 s old and sent to every replica at once: the engine's GPUs split among all of
+    them as one collector splits them."""
+    traffic = lora_traffic(time.time() - BACKLOG_AGE_SECONDS, LORA_MODELS)
+    body = traffic.request.SerializeToString()
+    post(f"{cluster.single.http_url}/v1/traces", body)
+    post(f"{cluster.router.url}/v1/traces", body)
+    _assert_priced_alike(cluster, traffic)
+    alone = _wait_for([cluster.single.http_url], set(traffic.trace_ids))
+    assert len({r.model for r in alone.values()}) == LORA_MODELS
     _no_late(cluster)
 
 
