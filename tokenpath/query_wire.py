@@ -112,11 +112,47 @@ def window_params(window: Window) -> dict[str, float]:
     return out
 
 
+def histogram_json(hist: Mapping[int, int]) -> list[int]:
+    """A log-bucket histogram as its first bucket's index, then each bucket's count in
+    order, where ``-n`` stands for ``n`` empty buckets (the offset and bucket counts of an
+    OTLP exponential histogram, its empty runs folded): what a histogram weighs grows with
+    the buckets it spans, not with the records it counts."""
+    keys = sorted(k for k, c in hist.items() if c)
+    if not keys:
+        return []
+    out = [keys[0]]
+    previous = keys[0] - 1
+    for key in keys:
+        if key - previous > 1:
+            out.append(previous + 1 - key)
+        out.append(hist[key])
+        previous = key
+    return out
+
+
+def parse_histogram(data: Sequence[Any]) -> dict[int, int]:
+    """:func:`histogram_json` read back (linear in its length)."""
+    if not data:
+        return {}
+    out: dict[int, int] = {}
+    key = int(data[0])
+    for item in data[1:]:
+        value = int(item)
+        if value < 0:
+            key -= value
+        elif value > 0:
+            out[key] = value
+            key += 1
+        else:
+            raise ValueError("a histogram's bucket counts are > 0, its gaps < 0")
+    return out
+
+
 def aggregates_json(groups: Mapping[Any, Aggregates]) -> list[list[Any]]:
-    """``[[group key, {values, histograms, sets}], ...]`` (histogram buckets as pairs:
-    their keys are integers)."""
+    """``[[group key, {values, histograms, sets}], ...]`` (histograms as
+    :func:`histogram_json` writes them)."""
     return [[key, {"values": agg.values,
-                   "histograms": {name: [[k, c] for k, c in hist.items()]
+                   "histograms": {name: histogram_json(hist)
                                   for name, hist in agg.histograms.items()},
                    "sets": {name: sorted(items) for name, items in agg.sets.items()}}]
             for key, agg in groups.items()]
@@ -128,8 +164,8 @@ def parse_aggregates(data: Any) -> dict[Any, Aggregates]:
         for key, body in data:
             out[key] = Aggregates(
                 {str(n): float(v) for n, v in body["values"].items()},
-                {str(n): {int(k): int(c) for k, c in pairs}
-                 for n, pairs in body["histograms"].items()},
+                {str(n): parse_histogram(buckets)
+                 for n, buckets in body["histograms"].items()},
                 {str(n): {str(i) for i in items} for n, items in body["sets"].items()})
         return out
     except (TypeError, ValueError, KeyError) as exc:
