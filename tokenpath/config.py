@@ -63,6 +63,7 @@ class Check:
     boolean: bool = False
     one_of: tuple[Any, ...] | None = None
     non_empty: bool = False
+    min_length: int | None = None
     max_length: int | None = None
     optional: bool = False
     key: str | None = None
@@ -92,6 +93,8 @@ class Check:
         parts: list[str] = []
         if self.non_empty:
             parts.append("must not be empty")
+        if self.min_length is not None:
+            parts.append(f"must be at least {self.min_length} characters")
         if self.max_length is not None:
             parts.append(f"must be at most {self.max_length} characters")
         if self.integer or self.finite or self.bounded:
@@ -117,6 +120,8 @@ class Check:
         if self.one_of is not None and value not in self.one_of:
             return False
         if self.non_empty and not value:
+            return False
+        if self.min_length is not None and len(value) < self.min_length:
             return False
         if self.max_length is not None and len(value) > self.max_length:
             return False
@@ -144,8 +149,9 @@ class Check:
 def check(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
           lt: float | None = None, integer: bool = False, finite: bool = False,
           boolean: bool = False, one_of: tuple[Any, ...] | None = None,
-          non_empty: bool = False, max_length: int | None = None, optional: bool = False,
-          key: str | None = None, message: str | None = None) -> Mapping[str, Any]:
+          non_empty: bool = False, min_length: int | None = None,
+          max_length: int | None = None, optional: bool = False, key: str | None = None,
+          message: str | None = None) -> Mapping[str, Any]:
     """A field's constraints as ``dataclasses.field`` metadata, checked by
     :func:`validate_fields`::
 
@@ -153,7 +159,8 @@ def check(*, ge: float | None = None, gt: float | None = None, le: float | None 
 
     ``ge``/``gt``/``le``/``lt``: bounds (NaN fails each); ``integer``: an ``int``, not a
     ``bool``; ``finite``: a finite number; ``boolean``: ``True`` or ``False``; ``one_of``:
-    one of these values; ``non_empty``: not empty; ``max_length``: at most this long;
+    one of these values; ``non_empty``: not empty; ``min_length``/``max_length``: at
+    least/at most this long (``len``);
     ``optional``: ``None`` passes (else it fails). ``key``: the name errors give, in place
     of the field's (``http`` for ``http_port``); ``message``: the error's text in place of
     the one the rules give (``{value!r}`` is filled in).
@@ -163,7 +170,11 @@ def check(*, ge: float | None = None, gt: float | None = None, le: float | None 
     return MappingProxyType({CHECK_METADATA_KEY: Check(
         ge=ge, gt=gt, le=le, lt=lt, integer=integer, finite=finite, boolean=boolean,
         one_of=None if one_of is None else tuple(one_of), non_empty=non_empty,
-        max_length=max_length, optional=optional, key=key, message=message)})
+        min_length=min_length, max_length=max_length, optional=optional, key=key, message=message)})
+
+
+# The rule most counts share, in the words the reference path's errors use.
+AT_LEAST_ONE: Final = check(ge=1, message="must be at least 1")
 
 
 def field_checks(config_class: Any) -> list[tuple[str, Check]]:
