@@ -119,7 +119,8 @@ def test_none_passes_an_optional_field_only() -> None:
     ({"boolean": True}, "must be true or false"),
     ({"non_empty": True}, "must not be empty"),
     ({"min_length": 16}, "must be at least 16 characters"),
-    ({"ge": 1, "message": "must be at least 1, got {value!r}"}, "must be at least 1, got {value!r}"),
+    ({"ge": 1, "message": "must be at least 1, got {value!r}"},
+     "must be at least 1, got {value!r}"),
 ])
 def test_the_rules_say_what_they_ask(rules: dict[str, Any], message: str) -> None:
     assert Check(**rules).describe() == message
