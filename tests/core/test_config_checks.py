@@ -33,6 +33,8 @@ from tokenpath.config import (
     field_checks,
     validate_fields,
 )
+from tokenpath.dashboards.push import PushConfig
+from tokenpath.dashboards.rules import RuleParams
 from tokenpath.instrumentation.fingerprints import FingerprintConfig
 from tokenpath.instrumentation.network import LinkModel
 from tokenpath.instrumentation.reference.disaggregated import KvLinkConfig
@@ -255,6 +257,8 @@ _CONFIGS: list[tuple[Callable[[], Any], str]] = [
     (TenantConfig, "tenants."),
     (PluginConfig, ""),
     (LocalVllmConfig, ""),
+    (RuleParams, ""),
+    (PushConfig, ""),
 ]
 
 
