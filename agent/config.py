@@ -98,7 +98,6 @@ def _url_list(value: Any) -> tuple[str, ...]:
     raise ValueError("expected a list of URLs or a comma-separated string")
 
 
-
 def _duration(key: str) -> Mapping[str, Any]:
     """A positive duration of at most a day, named ``key`` in errors."""
     return check(gt=0, le=MAX_DURATION_SECONDS, key=key, message=(
