@@ -29,9 +29,11 @@ from tokenpath.agent.nic_sampler import (
 )
 from tokenpath.config import (
     ConfigError,
+    check,
     parse_host_port,
     resolve,
     resolve_typed,
+    validate_fields,
 )
 from tokenpath.endpoints import AGENT_LISTEN
 from tokenpath.tls import ClientTlsConfig, TlsConfig
@@ -96,25 +98,44 @@ def _url_list(value: Any) -> tuple[str, ...]:
     raise ValueError("expected a list of URLs or a comma-separated string")
 
 
+def _duration(key: str) -> Mapping[str, Any]:
+    """A positive duration of at most a day, named ``key`` in errors."""
+    return check(gt=0, le=MAX_DURATION_SECONDS, key=key, message=(
+        f"must be positive and at most {MAX_DURATION_SECONDS:g} s, got {{value!r}}"))
+
+
+_CAP = check(ge=1, le=10_000, message="must be between 1 and 10000, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     listen: str = DEFAULT_LISTEN
     collector_url: str | None = None
-    interval_seconds: float = DEFAULT_INTERVAL_SECONDS
+    interval_seconds: float = field(default=DEFAULT_INTERVAL_SECONDS, metadata=check(
+        ge=MIN_INTERVAL_SECONDS, le=MAX_DURATION_SECONDS, key="interval",
+        message=f"must be between {MIN_INTERVAL_SECONDS} s and {MAX_DURATION_SECONDS:g} s"))
     engine_metrics_urls: tuple[str, ...] = ()
-    node: str = field(default_factory=lambda: default_node_name())
-    engine_timeout_seconds: float = DEFAULT_ENGINE_TIMEOUT_SECONDS
-    engine_interval_seconds: float = DEFAULT_ENGINE_INTERVAL_SECONDS
-    push_timeout_seconds: float = DEFAULT_PUSH_TIMEOUT_SECONDS
-    push_interval_seconds: float = DEFAULT_PUSH_INTERVAL_SECONDS
-    nic_source: NicSource = "auto"
+    node: str = field(default_factory=lambda: default_node_name(), metadata=check(
+        non_empty=True, max_length=253,
+        message="must be a non-empty name of at most 253 characters"))
+    engine_timeout_seconds: float = field(default=DEFAULT_ENGINE_TIMEOUT_SECONDS,
+                                          metadata=_duration("engine_timeout"))
+    engine_interval_seconds: float = field(default=DEFAULT_ENGINE_INTERVAL_SECONDS,
+                                           metadata=_duration("engine_interval"))
+    push_timeout_seconds: float = field(default=DEFAULT_PUSH_TIMEOUT_SECONDS,
+                                        metadata=_duration("push_timeout"))
+    push_interval_seconds: float = field(default=DEFAULT_PUSH_INTERVAL_SECONDS,
+                                         metadata=_duration("push_interval"))
+    nic_source: NicSource = field(default="auto", metadata=check(one_of=NIC_SOURCES))
     nic_exclude: str = DEFAULT_NIC_EXCLUDE
-    sysfs_root: str = str(DEFAULT_SYSFS_ROOT)
+    sysfs_root: str = field(default=str(DEFAULT_SYSFS_ROOT), metadata=check(
+        non_empty=True, message="must be a directory path"))
     pcie_throughput: bool = True
-    nvml_retry_seconds: float = DEFAULT_NVML_RETRY_SECONDS
-    max_devices: int = DEFAULT_MAX_DEVICES
-    max_models: int = DEFAULT_MAX_MODELS
-    max_sources: int = DEFAULT_MAX_SOURCES
+    nvml_retry_seconds: float = field(default=DEFAULT_NVML_RETRY_SECONDS,
+                                      metadata=_duration("nvml_retry"))
+    max_devices: int = field(default=DEFAULT_MAX_DEVICES, metadata=_CAP)
+    max_models: int = field(default=DEFAULT_MAX_MODELS, metadata=_CAP)
+    max_sources: int = field(default=DEFAULT_MAX_SOURCES, metadata=_CAP)
     # KV-cache event endpoints, ``[ENGINE_ID=]tcp://HOST:PORT`` (agent/kv_receiver.py).
     kv_events: tuple[str, ...] = ()
     # engine id -> model name, for the ``model`` label (engines of one model on a node
@@ -122,7 +143,8 @@ class AgentConfig:
     kv_event_models: dict[str, str] = field(default_factory=dict)
     # engine id -> the engine's replay endpoint (vLLM's ``replay_endpoint``).
     kv_events_replay: dict[str, str] = field(default_factory=dict)
-    kv_max_blocks: int = DEFAULT_MAX_BLOCKS
+    kv_max_blocks: int = field(default=DEFAULT_MAX_BLOCKS, metadata=check(
+        ge=1, le=MAX_KV_BLOCKS, message=f"must be between 1 and {MAX_KV_BLOCKS}, got {{value!r}}"))
     # TLS (and mTLS with a client CA) on the /metrics listener: the collector's settings.
     tls: TlsConfig = field(default_factory=TlsConfig)
     # How the OTLP push meets an https:// collector: its CA, and a client certificate
@@ -143,31 +165,11 @@ class AgentConfig:
             _check_url(self.collector_url, "collector")
         for url in self.engine_metrics_urls:
             _check_url(url, "engine_metrics")
-        if not MIN_INTERVAL_SECONDS <= self.interval_seconds <= MAX_DURATION_SECONDS:
-            raise ConfigError("interval", f"must be between {MIN_INTERVAL_SECONDS} s and "
-                              f"{MAX_DURATION_SECONDS:g} s")
-        for key, value in (("engine_timeout", self.engine_timeout_seconds),
-                           ("engine_interval", self.engine_interval_seconds),
-                           ("push_timeout", self.push_timeout_seconds),
-                           ("push_interval", self.push_interval_seconds),
-                           ("nvml_retry", self.nvml_retry_seconds)):
-            if not 0 < value <= MAX_DURATION_SECONDS:
-                raise ConfigError(key, f"must be positive and at most "
-                                  f"{MAX_DURATION_SECONDS:g} s, got {value!r}")
-        if not self.node or len(self.node) > 253:
-            raise ConfigError("node", "must be a non-empty name of at most 253 characters")
-        if not self.sysfs_root:
-            raise ConfigError("sysfs_root", "must be a directory path")
-        if self.nic_source not in NIC_SOURCES:
-            raise ConfigError("nic_source", f"must be one of {', '.join(NIC_SOURCES)}")
+        validate_fields(self)  # top-level keys: no section
         try:
             re.compile(self.nic_exclude)
         except re.error as exc:
             raise ConfigError("nic_exclude", f"not a regular expression: {exc}") from exc
-        for key, cap in (("max_devices", self.max_devices), ("max_models", self.max_models),
-                         ("max_sources", self.max_sources)):
-            if not 1 <= cap <= 10_000:
-                raise ConfigError(key, f"must be between 1 and 10000, got {cap!r}")
         addresses = [endpoint.address for endpoint in self.kv_endpoints]
         if len(set(addresses)) != len(addresses):
             raise ConfigError("kv_events", "an endpoint is named twice")
@@ -176,9 +178,6 @@ class AgentConfig:
             parse_kv_endpoint(address, "kv_events_replay")
         for engine in self.kv_event_models:
             check_engine_id(engine, "kv_event_models")
-        if not 1 <= self.kv_max_blocks <= MAX_KV_BLOCKS:
-            raise ConfigError("kv_max_blocks", f"must be between 1 and {MAX_KV_BLOCKS}, "
-                              f"got {self.kv_max_blocks!r}")
         self.tls.validate()
         self.collector_tls.validate()
         return self

@@ -41,7 +41,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenpath.attributes import (
     GEN_AI_REQUEST_ID,
@@ -53,7 +53,7 @@ from tokenpath.collector.calls import is_call_span
 from tokenpath.collector.interfaces import TraceConsumer
 from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, Attributes, SpanData
 from tokenpath.collector.stats import PIPELINE_STEP_HAND_OFF, CollectorStats
-from tokenpath.config import ConfigError
+from tokenpath.config import check, validate_fields
 
 log = logging.getLogger(__name__)
 
@@ -80,26 +80,20 @@ MAX_SLEEP_SECONDS = 3600.0
 
 @dataclass(frozen=True, slots=True)
 class AssemblerConfig:
-    max_traces: int = DEFAULT_MAX_TRACES
-    max_spans_per_trace: int = DEFAULT_MAX_SPANS_PER_TRACE
-    root_grace_seconds: float = DEFAULT_ROOT_GRACE_SECONDS
-    idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
-    finished_memory: int = DEFAULT_FINISHED_MEMORY
-    open_memory: int = DEFAULT_OPEN_MEMORY
-    annotation_ttl_seconds: float = DEFAULT_ANNOTATION_TTL_SECONDS
-    max_annotations: int = DEFAULT_MAX_ANNOTATIONS
-    tick_seconds: float = DEFAULT_TICK_SECONDS
+    max_traces: int = field(default=DEFAULT_MAX_TRACES, metadata=check(ge=1))
+    max_spans_per_trace: int = field(default=DEFAULT_MAX_SPANS_PER_TRACE, metadata=check(ge=1))
+    root_grace_seconds: float = field(default=DEFAULT_ROOT_GRACE_SECONDS, metadata=check(ge=0))
+    idle_timeout_seconds: float = field(default=DEFAULT_IDLE_TIMEOUT_SECONDS,
+                                        metadata=check(ge=0))
+    finished_memory: int = field(default=DEFAULT_FINISHED_MEMORY, metadata=check(ge=1))
+    open_memory: int = field(default=DEFAULT_OPEN_MEMORY, metadata=check(ge=1))
+    annotation_ttl_seconds: float = field(default=DEFAULT_ANNOTATION_TTL_SECONDS,
+                                          metadata=check(ge=0))
+    max_annotations: int = field(default=DEFAULT_MAX_ANNOTATIONS, metadata=check(ge=1))
+    tick_seconds: float = field(default=DEFAULT_TICK_SECONDS, metadata=check(gt=0))
 
     def validate(self) -> None:
-        for key in ("max_traces", "max_spans_per_trace", "finished_memory", "open_memory",
-                    "max_annotations"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"assembler.{key}", "must be >= 1")
-        for key in ("root_grace_seconds", "idle_timeout_seconds", "annotation_ttl_seconds"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"assembler.{key}", "must be >= 0")
-        if self.tick_seconds <= 0:
-            raise ConfigError("assembler.tick_seconds", "must be > 0")
+        validate_fields(self, "assembler")
 
 
 @dataclass(slots=True, init=False)  # a written __init__: see tokenpath/records.py

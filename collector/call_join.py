@@ -43,12 +43,12 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenpath import metric_names as M
 from tokenpath.collector.interfaces import RecordSink
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.config import ConfigError
+from tokenpath.config import check, validate_fields
 from tokenpath.records import IdleCost, RequestRecord, StageTiming
 from tokenpath.slo import SloConfig, judge_record
 from tokenpath.stage_members import CLIENT_DECODE, CLIENT_TOKENIZE, DERIVED
@@ -86,23 +86,14 @@ class JoinConfig:
     ``clock_skew_seconds`` the tolerance of the interval test of a join without a response
     id (:func:`fits`)."""
 
-    mode: str = "auto"
-    wait_seconds: float = DEFAULT_WAIT_SECONDS
-    active_seconds: float = DEFAULT_ACTIVE_SECONDS
-    max_held: int = DEFAULT_MAX_HELD
-    clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
+    mode: str = field(default="auto", metadata=check(one_of=JOIN_MODES))
+    wait_seconds: float = field(default=DEFAULT_WAIT_SECONDS, metadata=check(ge=0))
+    active_seconds: float = field(default=DEFAULT_ACTIVE_SECONDS, metadata=check(ge=0))
+    max_held: int = field(default=DEFAULT_MAX_HELD, metadata=check(ge=1))
+    clock_skew_seconds: float = field(default=DEFAULT_CLOCK_SKEW_SECONDS, metadata=check(ge=0))
 
     def validate(self) -> None:
-        if self.mode not in JOIN_MODES:
-            raise ConfigError("join.mode", f"must be one of {', '.join(JOIN_MODES)}")
-        if not self.wait_seconds >= 0:
-            raise ConfigError("join.wait_seconds", "must be >= 0")
-        if not self.active_seconds >= 0:
-            raise ConfigError("join.active_seconds", "must be >= 0")
-        if self.max_held < 1:
-            raise ConfigError("join.max_held", "must be >= 1")
-        if not self.clock_skew_seconds >= 0:
-            raise ConfigError("join.clock_skew_seconds", "must be >= 0")
+        validate_fields(self, "join")
 
 
 def join_keys(record: RequestRecord) -> set[str]:

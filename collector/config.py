@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,13 @@ from tokenpath.collector.store import DEFAULT_QUEUE_SIZE as DEFAULT_STORE_QUEUE_
 from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
 from tokenpath.config import (
     ConfigError,
+    check,
     parse_duration,
     parse_host_port,
     read_section,
     resolve,
     typed_value,
+    validate_fields,
 )
 from tokenpath.endpoints import COLLECTOR_GRPC, COLLECTOR_GRPC_PORT, COLLECTOR_HTTP_PORT, LOOPBACK
 from tokenpath.slo import CONFIG_KEY as SLO_CONFIG_KEY
@@ -64,16 +67,23 @@ def default_store_path() -> str:
     return str(Path(base) / "tokenpath" / "store.db")
 
 
+def _port(key: str, *, optional: bool = False) -> Mapping[str, Any]:
+    return check(ge=0, le=65535, optional=optional, key=key,
+                 message="port out of range: {value}")
+
+
 @dataclass(frozen=True, slots=True)
 class CollectorConfig:
     http_host: str = DEFAULT_HTTP_HOST
-    http_port: int = DEFAULT_HTTP_PORT
+    http_port: int = field(default=DEFAULT_HTTP_PORT, metadata=_port("http"))
     grpc_host: str = LOOPBACK
-    grpc_port: int | None = COLLECTOR_GRPC_PORT  # None: no gRPC listener
+    grpc_port: int | None = field(default=COLLECTOR_GRPC_PORT,  # None: no gRPC listener
+                                  metadata=_port("grpc", optional=True))
     store_path: str = ":memory:"
     prices_path: str | None = None
-    retention_seconds: float = DEFAULT_RETENTION_SECONDS
-    max_buffered_spans: int = DEFAULT_MAX_BUFFERED_SPANS
+    retention_seconds: float = field(default=DEFAULT_RETENTION_SECONDS,
+                                     metadata=check(gt=0, key="retention"))
+    max_buffered_spans: int = field(default=DEFAULT_MAX_BUFFERED_SPANS, metadata=check(ge=1))
     auth_token: str | None = field(default=None, repr=False)
     assembler: AssemblerConfig = field(default_factory=AssemblerConfig)
     cost: AttributorConfig = field(default_factory=AttributorConfig)
@@ -85,17 +95,18 @@ class CollectorConfig:
     # Traces and record batches waiting for the pipeline worker from which the receivers
     # shed load (its queue is unbounded; admission bounds it). The old key
     # pipeline_queue_size (twice this) is still read.
-    pipeline_shed_at: int = DEFAULT_SHED_AT
+    pipeline_shed_at: int = field(default=DEFAULT_SHED_AT, metadata=check(ge=1))
     # Records (and idle-cost slices) waiting for the store's writer: past half of it the
     # receivers shed load; when full, the pipeline worker waits (never a drop).
-    store_queue_size: int = DEFAULT_STORE_QUEUE_SIZE
+    store_queue_size: int = field(default=DEFAULT_STORE_QUEUE_SIZE, metadata=check(ge=1))
     # Records the store's writer writes in one transaction or insert, at most; None: the
     # store's default (500 for SQLite, 5,000 for ClickHouse).
-    store_batch_size: int | None = None
+    store_batch_size: int | None = field(default=None, metadata=check(ge=1, optional=True))
     join: JoinConfig = field(default_factory=JoinConfig)
     # The garbage collector's young threshold in the collector process (gc_tuning.py);
     # 0 keeps Python's default.
-    gc_young_threshold: int = DEFAULT_GC_YOUNG_THRESHOLD
+    gc_young_threshold: int = field(default=DEFAULT_GC_YOUNG_THRESHOLD, metadata=check(
+        ge=0, message="must be >= 0 (0: Python's default)"))
     # SLO classes (tokenpath/slo.py), the file's slo_classes: records are classified as
     # they are mapped, so every replica of a sharded deployment needs the same ones.
     slo: SloConfig = field(default_factory=SloConfig)
@@ -105,24 +116,9 @@ class CollectorConfig:
         return None if self.forward_records is None else ForwarderConfig(self.forward_records)
 
     def validate(self) -> None:
-        if not 0 <= self.http_port <= 65535:
-            raise ConfigError("http", f"port out of range: {self.http_port}")
-        if self.grpc_port is not None and not 0 <= self.grpc_port <= 65535:
-            raise ConfigError("grpc", f"port out of range: {self.grpc_port}")
-        if self.retention_seconds <= 0:
-            raise ConfigError("retention", "must be > 0")
-        if self.max_buffered_spans < 1:
-            raise ConfigError("max_buffered_spans", "must be >= 1")
+        validate_fields(self)  # top-level keys: no section
         if self.prices_path is not None and not Path(self.prices_path).is_file():
             raise ConfigError("prices", f"no such file: {self.prices_path}")
-        if self.pipeline_shed_at < 1:
-            raise ConfigError("pipeline_shed_at", "must be >= 1")
-        if self.store_queue_size < 1:
-            raise ConfigError("store_queue_size", "must be >= 1")
-        if self.store_batch_size is not None and self.store_batch_size < 1:
-            raise ConfigError("store_batch_size", "must be >= 1")
-        if self.gc_young_threshold < 0:
-            raise ConfigError("gc_young_threshold", "must be >= 0 (0: Python's default)")
         if self.forwarder is not None:
             self.forwarder.validate()
         self.assembler.validate()

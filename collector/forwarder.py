@@ -52,7 +52,7 @@ from tokenpath.collector.cost.attributor import AttributorConfig
 from tokenpath.collector.forward_progress import ForwardProgress
 from tokenpath.collector.record_logs import OutgoingPricedPart, OutgoingProgress, encode_records
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.config import ConfigError
+from tokenpath.config import ConfigError, check, validate_fields
 from tokenpath.records import IdleCost, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -76,27 +76,18 @@ def default_source_id() -> str:
 @dataclass(frozen=True, slots=True)
 class ForwarderConfig:
     url: str
-    max_queue_records: int = DEFAULT_MAX_QUEUE_RECORDS
-    batch_records: int = DEFAULT_BATCH_RECORDS
-    max_retry_seconds: float = DEFAULT_MAX_RETRY_SECONDS
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    shutdown_seconds: float = DEFAULT_SHUTDOWN_SECONDS
-    progress_seconds: float = DEFAULT_PROGRESS_SECONDS
-    source_id: str = field(default_factory=default_source_id)
+    max_queue_records: int = field(default=DEFAULT_MAX_QUEUE_RECORDS, metadata=check(ge=1))
+    batch_records: int = field(default=DEFAULT_BATCH_RECORDS, metadata=check(ge=1))
+    max_retry_seconds: float = field(default=DEFAULT_MAX_RETRY_SECONDS, metadata=check(ge=0))
+    timeout_seconds: float = field(default=DEFAULT_TIMEOUT_SECONDS, metadata=check(ge=0))
+    shutdown_seconds: float = field(default=DEFAULT_SHUTDOWN_SECONDS, metadata=check(ge=0))
+    progress_seconds: float = field(default=DEFAULT_PROGRESS_SECONDS, metadata=check(gt=0))
+    source_id: str = field(default_factory=default_source_id, metadata=check(non_empty=True))
 
     def validate(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ConfigError("forward_records", f"must be an http(s) URL, not {self.url!r}")
-        for key in ("max_queue_records", "batch_records"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"forward_records.{key}", "must be >= 1")
-        for key in ("max_retry_seconds", "timeout_seconds", "shutdown_seconds"):
-            if not getattr(self, key) >= 0:
-                raise ConfigError(f"forward_records.{key}", "must be >= 0")
-        if not self.progress_seconds > 0:
-            raise ConfigError("forward_records.progress_seconds", "must be > 0")
-        if not self.source_id:
-            raise ConfigError("forward_records.source_id", "must not be empty")
+        validate_fields(self, "forward_records")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,13 +12,13 @@ return is modeled.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tokenpath.collector.cost.prices import PriceSheet
 from tokenpath.collector.cost.whatif import Scenario, WhatIfError
 from tokenpath.collector.cost.whatif_overview import WhatIfWindow, run_whatif, whatif_overview
-from tokenpath.config import ConfigError
+from tokenpath.config import ConfigError, check, validate_fields
 from tokenpath.records import RequestRecord
 
 QUANTIZATIONS = ("none", "int8", "int4")
@@ -27,28 +27,20 @@ ROUTERS = ("as_recorded", "prefix_affine")
 
 @dataclass(frozen=True, slots=True)
 class WhatIfRequest:
-    cache_hit_rate_delta: float = 0.0
-    spec_decode_speedup: float = 1.0
-    gpu_utilization: float | None = None
-    quantization: str = "none"
+    cache_hit_rate_delta: float = field(default=0.0, metadata=check(ge=-1.0, le=1.0))
+    spec_decode_speedup: float = field(default=1.0, metadata=check(ge=1.0, le=10.0))
+    gpu_utilization: float | None = field(default=None,
+                                          metadata=check(ge=0.05, le=1.0, optional=True))
+    quantization: str = field(default="none", metadata=check(one_of=QUANTIZATIONS))
     # prefix_affine: replay the fingerprints through a prefix-affine router
     # (collector/cost/routing_whatif.py) and project with its cache-hit gain
-    router: str = "as_recorded"
+    router: str = field(default="as_recorded", metadata=check(one_of=ROUTERS))
     # whether the body gave the cache change: with the router, an absent one takes the
     # router's replayed hits instead (a given 0 keeps the recorded hit ratio)
     cache_change_given: bool = False
 
     def validate(self) -> None:
-        if not -1.0 <= self.cache_hit_rate_delta <= 1.0:
-            raise ConfigError("cache_hit_rate_delta", "must be between -1 and 1")
-        if not 1.0 <= self.spec_decode_speedup <= 10.0:
-            raise ConfigError("spec_decode_speedup", "must be between 1 and 10")
-        if self.gpu_utilization is not None and not 0.05 <= self.gpu_utilization <= 1.0:
-            raise ConfigError("gpu_utilization", "must be between 0.05 and 1")
-        if self.quantization not in QUANTIZATIONS:
-            raise ConfigError("quantization", f"must be one of {', '.join(QUANTIZATIONS)}")
-        if self.router not in ROUTERS:
-            raise ConfigError("router", f"must be one of {', '.join(ROUTERS)}")
+        validate_fields(self)  # the keys are the request body's: no section
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> WhatIfRequest:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException
 
-from tokenpath.config import ConfigError
+from tokenpath.config import ConfigError, check, validate_fields
 
 DEFAULT_GRAFANA_URL = "http://127.0.0.1:3000"
 DEFAULT_FOLDER_UID = "tokenpath"
@@ -35,17 +35,15 @@ class PushError(RuntimeError):
 class PushConfig:
     url: str = DEFAULT_GRAFANA_URL
     token: str | None = None
-    folder_uid: str = DEFAULT_FOLDER_UID
+    folder_uid: str = field(default=DEFAULT_FOLDER_UID, metadata=check(non_empty=True))
     folder_title: str = DEFAULT_FOLDER_TITLE
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    timeout_seconds: float = field(default=DEFAULT_TIMEOUT_SECONDS,
+                                   metadata=check(gt=0, message="must be positive"))
 
     def validate(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ConfigError("url", f"must be an http(s) URL, got {self.url!r}")
-        if not self.folder_uid:
-            raise ConfigError("folder_uid", "must not be empty")
-        if self.timeout_seconds <= 0:
-            raise ConfigError("timeout_seconds", "must be positive")
+        validate_fields(self)
 
 
 @dataclass(frozen=True, slots=True)

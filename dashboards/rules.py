@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from tokenpath import metric_names as mn
-from tokenpath.config import ConfigError
+from tokenpath.config import check, validate_fields
 from tokenpath.dashboards import queries as q
 from tokenpath.slo import OUTCOME_MET, OUTCOME_MISSED
 
@@ -49,16 +49,20 @@ class RuleParams:
     evaluation_interval: str = "1m"
     rate_window: str = "5m"
     # Prefix-cache hit regression: now below (1 - drop) x the ratio at each baseline offset.
-    hit_baselines: tuple[str, ...] = ("1h", "1d")
-    hit_relative_drop: float = 0.25
+    hit_baselines: tuple[str, ...] = field(default=("1h", "1d"), metadata=check(
+        non_empty=True, message="at least one baseline offset is needed"))
+    hit_relative_drop: float = field(default=0.25, metadata=check(
+        gt=0.0, lt=1.0, message="must be between 0 and 1"))
     hit_min_input_tokens_per_second: float = 50.0
     hit_for: str = "15m"
     # SLO burn rates (every class of the collector's slo_classes, each against its own
     # objective, tokenpath_slo_objective_ratio): both windows of a BurnWindow above its rate.
-    burn_windows: tuple[BurnWindow, ...] = DEFAULT_BURN_WINDOWS
+    burn_windows: tuple[BurnWindow, ...] = field(default=DEFAULT_BURN_WINDOWS, metadata=check(
+        non_empty=True, message="at least one burn window is needed"))
     # Cost per output token against its own long-window average.
     cost_baseline_window: str = "1d"
-    cost_spike_factor: float = 1.5
+    cost_spike_factor: float = field(default=1.5,
+                                     metadata=check(gt=1.0, message="must be above 1"))
     cost_min_output_tokens_per_second: float = 5.0
     cost_for: str = "30m"
     miss_waste_dollars_per_hour: float = 5.0
@@ -73,14 +77,7 @@ class RuleParams:
     extra_alert_labels: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
-        if not self.hit_baselines:
-            raise ConfigError("hit_baselines", "at least one baseline offset is needed")
-        if not 0.0 < self.hit_relative_drop < 1.0:
-            raise ConfigError("hit_relative_drop", "must be between 0 and 1")
-        if self.cost_spike_factor <= 1.0:
-            raise ConfigError("cost_spike_factor", "must be above 1")
-        if not self.burn_windows:
-            raise ConfigError("burn_windows", "at least one burn window is needed")
+        validate_fields(self)
 
 
 # Recorded series names (level:metric:operations).

@@ -15,9 +15,9 @@ import hashlib
 import os
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from tokenpath.config import ConfigError
+from tokenpath.config import ConfigError, check, validate_fields
 
 FINGERPRINT_SALT_ENV = "TOKENPATH_FINGERPRINT_SALT"
 DEFAULT_FINGERPRINT_SALT = b"tokenpath-default-salt"  # public: set your own secret salt
@@ -29,18 +29,17 @@ FINGERPRINT_DIGEST_BYTES = 8  # 16 hex characters
 @dataclass(frozen=True, slots=True)
 class FingerprintConfig:
     salt: bytes = DEFAULT_FINGERPRINT_SALT
-    block_tokens: int = DEFAULT_FINGERPRINT_BLOCK_TOKENS
-    max_fingerprints: int = DEFAULT_MAX_FINGERPRINTS
+    block_tokens: int = field(default=DEFAULT_FINGERPRINT_BLOCK_TOKENS, metadata=check(
+        ge=1, key="fingerprint_block_tokens", message="must be at least 1"))
+    max_fingerprints: int = field(default=DEFAULT_MAX_FINGERPRINTS,
+                                  metadata=check(ge=0, message="must not be negative"))
 
     def validate(self) -> None:
         if not self.salt:
             raise ConfigError("fingerprint_salt", "must not be empty")
         if len(self.salt) > 64:
             raise ConfigError("fingerprint_salt", "at most 64 bytes (BLAKE2b key size)")
-        if self.block_tokens < 1:
-            raise ConfigError("fingerprint_block_tokens", "must be at least 1")
-        if self.max_fingerprints < 0:
-            raise ConfigError("max_fingerprints", "must not be negative")
+        validate_fields(self)
 
     @classmethod
     def from_env(cls) -> FingerprintConfig:

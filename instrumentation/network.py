@@ -21,10 +21,10 @@ module only needs what a gateway sees.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from tokenpath.config import ConfigError
+from tokenpath.config import AT_LEAST_ONE, check, validate_fields
 from tokenpath.wire_sizes import DEFAULT_MSS_BYTES, PACKET_OVERHEAD_BYTES
 
 DEFAULT_LINK_BITS_PER_SECOND = 25e9  # 25GbE, a common server uplink
@@ -32,24 +32,21 @@ DEFAULT_SMALL_PACKET_PAYLOAD_BYTES = 64
 DEFAULT_SWITCH_HOPS = 2  # leaf and spine between an engine host and its gateway
 DEFAULT_SWITCH_LATENCY_SECONDS = 1e-6  # per hop, typical data-center switch port-to-port
 
+_NOT_NEGATIVE = check(ge=0, message="must not be negative")
+
 
 @dataclass(frozen=True, slots=True)
 class LinkModel:
-    link_bits_per_second: float = DEFAULT_LINK_BITS_PER_SECOND
-    mss_bytes: int = DEFAULT_MSS_BYTES
+    link_bits_per_second: float = field(default=DEFAULT_LINK_BITS_PER_SECOND, metadata=check(
+        gt=0, message="must be greater than 0"))
+    mss_bytes: int = field(default=DEFAULT_MSS_BYTES, metadata=AT_LEAST_ONE)
     small_packet_payload_bytes: int = DEFAULT_SMALL_PACKET_PAYLOAD_BYTES
-    switch_hops: int = DEFAULT_SWITCH_HOPS
-    switch_latency_seconds: float = DEFAULT_SWITCH_LATENCY_SECONDS
+    switch_hops: int = field(default=DEFAULT_SWITCH_HOPS, metadata=_NOT_NEGATIVE)
+    switch_latency_seconds: float = field(default=DEFAULT_SWITCH_LATENCY_SECONDS,
+                                          metadata=_NOT_NEGATIVE)
 
     def validate(self) -> None:
-        if not self.link_bits_per_second > 0:
-            raise ConfigError("link_bits_per_second", "must be greater than 0")
-        if self.mss_bytes < 1:
-            raise ConfigError("mss_bytes", "must be at least 1")
-        if self.switch_hops < 0:
-            raise ConfigError("switch_hops", "must not be negative")
-        if self.switch_latency_seconds < 0:
-            raise ConfigError("switch_latency_seconds", "must not be negative")
+        validate_fields(self)
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from tokenpath.config import ConfigError
+from tokenpath.config import ConfigError, check, validate_fields
 
 TENANT_HEADER_EXAMPLE = "x-tenant-id"  # the usual name, when a trusted proxy sets it
 MAX_TENANT_LENGTH = 64
@@ -45,7 +45,8 @@ class TenantConfig:
 
     header: str | None = None  # opt-in: only behind a proxy that sets it
     key_tenants: Mapping[str, str] = field(default_factory=dict, repr=False)
-    hash_salt: str | None = field(default=None, repr=False)
+    hash_salt: str | None = field(default=None, repr=False, metadata=check(
+        min_length=16, optional=True, message="must be at least 16 characters"))
 
     def validate(self) -> None:
         if self.header is not None and (not self.header or self.header != self.header.strip()):
@@ -54,8 +55,7 @@ class TenantConfig:
             if not tenant or len(tenant) > MAX_TENANT_LENGTH:
                 raise ConfigError("tenants.keys",
                                   f"a tenant name must be 1 to {MAX_TENANT_LENGTH} characters")
-        if self.hash_salt is not None and len(self.hash_salt) < 16:
-            raise ConfigError("tenants.hash_salt", "must be at least 16 characters")
+        validate_fields(self, "tenants")
 
 
 class TenantResolver:

@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from tokenpath.config import ConfigError
+from tokenpath.config import ConfigError, check, validate_fields
 from tokenpath.records import RequestRecord
 from tokenpath.stages import NETWORK_STAGES, StageId
 
@@ -70,16 +69,21 @@ _TTFT_STAGES: Final = (STAGE_QUEUE, STAGE_PREFILL, STAGE_NETWORK)
 _TPOT_STAGES: Final = (STAGE_DECODE, STAGE_NETWORK)
 _NETWORK_PATH: Final[tuple[StageId, ...]] = (*NETWORK_STAGES, StageId.RESPONSE_PATH)
 
+# A target (ttft_seconds, tpot_seconds, e2e_seconds): None, or seconds above 0.
+_TARGET: Final = check(finite=True, gt=0, optional=True,
+                       message="must be a number of seconds above 0, not {value!r}")
+
 
 @dataclass(frozen=True, slots=True)
 class SloClass:
     """One class: its targets (None: not checked), objective and what it matches."""
 
-    name: str
-    ttft_seconds: float | None = None
-    tpot_seconds: float | None = None
-    e2e_seconds: float | None = None
-    objective: float = DEFAULT_OBJECTIVE
+    name: str = field(metadata=check(non_empty=True, message="must be a non-empty string"))
+    ttft_seconds: float | None = field(default=None, metadata=_TARGET)
+    tpot_seconds: float | None = field(default=None, metadata=_TARGET)
+    e2e_seconds: float | None = field(default=None, metadata=_TARGET)
+    objective: float = field(default=DEFAULT_OBJECTIVE, metadata=check(
+        gt=0.0, lt=1.0, message="must be between 0 and 1 (exclusive), not {value!r}"))
     tenant: str | None = None
     model: str | None = None
     attributes: tuple[tuple[str, str], ...] = ()
@@ -127,16 +131,7 @@ class SloClass:
         return None
 
     def validate(self, key: str) -> None:
-        if not self.name:
-            raise ConfigError(f"{key}.name", "must be a non-empty string")
-        for target_key in TARGET_KEYS:
-            value = getattr(self, target_key)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"{key}.{target_key}",
-                                  f"must be a number of seconds above 0, not {value!r}")
-        if not 0.0 < self.objective < 1.0:
-            raise ConfigError(f"{key}.objective",
-                              f"must be between 0 and 1 (exclusive), not {self.objective!r}")
+        validate_fields(self, key)
         if not self.has_targets:
             raise ConfigError(key, f"names no target: give at least one of "
                                    f"{', '.join(TARGET_KEYS)}")

@@ -87,7 +87,7 @@ from tokenpath.collector.cost.stage_cost import (
 )
 from tokenpath.collector.cost.watermark import EventClock, LatenessBounds
 from tokenpath.collector.interfaces import RecordSink
-from tokenpath.config import ConfigError
+from tokenpath.config import ConfigError, check, validate_fields
 from tokenpath.identity import pricing_unit
 from tokenpath.records import IdleCost, RequestRecord
 from tokenpath.roofline import Roofline
@@ -135,65 +135,45 @@ SOURCE_MEMORY_TIMEOUTS = 10.0
 
 @dataclass(slots=True)
 class AttributorConfig:
-    min_delay_seconds: float = DEFAULT_MIN_DELAY_SECONDS
-    max_delay_seconds: float = DEFAULT_MAX_DELAY_SECONDS
-    lag_window: int = DEFAULT_LAG_WINDOW
-    lag_margin_seconds: float = DEFAULT_LAG_MARGIN_SECONDS
-    max_pending_records: int = DEFAULT_MAX_PENDING_RECORDS
-    prefix_block_tokens: int = DEFAULT_BLOCK_TOKENS
-    recent_prefix_ttl_seconds: float = DEFAULT_RECENT_TTL_SECONDS
-    recent_prefix_capacity: int = DEFAULT_RECENT_CAPACITY
-    late_horizon_seconds: float = DEFAULT_LATE_HORIZON_SECONDS
-    tick_seconds: float = DEFAULT_TICK_SECONDS  # 0: the worker never ticks (call tick())
-    close_step_seconds: float = DEFAULT_CLOSE_STEP_SECONDS  # 0: close on every record
+    min_delay_seconds: float = field(default=DEFAULT_MIN_DELAY_SECONDS, metadata=check(ge=0))
+    max_delay_seconds: float = DEFAULT_MAX_DELAY_SECONDS  # >= min_delay_seconds
+    lag_window: int = field(default=DEFAULT_LAG_WINDOW, metadata=check(ge=1))
+    lag_margin_seconds: float = field(default=DEFAULT_LAG_MARGIN_SECONDS, metadata=check(ge=0))
+    max_pending_records: int = field(default=DEFAULT_MAX_PENDING_RECORDS, metadata=check(ge=1))
+    prefix_block_tokens: int = field(default=DEFAULT_BLOCK_TOKENS, metadata=check(ge=1))
+    recent_prefix_ttl_seconds: float = field(default=DEFAULT_RECENT_TTL_SECONDS,
+                                             metadata=check(gt=0))
+    recent_prefix_capacity: int = field(default=DEFAULT_RECENT_CAPACITY, metadata=check(ge=1))
+    late_horizon_seconds: float = field(default=DEFAULT_LATE_HORIZON_SECONDS,
+                                        metadata=check(ge=0))
+    # 0: the worker never ticks (call tick())
+    tick_seconds: float = field(default=DEFAULT_TICK_SECONDS, metadata=check(ge=0))
+    # 0: close on every record
+    close_step_seconds: float = field(default=DEFAULT_CLOSE_STEP_SECONDS, metadata=check(ge=0))
     # without an inventory entry, an engine's GPUs count (for idle) until it has served
     # nothing this long: a restarted pod or a gone process stops costing idle
-    engine_retire_seconds: float = DEFAULT_ENGINE_RETIRE_SECONDS
-    energy_max_wait_seconds: float = DEFAULT_ENERGY_MAX_WAIT_SECONDS
-    source_discovery_seconds: float = DEFAULT_SOURCE_DISCOVERY_SECONDS
-    source_timeout_seconds: float = DEFAULT_SOURCE_TIMEOUT_SECONDS
+    engine_retire_seconds: float = field(default=DEFAULT_ENGINE_RETIRE_SECONDS,
+                                         metadata=check(gt=0))
+    energy_max_wait_seconds: float = field(default=DEFAULT_ENERGY_MAX_WAIT_SECONDS,
+                                           metadata=check(ge=0))
+    source_discovery_seconds: float = field(default=DEFAULT_SOURCE_DISCOVERY_SECONDS,
+                                            metadata=check(ge=0))
+    source_timeout_seconds: float = field(default=DEFAULT_SOURCE_TIMEOUT_SECONDS,
+                                          metadata=check(gt=0))
 
     @property
     def lateness_bounds(self) -> LatenessBounds:
         return LatenessBounds(self.min_delay_seconds, self.max_delay_seconds,
                               self.lag_window, self.lag_margin_seconds)
     # bounded steps: slices closed (and engine events taken), records priced, per step
-    max_slices_per_step: int = DEFAULT_MAX_SLICES_PER_STEP
-    max_records_per_step: int = DEFAULT_MAX_RECORDS_PER_STEP
+    max_slices_per_step: int = field(default=DEFAULT_MAX_SLICES_PER_STEP, metadata=check(ge=1))
+    max_records_per_step: int = field(default=DEFAULT_MAX_RECORDS_PER_STEP,
+                                      metadata=check(ge=1))
 
     def validate(self) -> None:
-        if not self.min_delay_seconds >= 0:
-            raise ConfigError("cost.min_delay_seconds", "must be >= 0")
+        validate_fields(self, "cost")
         if not self.max_delay_seconds >= self.min_delay_seconds:
             raise ConfigError("cost.max_delay_seconds", "must be >= cost.min_delay_seconds")
-        if not self.lag_margin_seconds >= 0:
-            raise ConfigError("cost.lag_margin_seconds", "must be >= 0")
-        if not self.late_horizon_seconds >= 0:
-            raise ConfigError("cost.late_horizon_seconds", "must be >= 0")
-        if not self.tick_seconds >= 0:
-            raise ConfigError("cost.tick_seconds", "must be >= 0")
-        if not self.close_step_seconds >= 0:
-            raise ConfigError("cost.close_step_seconds", "must be >= 0")
-        if not self.engine_retire_seconds > 0:
-            raise ConfigError("cost.engine_retire_seconds", "must be > 0")
-        if not self.energy_max_wait_seconds >= 0:
-            raise ConfigError("cost.energy_max_wait_seconds", "must be >= 0")
-        if not self.source_discovery_seconds >= 0:
-            raise ConfigError("cost.source_discovery_seconds", "must be >= 0")
-        if not self.source_timeout_seconds > 0:
-            raise ConfigError("cost.source_timeout_seconds", "must be > 0")
-        for key, value in (
-            ("cost.max_pending_records", self.max_pending_records),
-            ("cost.lag_window", self.lag_window),
-            ("cost.prefix_block_tokens", self.prefix_block_tokens),
-            ("cost.recent_prefix_capacity", self.recent_prefix_capacity),
-            ("cost.max_slices_per_step", self.max_slices_per_step),
-            ("cost.max_records_per_step", self.max_records_per_step),
-        ):
-            if value < 1:
-                raise ConfigError(key, "must be >= 1")
-        if not self.recent_prefix_ttl_seconds > 0:
-            raise ConfigError("cost.recent_prefix_ttl_seconds", "must be > 0")
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tokenpath.config import ConfigError
+from tokenpath.config import ConfigError, check, validate_fields
 
 SECONDS_PER_HOUR = 3600.0
 BYTES_PER_GB = 1e9
@@ -37,9 +37,9 @@ class GpuPrice:
 class NodeSpec:
     """One node of the inventory. ``None`` fields are filled from the request records."""
 
-    gpu_type: str | None = None
-    gpu_count: int | None = None
-    pool: str = DEFAULT_POOL
+    gpu_type: str | None = None  # must have a price in the sheet's gpus (PriceSheet.validate)
+    gpu_count: int | None = field(default=None, metadata=check(ge=1, optional=True))
+    pool: str = field(default=DEFAULT_POOL, metadata=check(non_empty=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +73,7 @@ class PriceSheet:
             prefix = f"nodes.{name}" if name else "default_node"
             if node.gpu_type is not None and node.gpu_type not in self.gpus:
                 raise ConfigError(f"{prefix}.gpu_type", f"{node.gpu_type!r} has no price in gpus")
-            if node.gpu_count is not None and node.gpu_count < 1:
-                raise ConfigError(f"{prefix}.gpu_count", "must be >= 1")
-            if not node.pool:
-                raise ConfigError(f"{prefix}.pool", "must not be empty")
+            validate_fields(node, prefix)
         for name, listed in self.models.items():
             _non_negative(f"models.{name}.input_dollars_per_million",
                           listed.input_dollars_per_million)

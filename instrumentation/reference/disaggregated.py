@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenpath import attributes as A
-from tokenpath.config import ConfigError
+from tokenpath.config import ConfigError, check, validate_fields
 from tokenpath.instrumentation.gateway import annotate
 from tokenpath.instrumentation.reference.engine import SimulatedEngine
 
@@ -28,11 +28,11 @@ DEFAULT_KV_LINK_BYTES_PER_SECOND = 50e9
 class KvLinkConfig:
     """The simulated link the KV cache crosses: ``bytes_per_second`` of bandwidth."""
 
-    bytes_per_second: float = DEFAULT_KV_LINK_BYTES_PER_SECOND
+    bytes_per_second: float = field(default=DEFAULT_KV_LINK_BYTES_PER_SECOND, metadata=check(
+        gt=0, key="kv_link_bytes_per_second", message="must be greater than 0"))
 
     def validate(self) -> None:
-        if not self.bytes_per_second > 0:
-            raise ConfigError("kv_link_bytes_per_second", "must be greater than 0")
+        validate_fields(self)
 
 
 class DisaggregatedEngines:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry.trace import TracerProvider
 
-from tokenpath.config import ConfigError
+from tokenpath.config import AT_LEAST_ONE, ConfigError, check, validate_fields
 from tokenpath.instrumentation.engine_trace import EngineIdentity, EngineRequestTrace, get_tracer
 from tokenpath.instrumentation.fingerprints import FingerprintConfig, prefix_fingerprints
 from tokenpath.instrumentation.reference import SIMULATED_ENGINE_NAME
@@ -63,7 +63,7 @@ ENGINE_ROLES = (None, ROLE_PREFILL, ROLE_DECODE)
 class EngineConfig:
     gpu: str = DEFAULT_GPU
     model: str = DEFAULT_MODEL
-    tensor_parallel: int = 1
+    tensor_parallel: int = field(default=1, metadata=AT_LEAST_ONE)
     replica: str = "replica-0"
     node: str = DEFAULT_NODE
     pool: str = DEFAULT_POOL
@@ -71,27 +71,24 @@ class EngineConfig:
     kv_block_tokens: int = DEFAULT_BLOCK_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
-    time_scale: float = DEFAULT_TIME_SCALE
-    gpu_dollars_per_hour: float = DEFAULT_GPU_DOLLARS_PER_HOUR
+    time_scale: float = field(default=DEFAULT_TIME_SCALE,
+                              metadata=check(gt=0, message="must be greater than 0"))
+    gpu_dollars_per_hour: float = field(default=DEFAULT_GPU_DOLLARS_PER_HOUR,
+                                        metadata=check(ge=0, message="must not be negative"))
     fingerprints: FingerprintConfig = field(default_factory=FingerprintConfig)
     # Where to publish KV-cache events as vLLM does (a ZeroMQ endpoint the node agent
     # binds, ``tokenpath agent --kv-events``); the topic is the replica's name.
     kv_events_endpoint: str | None = None
-    role: str | None = None  # disaggregated serving: "prefill" or "decode"; None: both
+    # disaggregated serving: "prefill" or "decode"; None: both
+    role: str | None = field(default=None, metadata=check(
+        one_of=ENGINE_ROLES, optional=True, message="must be prefill, decode or none"))
 
     def validate(self) -> None:
         if self.gpu not in GPUS:
             raise ConfigError("gpu", f"unknown GPU {self.gpu!r}; known: {', '.join(GPUS)}")
         if self.model not in MODELS:
             raise ConfigError("model", f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
-        if self.tensor_parallel < 1:
-            raise ConfigError("tensor_parallel", "must be at least 1")
-        if not self.time_scale > 0:
-            raise ConfigError("time_scale", "must be greater than 0")
-        if self.gpu_dollars_per_hour < 0:
-            raise ConfigError("gpu_dollars_per_hour", "must not be negative")
-        if self.role not in ENGINE_ROLES:
-            raise ConfigError("role", "must be prefill, decode or none")
+        validate_fields(self)
         SchedulerConfig(self.max_num_seqs, self.max_batched_tokens).validate()
         self.fingerprints.validate()
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenpath.config import ConfigError
+from tokenpath.config import AT_LEAST_ONE, validate_fields
 from tokenpath.instrumentation.reference.kv_cache import PagedKVCache
 
 DEFAULT_MAX_NUM_SEQS = 64
@@ -91,14 +91,11 @@ class StepPlan:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
+    max_num_seqs: int = field(default=DEFAULT_MAX_NUM_SEQS, metadata=AT_LEAST_ONE)
+    max_batched_tokens: int = field(default=DEFAULT_MAX_BATCHED_TOKENS, metadata=AT_LEAST_ONE)
 
     def validate(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ConfigError("max_num_seqs", "must be at least 1")
-        if self.max_batched_tokens < 1:
-            raise ConfigError("max_batched_tokens", "must be at least 1")
+        validate_fields(self)
 
 
 class ContinuousBatchingScheduler:

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from opentelemetry.trace import TracerProvider
 from starlette.types import ASGIApp
 
-from tokenpath.config import ConfigError
+from tokenpath.config import AT_LEAST_ONE, check, validate_fields
 from tokenpath.instrumentation.gateway import GatewayConfig, GatewayInstrumentor
 from tokenpath.instrumentation.reference.disaggregated import (
     DisaggregatedEngines,
@@ -48,8 +48,9 @@ STARTUP_TIMEOUT_SECONDS = 15.0
 @dataclass(frozen=True, slots=True)
 class ReferencePathConfig:
     host: str = DEFAULT_HOST
-    port: int = 0  # 0: pick a free port
-    replicas: int = DEFAULT_REPLICAS
+    port: int = field(default=0,  # 0: pick a free port
+                      metadata=check(ge=0, le=65535, message="out of range"))
+    replicas: int = field(default=DEFAULT_REPLICAS, metadata=AT_LEAST_ONE)
     engine: EngineConfig = field(default_factory=EngineConfig)
     routing: RoutingPolicy = RoutingPolicy.PREFIX_AFFINE
     api_keys: tuple[str, ...] = ()
@@ -57,19 +58,15 @@ class ReferencePathConfig:
     rate_limit_burst: float = DEFAULT_BURST
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     instrument: bool = True
-    stream_tokens_per_chunk: int = 1  # tokens per streamed SSE write
+    # tokens per streamed SSE write
+    stream_tokens_per_chunk: int = field(default=1, metadata=AT_LEAST_ONE)
     # disaggregated serving: ``replicas`` prefill engines (nodes "<node>-prefill-<i>") and
     # as many decode engines ("<node>-decode-<i>"), the KV cache sent over ``kv_link``
     disaggregated: bool = False
     kv_link: KvLinkConfig = field(default_factory=KvLinkConfig)
 
     def validate(self) -> None:
-        if self.replicas < 1:
-            raise ConfigError("replicas", "must be at least 1")
-        if self.stream_tokens_per_chunk < 1:
-            raise ConfigError("stream_tokens_per_chunk", "must be at least 1")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError("port", "out of range")
+        validate_fields(self)
         self.engine.validate()
         self.gateway.validate()
         self.kv_link.validate()

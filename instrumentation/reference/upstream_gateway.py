@@ -12,14 +12,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from tokenpath import attributes as attr
-from tokenpath.config import ConfigError
+from tokenpath.config import check, validate_fields
 from tokenpath.instrumentation.gateway import (
     annotate,
     gateway_stage,
@@ -37,14 +37,14 @@ UPSTREAM_TIMEOUT_SECONDS = 300.0
 
 @dataclass(frozen=True, slots=True)
 class UpstreamGatewayParts:
-    upstream_urls: Sequence[str]
+    upstream_urls: Sequence[str] = field(metadata=check(
+        non_empty=True, key="upstreams", message="at least one upstream engine URL is needed"))
     auth: ApiKeyAuth
     rate_limit: TokenBucket
     model: str
 
     def validate(self) -> None:
-        if not self.upstream_urls:
-            raise ConfigError("upstreams", "at least one upstream engine URL is needed")
+        validate_fields(self)
 
 
 def create_upstream_gateway(parts: UpstreamGatewayParts) -> FastAPI:

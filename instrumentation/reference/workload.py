@@ -16,36 +16,33 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from tokenpath.config import ConfigError
+from tokenpath.config import AT_LEAST_ONE, ConfigError, check, validate_fields
 
 DEFAULT_SEED = 7
 DEFAULT_SHARED_PREFIX = 0.7
+
+_SHARE = check(ge=0.0, le=1.0, message="must be between 0 and 1, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
 class WorkloadConfig:
     seed: int = DEFAULT_SEED
-    shared_prefix: float = DEFAULT_SHARED_PREFIX
-    system_prompts: int = 4
+    shared_prefix: float = field(default=DEFAULT_SHARED_PREFIX, metadata=_SHARE)
+    system_prompts: int = field(default=4, metadata=AT_LEAST_ONE)
     system_prompt_words: int = 400
     tool_definition_words: int = 300
-    tool_share: float = 0.5  # of requests with a shared system prompt
-    multi_turn_share: float = 0.25
-    long_context_share: float = 0.05
+    tool_share: float = field(default=0.5,  # of requests with a shared system prompt
+                              metadata=_SHARE)
+    multi_turn_share: float = field(default=0.25, metadata=_SHARE)
+    long_context_share: float = field(default=0.05, metadata=_SHARE)
     long_context_words: tuple[int, int] = (2000, 5000)
     user_words: tuple[int, int] = (15, 150)
     max_tokens: tuple[int, int] = (16, 96)
-    stream_share: float = 0.9
+    stream_share: float = field(default=0.9, metadata=_SHARE)
     conversation_memory: int = 64
 
     def validate(self) -> None:
-        for key in ("shared_prefix", "tool_share", "multi_turn_share", "long_context_share",
-                    "stream_share"):
-            value = getattr(self, key)
-            if not 0.0 <= value <= 1.0:
-                raise ConfigError(key, f"must be between 0 and 1, got {value}")
-        if self.system_prompts < 1:
-            raise ConfigError("system_prompts", "must be at least 1")
+        validate_fields(self)
         for key in ("long_context_words", "user_words", "max_tokens"):
             low, high = getattr(self, key)
             if not 1 <= low <= high:

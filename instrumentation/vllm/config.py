@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from tokenpath.config import ConfigError, parse_host_port
+from tokenpath.config import ConfigError, check, parse_host_port, validate_fields
 from tokenpath.endpoints import COLLECTOR_GRPC
 
 ENV_ENDPOINT = "TOKENPATH_OTLP_ENDPOINT"
@@ -42,9 +42,12 @@ class PluginConfig:
     """
 
     endpoint: str = DEFAULT_ENDPOINT
-    queue_size: int = DEFAULT_QUEUE_SIZE
-    flush_interval_seconds: float = DEFAULT_FLUSH_INTERVAL_SECONDS
-    step_window: int = DEFAULT_STEP_WINDOW
+    queue_size: int = field(default=DEFAULT_QUEUE_SIZE, metadata=check(
+        ge=1, key=ENV_QUEUE_SIZE, message="must be at least 1, got {value}"))
+    flush_interval_seconds: float = field(default=DEFAULT_FLUSH_INTERVAL_SECONDS, metadata=check(
+        gt=0, key=ENV_FLUSH_INTERVAL, message="must be positive, got {value}"))
+    step_window: int = field(default=DEFAULT_STEP_WINDOW, metadata=check(
+        ge=1, key=ENV_STEP_WINDOW, message="must be at least 1, got {value}"))
     max_batch_spans: int = DEFAULT_MAX_BATCH_SPANS
     node: str | None = None
     pool: str | None = None
@@ -58,14 +61,7 @@ class PluginConfig:
     def validate(self) -> PluginConfig:
         if not self.uses_http:
             parse_host_port(self.endpoint, ENV_ENDPOINT)
-        if self.queue_size < 1:
-            raise ConfigError(ENV_QUEUE_SIZE, f"must be at least 1, got {self.queue_size}")
-        if not self.flush_interval_seconds > 0:
-            raise ConfigError(
-                ENV_FLUSH_INTERVAL, f"must be positive, got {self.flush_interval_seconds}"
-            )
-        if self.step_window < 1:
-            raise ConfigError(ENV_STEP_WINDOW, f"must be at least 1, got {self.step_window}")
+        validate_fields(self)  # errors name the environment variables
         return self
 
     @classmethod

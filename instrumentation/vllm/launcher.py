@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from tokenpath.config import ConfigError, parse_host_port
+from tokenpath.config import AT_LEAST_ONE, check, parse_host_port, validate_fields
 from tokenpath.instrumentation.vllm.config import ENV_ENDPOINT
 from tokenpath.instrumentation.vllm.tiny_model import MODEL_NAME, is_built
 
@@ -61,14 +61,16 @@ class LocalVllmConfig:
 
     otlp_endpoint: str | None = None
     host: str = DEFAULT_HOST
-    port: int = 0
+    port: int = field(default=0, metadata=check(ge=0, le=65535,
+                                                message="out of range: {value}"))
     model_dir: Path = DEFAULT_MODEL_DIR
     served_model_name: str = MODEL_NAME
-    kv_cache_space_gib: int = DEFAULT_KV_CACHE_GIB
+    kv_cache_space_gib: int = field(default=DEFAULT_KV_CACHE_GIB, metadata=AT_LEAST_ONE)
     # Eager mode skips torch.compile warm-up: startup ~30 s instead of ~100 s on 2 cores
     # for the tiny model (measured); a tiny model gains nothing from compilation.
     enforce_eager: bool = True
-    startup_timeout_seconds: float = DEFAULT_STARTUP_TIMEOUT_SECONDS
+    startup_timeout_seconds: float = field(default=DEFAULT_STARTUP_TIMEOUT_SECONDS,
+                                           metadata=check(gt=0, message="must be positive"))
     log_path: Path | None = None
     extra_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -76,12 +78,7 @@ class LocalVllmConfig:
     def validate(self) -> LocalVllmConfig:
         if self.otlp_endpoint is not None:
             parse_host_port(self.otlp_endpoint, "otlp_endpoint")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError("port", f"out of range: {self.port}")
-        if self.kv_cache_space_gib < 1:
-            raise ConfigError("kv_cache_space_gib", "must be at least 1")
-        if self.startup_timeout_seconds <= 0:
-            raise ConfigError("startup_timeout_seconds", "must be positive")
+        validate_fields(self)
         return self
 
 

@@ -18,17 +18,24 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokenpath.cli.common import auth_token, console, fail
-from tokenpath.config import ConfigError, load_config_file, parse_host_port
+from tokenpath.config import (
+    ConfigError,
+    check,
+    load_config_file,
+    parse_host_port,
+    validate_fields,
+)
 from tokenpath.endpoints import AGENT_LISTEN, COLLECTOR_HTTP
 from tokenpath.instrumentation.tenants import TenantConfig
 from tokenpath.slo import CONFIG_KEY as SLO_CONFIG_KEY
@@ -103,17 +110,24 @@ class EngineKind(StrEnum):
     VLLM = "vllm"
 
 
+def _at_least_one(key: str | None = None) -> Mapping[str, Any]:
+    return check(ge=1, key=key, message="must be at least 1")
+
+
 @dataclass(frozen=True, slots=True)
 class DemoConfig:
-    duration: float | None
-    rps: float
+    duration: float | None = field(metadata=check(
+        gt=0, optional=True, message="must be greater than 0"))
+    rps: float = field(metadata=check(gt=0, message="must be greater than 0"))
     store_path: str
     ground_truth: Path | None
     collector_host: str
     collector_port: int
-    time_scale: float = DEFAULT_TIME_SCALE
-    shared_prefix: float = DEFAULT_SHARED_PREFIX
-    replicas: int = DEFAULT_DEMO_REPLICAS
+    time_scale: float = field(default=DEFAULT_TIME_SCALE, metadata=check(
+        gt=0, key="time-scale", message="must be greater than 0"))
+    shared_prefix: float = field(default=DEFAULT_SHARED_PREFIX,
+                                 metadata=check(ge=0.0, le=1.0, key="shared-prefix"))
+    replicas: int = field(default=DEFAULT_DEMO_REPLICAS, metadata=_at_least_one())
     gpu: str = DEFAULT_DEMO_GPU
     model: str = DEFAULT_DEMO_MODEL
     tensor_parallel: int = DEFAULT_DEMO_TENSOR_PARALLEL
@@ -121,30 +135,16 @@ class DemoConfig:
     prices_path: str | None = None
     engine: EngineKind = EngineKind.SIMULATED
     agent_listen: str = DEFAULT_AGENT_LISTEN
-    router: str = DEFAULT_DEMO_ROUTER
-    kv_blocks: int = DEFAULT_DEMO_KV_BLOCKS
-    tokens_per_write: int = DEFAULT_TOKENS_PER_WRITE
+    router: str = field(default=DEFAULT_DEMO_ROUTER, metadata=check(one_of=DEMO_ROUTERS))
+    kv_blocks: int = field(default=DEFAULT_DEMO_KV_BLOCKS, metadata=_at_least_one("kv-blocks"))
+    tokens_per_write: int = field(default=DEFAULT_TOKENS_PER_WRITE,
+                                  metadata=_at_least_one("tokens-per-write"))
     # SLO classes at time scale 1 (the collector runs them scaled by time_scale).
     slo: SloConfig = DEMO_SLO_CLASSES
     disaggregated: bool = False  # a prefill pool and a decode pool of --replicas each
 
     def validate(self) -> None:
-        if self.duration is not None and self.duration <= 0:
-            raise ConfigError("duration", "must be greater than 0")
-        if not self.rps > 0:
-            raise ConfigError("rps", "must be greater than 0")
-        if not self.time_scale > 0:
-            raise ConfigError("time-scale", "must be greater than 0")
-        if not 0.0 <= self.shared_prefix <= 1.0:
-            raise ConfigError("shared-prefix", "must be between 0 and 1")
-        if self.replicas < 1:
-            raise ConfigError("replicas", "must be at least 1")
-        if self.router not in DEMO_ROUTERS:
-            raise ConfigError("router", f"must be one of {', '.join(DEMO_ROUTERS)}")
-        if self.kv_blocks < 1:
-            raise ConfigError("kv-blocks", "must be at least 1")
-        if self.tokens_per_write < 1:
-            raise ConfigError("tokens-per-write", "must be at least 1")
+        validate_fields(self)  # errors name the command-line options
         if self.engine is EngineKind.VLLM and self.ground_truth is not None:
             raise ConfigError("ground-truth", "only the simulated engine knows its ground truth")
         if self.engine is EngineKind.VLLM and self.disaggregated:
