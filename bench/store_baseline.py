@@ -13,12 +13,13 @@ import sqlite3
 import sys
 import time
 
-from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
-from tokenpath.collector.cost.leak_ranking import rank_leaks
+from testkit.oracles.chargeback import chargeback
+from testkit.oracles.leaks import rank_leaks
+from testkit.oracles.report import build_report
+from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.store import decode_body
 from tokenpath.records import RequestRecord
-from tokenpath.report import build_report
 
 
 def main(command: str, path: str) -> None:

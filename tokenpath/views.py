@@ -8,17 +8,21 @@ replays that need records (the routing what-if's cache replay, the repeated-pref
 the roofline what-if's calibration) read a bounded sample: the newest records of the
 window, at most the limit below, and say so in their output.
 
-The record-list functions these replace (tokenpath.report.build_report,
-collector/cost/chargeback.chargeback, collector/api_views) stay as the reference the tests
-check these against, and for records that come from elsewhere (a collector's API, a file).
+Every view is computed here only, whichever the source: a store file, a ClickHouse
+database, running collectors (tokenpath/cli/remote.py), or records in hand (a file, a
+collector's ``/api/requests``, a made-up one), which :func:`over_records` loads into an
+in-memory store first. The record-list functions the tests check these against (the report,
+chargeback, the time series and the leaks computed from a list of records) are oracles in
+testkit/oracles, not part of the package.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tokenpath.collector.api_views import RESPONSE_PATH_STAGES
 from tokenpath.collector.cost.cache import DEFAULT_BLOCK_TOKENS, replay_prefixes
 from tokenpath.collector.cost.catalog import catalog_model_name
 from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy, allocate_idle
@@ -54,6 +58,7 @@ from tokenpath.query import (
     Window,
     quantile,
 )
+from tokenpath.records import IdleCost, RequestRecord
 from tokenpath.report import MissCauseSummary, Report, StageSummary
 from tokenpath.roofline import GPUS, MODELS, Roofline
 from tokenpath.slo import (
@@ -64,7 +69,7 @@ from tokenpath.slo import (
     SloSummary,
     summary_from_counts,
 )
-from tokenpath.stages import STAGES, Phase, Provenance
+from tokenpath.stages import RESPONSE_PATH_STAGES, STAGES, Phase, Provenance
 from tokenpath.wire_sizes import PACKET_OVERHEAD_BYTES
 
 # The newest records of a window the record replays read.
@@ -509,3 +514,25 @@ def whatif_sample(q: RecordQueries, window: Window,
     """The records the roofline what-if calibrates on: the newest ``limit`` of the window."""
     return q.sample(window, limit)
 
+
+# --- records in hand --------------------------------------------------------------------------
+
+
+@contextmanager
+def over_records(records: Iterable[RequestRecord],
+                 idle: Iterable[IdleCost] = ()) -> Iterator[RecordQueries]:
+    """The read interface over records in hand (and the idle GPU time ``idle`` priced): an
+    in-memory SQLite store (collector/store.py) loaded with them, shut when the block ends.
+    The views over it are the views over any store."""
+    from tokenpath.collector.store import MEMORY, RecordStore, StoreConfig
+
+    store = RecordStore(StoreConfig(path=MEMORY))
+    try:
+        for record in records:  # not started: each is written as it comes
+            store.consume_record(record)
+        for cost in idle:
+            store.consume_idle_cost(cost)
+        store.flush()
+        yield store
+    finally:
+        store.shutdown()
