@@ -110,7 +110,7 @@ def miss_causes_of(agg: Aggregates) -> dict[str, MissCauseSummary]:
 
 def last_mile_of(agg: Aggregates,
                  threshold: float = DEFAULT_PACKETS_PER_TOKEN_THRESHOLD) -> LastMileSummary:
-    """tokenpath.last_mile.summarize_last_mile from the last-mile measures."""
+    """The last-mile summary (tokenpath/last_mile.py) from the last-mile measures."""
     tokens = agg["lm_tokens"]
     payload = agg["lm_bytes"]
 

@@ -5,24 +5,22 @@ packets and the last mile, every figure summed record by record."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from testkit.oracles.last_mile import summarize_last_mile
 from testkit.oracles.report import miss_causes
 from tokenpath.collector.api_views import DEFAULT_LEAK_LIMIT, DEFAULT_LONG_CONTEXT_TOKENS
 from tokenpath.collector.cost.cache import DEFAULT_BLOCK_TOKENS, prefill_dollars, replay_prefixes
+from tokenpath.collector.cost.catalog import catalog_model_name
 from tokenpath.collector.cost.leak_ranking import COALESCE_FIX_TOKENS, RankedLeak
-from tokenpath.collector.cost.longcontext import (
-    last_doubling_prefill_dollars,
-    spend_by_context_bucket,
-)
+from tokenpath.collector.cost.longcontext import ROOFLINE_GPU, spend_by_context_bucket
 from tokenpath.collector.cost.routing_whatif import prefix_affine_whatif
 from tokenpath.last_mile import (
     DEFAULT_PACKETS_PER_TOKEN_THRESHOLD,
     coalesced_packets,
     is_stream,
     packets_of,
-    summarize_last_mile,
 )
 from tokenpath.leaks import (
     LONG_CONTEXT_TOKENS,
@@ -34,8 +32,35 @@ from tokenpath.leaks import (
 )
 from tokenpath.records import RequestRecord
 from tokenpath.report import token_weighted_hit_ratio
+from tokenpath.roofline import GPUS, MODELS, Roofline
 from tokenpath.stages import RESPONSE_PATH_STAGES, StageId
 from tokenpath.wire_sizes import PACKET_OVERHEAD_BYTES
+
+
+def last_doubling_prefill_dollars(records: Iterable[RequestRecord],
+                                  threshold_tokens: int = LONG_CONTEXT_TOKENS) -> float:
+    """What the last doubling of context cost in prefill, over the long-context requests:
+    each one's prefill dollars times the share of its prefill FLOPs that halving its prompt
+    (new and cached tokens alike) would remove (modeled; attention makes it more than
+    half). Requests of a model the catalog does not know count at a half."""
+    total = 0.0
+    for record in records:
+        if context_tokens(record) < threshold_tokens:
+            continue
+        dollars = prefill_dollars(record)
+        if dollars <= 0:
+            continue
+        model = catalog_model_name(record.model)
+        cached = max(0, min(record.cache_read_tokens, record.input_tokens - 1))
+        new = max(1, record.input_tokens - cached)
+        if model is None:
+            total += dollars / 2
+            continue
+        roofline = Roofline(GPUS[ROOFLINE_GPU], MODELS[model])
+        full = roofline.prefill_flops(new, cached)
+        half = roofline.prefill_flops(max(1, new // 2), cached // 2)
+        total += dollars * (1.0 - half / full) if full > 0 else 0.0
+    return total
 
 
 def _cache_leak(records: Sequence[RequestRecord], replay_routing: bool) -> RankedLeak:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from testkit.oracles.last_mile import summarize_last_mile
+from testkit.oracles.slo import summarize_records
 from tokenpath.identity import pricing_unit
-from tokenpath.last_mile import summarize_last_mile
 from tokenpath.leaks import LONG_CONTEXT_TOKENS, MissCause, context_tokens
 from tokenpath.records import RequestRecord
 from tokenpath.report import (
@@ -17,7 +18,6 @@ from tokenpath.report import (
     combined_energy_provenance,
     token_weighted_hit_ratio,
 )
-from tokenpath.slo import summarize_records
 from tokenpath.stages import PROVENANCE_RANK, STAGES, Phase, Provenance
 
 
