@@ -1,7 +1,7 @@
 """The store bench's baseline: ``report --since 24h`` or ``chargeback --since 24h`` as the
 code before the column layout ran them, over a store in the JSON layout. Every record of
 the window is loaded (its JSON body parsed into a RequestRecord), then the record-list
-functions aggregate them. Prints the result's JSON, as the CLI does.
+functions (testkit/oracles) aggregate them. Prints the result's JSON, as the CLI does.
 
     python -m bench.store_baseline report|chargeback STORE
 """

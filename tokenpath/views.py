@@ -137,8 +137,9 @@ def last_mile_of(agg: Aggregates,
 
 
 def report_view(q: RecordQueries, window: Window, slo: SloConfig | None = None) -> Report:
-    """tokenpath.report.build_report over the window, from aggregates; idle dollars and
-    joules are the store's for the window. ``slo``: the classes, for their objectives."""
+    """The per-stage report (tokenpath/report.py) over the window, from aggregates; idle
+    dollars and joules are the store's for the window. ``slo``: the classes, for their
+    objectives. Oracle: testkit/oracles/report.py build_report."""
     agg = _one(q.aggregate(window, REPORT_MEASURES, HISTOGRAMS))
     idle = q.idle_cost_dollars(window.since_unix)
     idle_joules = q.idle_energy_joules(window.since_unix)
@@ -240,8 +241,9 @@ def window_json(q: RecordQueries, window: Window) -> dict[str, Any]:
 def chargeback_view(q: RecordQueries, window: Window,
                     policy: IdlePolicy = IdlePolicy.PROPORTIONAL,
                     by: str = "tenant") -> list[ChargebackRow]:
-    """collector/cost/chargeback.chargeback over the window, grouped by ``by`` (tenant,
-    model or pool; ``unattributed`` for none), idle allocated by ``policy``."""
+    """Chargeback (collector/cost/chargeback.py) over the window, grouped by ``by``
+    (tenant, model or pool; ``unattributed`` for none), idle allocated by ``policy``.
+    Oracle: testkit/oracles/chargeback.py."""
     if by not in GROUPS:
         raise ValueError(f"chargeback by {by!r}: one of {', '.join(GROUPS)}")
     rows: dict[str, ChargebackRow] = {}
@@ -272,7 +274,9 @@ TIMESERIES_MEASURES = ("n", "input_tokens", "cache_read_tokens", "output_tokens"
 
 
 def timeseries_view(q: RecordQueries, window: Window, buckets: int) -> dict[str, Any]:
-    """collector/api_views.timeseries_view over the window: per bucket of end time."""
+    """``/api/timeseries`` over the window: per bucket of end time, requests, the
+    token-weighted hit ratio, TTFT p50, output tokens/s and dollars; empty buckets keep
+    their place with null ratios. Oracle: testkit/oracles/timeseries.py."""
     ends = q.end_range(window)
     if ends is None:
         return {"bucket_seconds": 0.0, "start_unix": None, "points": []}
@@ -377,8 +381,10 @@ def leaks_view(q: RecordQueries, window: Window, limit: int = 10,
                block_tokens: int = DEFAULT_BLOCK_TOKENS,
                packets_per_token_threshold: float = DEFAULT_PACKETS_PER_TOKEN_THRESHOLD,
                network_dollars_per_byte: float = 0.0) -> dict[str, Any]:
-    """collector/api_views.leaks_view over the window. The repeated-prefix table replays
-    the newest PREFIX_SAMPLE_LIMIT fingerprinted records (``cache.replayed``)."""
+    """``/api/leaks`` over the window: the three money leaks of README.md (cache misses,
+    long contexts, small packets and the last mile) and their ranking. The repeated-prefix
+    table replays the newest PREFIX_SAMPLE_LIMIT fingerprinted records
+    (``cache.replayed``). Oracle: testkit/oracles/leaks.py leaks_view."""
     params = _params(q, window, long_context_tokens, packets_per_token_threshold)
     agg = _one(q.aggregate(window, (*LEAK_MEASURES, *LONG_MEASURES), params=params))
     default_long = (agg if long_context_tokens == LONG_CONTEXT_TOKENS else _one(q.aggregate(
@@ -462,9 +468,10 @@ RANK_MEASURES = (*CAUSE_MEASURES, "lm_resp_c", "lm_packets", f"lm_coal:{COALESCE
 
 def rank_leaks_view(q: RecordQueries, window: Window, network_dollars_per_byte: float,
                     replay_routing: bool = True) -> list[RankedLeak]:
-    """collector/cost/leak_ranking.rank_leaks over the window. With ``replay_routing``,
-    routed misses are priced by the routing what-if over the newest MAX_REPLAY_RECORDS
-    fingerprinted records (as rank_leaks replays them)."""
+    """The leaks ranked (collector/cost/leak_ranking.py) over the window. With
+    ``replay_routing``, routed misses are priced by the routing what-if over the newest
+    MAX_REPLAY_RECORDS fingerprinted records. Oracle: testkit/oracles/leaks.py
+    rank_leaks."""
     params = _params(q, window, LONG_CONTEXT_TOKENS, DEFAULT_PACKETS_PER_TOKEN_THRESHOLD)
     agg = _one(q.aggregate(window, RANK_MEASURES, params=params))
     sample = None
