@@ -13,8 +13,9 @@ Each command runs in a fresh interpreter; its peak RSS is the child's ``ru_maxrs
 
 The baseline is the code before: the JSON layout (a body per record in ``requests``) and
 the views over every record of the window loaded into Python (``RecordStore.records`` then
-``build_report`` and ``rank_leaks``, or ``chargeback``), run by bench/store_baseline.py. It
-runs at 100k only: at 1M it took minutes and about 13 GB (the issue's figures).
+``build_report`` and ``rank_leaks``, or ``chargeback``: testkit/oracles), run by
+bench/store_baseline.py. It runs at 100k only: at 1M it took minutes and about 13 GB (the
+issue's figures).
 """
 
 from __future__ import annotations

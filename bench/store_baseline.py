@@ -1,7 +1,7 @@
 """The store bench's baseline: ``report --since 24h`` or ``chargeback --since 24h`` as the
 code before the column layout ran them, over a store in the JSON layout. Every record of
 the window is loaded (its JSON body parsed into a RequestRecord), then the record-list
-functions aggregate them. Prints the result's JSON, as the CLI does.
+functions (testkit/oracles) aggregate them. Prints the result's JSON, as the CLI does.
 
     python -m bench.store_baseline report|chargeback STORE
 """
@@ -13,12 +13,13 @@ import sqlite3
 import sys
 import time
 
-from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
-from tokenpath.collector.cost.leak_ranking import rank_leaks
+from testkit.oracles.chargeback import chargeback
+from testkit.oracles.leaks import rank_leaks
+from testkit.oracles.report import build_report
+from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.store import decode_body
 from tokenpath.records import RequestRecord
-from tokenpath.report import build_report
 
 
 def main(command: str, path: str) -> None:

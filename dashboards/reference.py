@@ -15,7 +15,7 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from tokenpath import attributes, metric_names
+from tokenpath import attributes, metric_names, views
 from tokenpath.collector.cost.chargeback import ChargebackRow
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.cost.whatif import Scenario
@@ -26,8 +26,8 @@ from tokenpath.metric_names import (
     COLLECTOR_METRICS,
     MetricSpec,
 )
+from tokenpath.query import Window
 from tokenpath.records import RequestRecord
-from tokenpath.report import build_report
 
 HEADER = """# Reference
 
@@ -175,7 +175,9 @@ def _keys(data: dict[str, Any]) -> str:
 
 def json_section() -> list[str]:
     record = RequestRecord(trace_id="0" * 32)
-    report = build_report([record], 0.0).to_json()
+    with views.over_records([record]) as queries:
+        report = views.report_view(queries, Window()).to_json()
+    report.pop("window")  # a store's: listed below
     return [
         "## JSON shapes", "",
         "A request record (`tokenpath requests --format json`, `/api/requests`, the store):",

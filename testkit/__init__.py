@@ -5,6 +5,9 @@
   interface), and in-memory receivers that keep what real exporters send.
 - ``testkit.support``: builders of real inputs (OTLP export requests, certificates,
   fuzzing strategies) and helpers that run tokenpath's own commands as subprocesses.
+- ``testkit.oracles``: the views of tokenpath/views.py computed the plain way, from a
+  list of records in Python (the report, chargeback, the time series, the leaks): what
+  the tests check the views against, and the store bench's baseline.
 
 A helper only one test folder uses lives in that folder (``tests/<area>/...``); one that
 two folders, or a test and a benchmark, use lives here. ``bench/`` imports from here,

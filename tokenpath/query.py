@@ -90,7 +90,8 @@ def bucket_value(key: int) -> float:
 
 def quantile(histogram: Mapping[int, int], q: float) -> float | None:
     """The ``q`` percentile (0..1) of the values counted in ``histogram`` (bucket ->
-    count), interpolated as tokenpath.report.percentile interpolates; None for none."""
+    count), interpolated linearly between order statistics (as the exact percentile of
+    testkit/oracles/report.py); None for none."""
     total = sum(histogram.values())
     if total <= 0:
         return None

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -477,26 +477,6 @@ def summary_from_counts(by_class: Mapping[str | None, Mapping[str, float]],
     if not classes:
         return None
     return SloSummary(classes, window_seconds, gpus_billed(parse_unit_gpus(unit_gpus)))
-
-
-def summarize_records(records: Iterable[RequestRecord], window_seconds: float,
-                      config: SloConfig | None = None) -> SloSummary | None:
-    """:func:`summary_from_counts` from records (the reference the stores' views match)."""
-    by_class: dict[str | None, dict[str, float]] = {}
-    units: set[str] = set()
-    for r in records:
-        units.add(unit_gpus_item(r.node, r.engine_id, r.tensor_parallel))
-        if r.slo is None or r.slo_outcome is None:
-            continue
-        values = by_class.setdefault(r.slo, {})
-        for key, amount in ((f"slo_n:{r.slo_outcome}", 1.0),
-                            (f"slo_c:{r.slo_outcome}", r.cost_dollars)):
-            values[key] = values.get(key, 0.0) + amount
-        if r.slo_miss_stage is not None:
-            for key, amount in ((f"slo_ms:{r.slo_miss_stage}", 1.0),
-                                (f"slo_mc:{r.slo_miss_stage}", r.cost_dollars)):
-                values[key] = values.get(key, 0.0) + amount
-    return summary_from_counts(by_class, window_seconds, units, config)
 
 
 def scaled(config: SloConfig, factor: float) -> SloConfig:

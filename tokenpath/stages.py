@@ -127,6 +127,8 @@ GPU_STAGES: tuple[StageId, ...] = (
 NETWORK_STAGES: tuple[StageId, ...] = tuple(
     stage.id for stage in STAGES if stage.group is StageGroup.NETWORK
 )
+# The response path: stages after the engine that carry bytes back to the client.
+RESPONSE_PATH_STAGES: tuple[StageId, ...] = (*NETWORK_STAGES, StageId.RESPONSE_PATH)
 
 
 # Attribute value -> member. Keys are the plain strings, so a value of any other type

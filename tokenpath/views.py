@@ -8,17 +8,21 @@ replays that need records (the routing what-if's cache replay, the repeated-pref
 the roofline what-if's calibration) read a bounded sample: the newest records of the
 window, at most the limit below, and say so in their output.
 
-The record-list functions these replace (tokenpath.report.build_report,
-collector/cost/chargeback.chargeback, collector/api_views) stay as the reference the tests
-check these against, and for records that come from elsewhere (a collector's API, a file).
+Every view is computed here only, whichever the source: a store file, a ClickHouse
+database, running collectors (tokenpath/cli/remote.py), or records in hand (a file, a
+collector's ``/api/requests``, a made-up one), which :func:`over_records` loads into an
+in-memory store first. The record-list functions the tests check these against (the report,
+chargeback, the time series and the leaks computed from a list of records) are oracles in
+testkit/oracles, not part of the package.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tokenpath.collector.api_views import RESPONSE_PATH_STAGES
 from tokenpath.collector.cost.cache import DEFAULT_BLOCK_TOKENS, replay_prefixes
 from tokenpath.collector.cost.catalog import catalog_model_name
 from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy, allocate_idle
@@ -54,6 +58,7 @@ from tokenpath.query import (
     Window,
     quantile,
 )
+from tokenpath.records import IdleCost, RequestRecord
 from tokenpath.report import MissCauseSummary, Report, StageSummary
 from tokenpath.roofline import GPUS, MODELS, Roofline
 from tokenpath.slo import (
@@ -64,7 +69,7 @@ from tokenpath.slo import (
     SloSummary,
     summary_from_counts,
 )
-from tokenpath.stages import STAGES, Phase, Provenance
+from tokenpath.stages import RESPONSE_PATH_STAGES, STAGES, Phase, Provenance
 from tokenpath.wire_sizes import PACKET_OVERHEAD_BYTES
 
 # The newest records of a window the record replays read.
@@ -105,7 +110,7 @@ def miss_causes_of(agg: Aggregates) -> dict[str, MissCauseSummary]:
 
 def last_mile_of(agg: Aggregates,
                  threshold: float = DEFAULT_PACKETS_PER_TOKEN_THRESHOLD) -> LastMileSummary:
-    """tokenpath.last_mile.summarize_last_mile from the last-mile measures."""
+    """The last-mile summary (tokenpath/last_mile.py) from the last-mile measures."""
     tokens = agg["lm_tokens"]
     payload = agg["lm_bytes"]
 
@@ -132,8 +137,9 @@ def last_mile_of(agg: Aggregates,
 
 
 def report_view(q: RecordQueries, window: Window, slo: SloConfig | None = None) -> Report:
-    """tokenpath.report.build_report over the window, from aggregates; idle dollars and
-    joules are the store's for the window. ``slo``: the classes, for their objectives."""
+    """The per-stage report (tokenpath/report.py) over the window, from aggregates; idle
+    dollars and joules are the store's for the window. ``slo``: the classes, for their
+    objectives. Oracle: testkit/oracles/report.py build_report."""
     agg = _one(q.aggregate(window, REPORT_MEASURES, HISTOGRAMS))
     idle = q.idle_cost_dollars(window.since_unix)
     idle_joules = q.idle_energy_joules(window.since_unix)
@@ -235,8 +241,9 @@ def window_json(q: RecordQueries, window: Window) -> dict[str, Any]:
 def chargeback_view(q: RecordQueries, window: Window,
                     policy: IdlePolicy = IdlePolicy.PROPORTIONAL,
                     by: str = "tenant") -> list[ChargebackRow]:
-    """collector/cost/chargeback.chargeback over the window, grouped by ``by`` (tenant,
-    model or pool; ``unattributed`` for none), idle allocated by ``policy``."""
+    """Chargeback (collector/cost/chargeback.py) over the window, grouped by ``by``
+    (tenant, model or pool; ``unattributed`` for none), idle allocated by ``policy``.
+    Oracle: testkit/oracles/chargeback.py."""
     if by not in GROUPS:
         raise ValueError(f"chargeback by {by!r}: one of {', '.join(GROUPS)}")
     rows: dict[str, ChargebackRow] = {}
@@ -267,7 +274,9 @@ TIMESERIES_MEASURES = ("n", "input_tokens", "cache_read_tokens", "output_tokens"
 
 
 def timeseries_view(q: RecordQueries, window: Window, buckets: int) -> dict[str, Any]:
-    """collector/api_views.timeseries_view over the window: per bucket of end time."""
+    """``/api/timeseries`` over the window: per bucket of end time, requests, the
+    token-weighted hit ratio, TTFT p50, output tokens/s and dollars; empty buckets keep
+    their place with null ratios. Oracle: testkit/oracles/timeseries.py."""
     ends = q.end_range(window)
     if ends is None:
         return {"bucket_seconds": 0.0, "start_unix": None, "points": []}
@@ -372,8 +381,10 @@ def leaks_view(q: RecordQueries, window: Window, limit: int = 10,
                block_tokens: int = DEFAULT_BLOCK_TOKENS,
                packets_per_token_threshold: float = DEFAULT_PACKETS_PER_TOKEN_THRESHOLD,
                network_dollars_per_byte: float = 0.0) -> dict[str, Any]:
-    """collector/api_views.leaks_view over the window. The repeated-prefix table replays
-    the newest PREFIX_SAMPLE_LIMIT fingerprinted records (``cache.replayed``)."""
+    """``/api/leaks`` over the window: the three money leaks of README.md (cache misses,
+    long contexts, small packets and the last mile) and their ranking. The repeated-prefix
+    table replays the newest PREFIX_SAMPLE_LIMIT fingerprinted records
+    (``cache.replayed``). Oracle: testkit/oracles/leaks.py leaks_view."""
     params = _params(q, window, long_context_tokens, packets_per_token_threshold)
     agg = _one(q.aggregate(window, (*LEAK_MEASURES, *LONG_MEASURES), params=params))
     default_long = (agg if long_context_tokens == LONG_CONTEXT_TOKENS else _one(q.aggregate(
@@ -457,9 +468,10 @@ RANK_MEASURES = (*CAUSE_MEASURES, "lm_resp_c", "lm_packets", f"lm_coal:{COALESCE
 
 def rank_leaks_view(q: RecordQueries, window: Window, network_dollars_per_byte: float,
                     replay_routing: bool = True) -> list[RankedLeak]:
-    """collector/cost/leak_ranking.rank_leaks over the window. With ``replay_routing``,
-    routed misses are priced by the routing what-if over the newest MAX_REPLAY_RECORDS
-    fingerprinted records (as rank_leaks replays them)."""
+    """The leaks ranked (collector/cost/leak_ranking.py) over the window. With
+    ``replay_routing``, routed misses are priced by the routing what-if over the newest
+    MAX_REPLAY_RECORDS fingerprinted records. Oracle: testkit/oracles/leaks.py
+    rank_leaks."""
     params = _params(q, window, LONG_CONTEXT_TOKENS, DEFAULT_PACKETS_PER_TOKEN_THRESHOLD)
     agg = _one(q.aggregate(window, RANK_MEASURES, params=params))
     sample = None
@@ -509,3 +521,26 @@ def whatif_sample(q: RecordQueries, window: Window,
     """The records the roofline what-if calibrates on: the newest ``limit`` of the window."""
     return q.sample(window, limit)
 
+
+# --- records in hand --------------------------------------------------------------------------
+
+
+@contextmanager
+def over_records(records: Iterable[RequestRecord],
+                 idle: Iterable[IdleCost] = ()) -> Iterator[RecordQueries]:
+    """The read interface over records in hand (and the idle GPU time ``idle`` priced): an
+    in-memory SQLite store (collector/store.py) loaded with them, shut when the block ends.
+    The views over it are the views over any store."""
+    from tokenpath.collector.store import MEMORY, RecordStore, StoreConfig
+
+    store = RecordStore(StoreConfig(path=MEMORY))
+    try:
+        store.start()  # its writer writes them in batches
+        for record in records:
+            store.consume_record(record)
+        for cost in idle:
+            store.consume_idle_cost(cost)
+        store.flush()
+        yield store
+    finally:
+        store.shutdown()

@@ -13,19 +13,19 @@ Rows sum to the window's attributed plus idle dollars (the last row takes the ro
 remainder, so the sum is exact to the float). GPU energy goes the same way: each record's
 joules to its tenant, the idle joules by the same policy and the same shares (by attributed
 dollars), so the rows' joules sum to the window's request plus idle joules.
+
+Here: the rows' shape and the idle allocation. The rows themselves are summed over a
+window by the store (tokenpath/views.py chargeback_view); the same from a list of records,
+which the tests check the view against, is testkit/oracles/chargeback.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from tokenpath.metric_names import TENANT_UNATTRIBUTED
-from tokenpath.records import RequestRecord
-from tokenpath.report import combined_energy_provenance
-from tokenpath.slo import OUTCOME_MET, OUTCOME_MISSED
 
 PLATFORM_ROW = "platform"
 
@@ -72,40 +72,6 @@ class ChargebackRow:
                 "slo_requests": self.slo_requests, "good_requests": self.good_requests,
                 "missed_slo_dollars": self.missed_slo_dollars,
                 "dollars_per_good_request": self.dollars_per_good_request}
-
-
-def tenant_of(record: RequestRecord) -> str | None:
-    return record.tenant
-
-
-def chargeback(records: Iterable[RequestRecord], idle_dollars: float,
-               policy: IdlePolicy = IdlePolicy.PROPORTIONAL,
-               key: Callable[[RequestRecord], str | None] = tenant_of,
-               idle_energy_joules: float = 0.0) -> list[ChargebackRow]:
-    """One row per tenant (or per ``key``: model, pool; ``unattributed`` when it has none)
-    and a platform row under ``platform``, costliest first."""
-    rows: dict[str, ChargebackRow] = {}
-    kinds: dict[str, set[str | None]] = {}
-    for record in records:
-        tenant = key(record) or TENANT_UNATTRIBUTED
-        row = rows.get(tenant)
-        if row is None:
-            row = rows[tenant] = ChargebackRow(tenant)
-        row.requests += 1
-        row.input_tokens += max(0, record.input_tokens)
-        row.output_tokens += max(0, record.output_tokens)
-        row.cost_dollars += record.cost_dollars
-        row.energy_joules += max(0.0, record.energy_joules)
-        if record.slo_outcome is not None:
-            row.slo_requests += 1
-            if record.slo_outcome == OUTCOME_MET:
-                row.good_requests += 1
-            elif record.slo_outcome == OUTCOME_MISSED:
-                row.missed_slo_dollars += record.cost_dollars
-        kinds.setdefault(tenant, set()).add(record.energy_provenance)
-    for tenant, row in rows.items():
-        row.energy_provenance = combined_energy_provenance(kinds[tenant])
-    return allocate_idle(list(rows.values()), idle_dollars, policy, idle_energy_joules)
 
 
 def allocate_idle(rows: list[ChargebackRow], idle_dollars: float,

@@ -12,11 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tokenpath.collector.cost.cache import prefill_dollars
 from tokenpath.collector.cost.catalog import catalog_model_name
 from tokenpath.leaks import (
     CONTEXT_BUCKET_BOUNDS,
-    LONG_CONTEXT_TOKENS,
     context_bucket_index,
     context_bucket_labels,
     context_tokens,
@@ -73,30 +71,3 @@ def spend_by_context_bucket(
     for bucket in buckets:
         bucket.share_of_spend = bucket.cost_dollars / total if total > 0 else 0.0
     return buckets
-
-
-def last_doubling_prefill_dollars(records: Iterable[RequestRecord],
-                                  threshold_tokens: int = LONG_CONTEXT_TOKENS) -> float:
-    """What the last doubling of context cost in prefill, over the long-context requests:
-    each one's prefill dollars times the share of its prefill FLOPs that halving its prompt
-    (new and cached tokens alike) would remove (modeled; attention makes it more than
-    half). Requests of a model the catalog does not know count at a half."""
-    total = 0.0
-    for record in records:
-        if context_tokens(record) < threshold_tokens:
-            continue
-        dollars = prefill_dollars(record)
-        if dollars <= 0:
-            continue
-        model = catalog_model_name(record.model)
-        cached = max(0, min(record.cache_read_tokens, record.input_tokens - 1))
-        new = max(1, record.input_tokens - cached)
-        if model is None:
-            total += dollars / 2
-            continue
-        roofline = Roofline(GPUS[ROOFLINE_GPU], MODELS[model])
-        full = roofline.prefill_flops(new, cached)
-        half = roofline.prefill_flops(max(1, new // 2), cached // 2)
-        total += dollars * (1.0 - half / full) if full > 0 else 0.0
-    return total
-

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tokenpath.last_mile import summarize_last_mile
+from testkit.oracles.last_mile import summarize_last_mile
 from tokenpath.leaks import MissCause
 from tokenpath.records import RequestRecord
 from tokenpath.report import LONG_CONTEXT_TOKENS

@@ -19,19 +19,22 @@ def test_the_report_prints_each_slo_class_and_the_missed_dollars_beside_the_leak
 
     from rich.console import Console
 
+    from tokenpath import views
     from tokenpath.cli.render import render_report
+    from tokenpath.query import Window
     from tokenpath.records import RequestRecord
-    from tokenpath.report import build_report
 
     def record(i: int, slo: str, outcome: str, stage: str | None, cost: float) -> RequestRecord:
         return RequestRecord(trace_id=f"{i:032x}", model="m", start_unix=100.0 + i,
                              end_unix=101.0 + i, cost_dollars=cost, slo=slo,
                              slo_outcome=outcome, slo_miss_stage=stage, tensor_parallel=2)
 
-    report = build_report([record(0, "interactive", "met", None, 0.01),
-                           record(1, "interactive", "missed", "queue", 0.02),
-                           record(2, "interactive", "missed", "prefill", 0.04),
-                           record(3, "batch", "met", None, 0.08)])
+    records = [record(0, "interactive", "met", None, 0.01),
+               record(1, "interactive", "missed", "queue", 0.02),
+               record(2, "interactive", "missed", "prefill", 0.04),
+               record(3, "batch", "met", None, 0.08)]
+    with views.over_records(records) as queries:
+        report = views.report_view(queries, Window())
     out = io.StringIO()
     render_report(report, Console(file=out, width=200))
     text = out.getvalue()

@@ -69,7 +69,7 @@ def test_the_routers_predicted_cache_hit_is_counted_beside_the_engines() -> None
 def test_miss_dollars_by_cause_on_the_dashboard_equal_the_reports() -> None:
     """The Cache and leaks board reads tokenpath_cache_miss_dollars_total{cause}; the report
     and /api/leaks sum the stored records: for the same records they agree."""
-    from tokenpath.report import miss_causes
+    from testkit.oracles.report import miss_causes
 
     records = []
     for i, (cold, routed, evicted) in enumerate(((0.5, 0.0, 0.0), (0.1, 0.3, 0.0),

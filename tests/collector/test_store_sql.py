@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from bench.store_workload import synthetic_records
+from testkit.oracles.report import build_report
 from tokenpath import views
 from tokenpath.collector import store_sql
 from tokenpath.collector.store import RecordStore, StoreConfig
 from tokenpath.query import Window
 from tokenpath.records import RequestRecord
-from tokenpath.report import build_report
 
 END = 1_700_000_000.0 + 777.25
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tokenpath.last_mile import coalesced_packets, packets_per_output_token, summarize_last_mile
+from testkit.oracles.last_mile import summarize_last_mile
+from tokenpath.last_mile import coalesced_packets, packets_per_output_token
 from tokenpath.records import RequestRecord
 from tokenpath.wire_sizes import PACKET_OVERHEAD_BYTES
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from testkit.oracles.report import build_report, percentile
 from tokenpath.records import RequestRecord, StageTiming
-from tokenpath.report import build_report, percentile, token_weighted_hit_ratio
+from tokenpath.report import token_weighted_hit_ratio
 from tokenpath.stages import STAGE_IDS, Provenance, StageId
 
 

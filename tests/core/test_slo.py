@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from testkit.oracles.slo import summarize_records
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord, StageTiming
@@ -23,7 +24,6 @@ from tokenpath.slo import (
     SloConfig,
     classify_record,
     scaled,
-    summarize_records,
 )
 from tokenpath.stages import Provenance, StageId
 

@@ -21,9 +21,10 @@ pytest.importorskip("chdb")
 pytest.importorskip("clickhouse_connect")
 
 from bench.store_workload import synthetic_records
+from testkit.oracles.report import build_report
+from testkit.oracles.timeseries import timeseries_view
 from tests.core.test_views import END, QUANTILE_KEYS, WINDOWS, close, in_window
 from tokenpath import query, views
-from tokenpath.collector import api_views
 from tokenpath.collector import store_clickhouse as ch
 from tokenpath.collector import store_clickhouse_sql as chsql
 from tokenpath.collector import store_layout as L
@@ -37,7 +38,6 @@ from tokenpath.collector.store_url import DEFAULT_DATABASE, parse_url
 from tokenpath.config import ConfigError
 from tokenpath.query import QUANTILE_RELATIVE_ERROR, Window
 from tokenpath.records import IdleCost
-from tokenpath.report import build_report
 
 # The records are from 2023; the TTL deletes by the wall clock: keep them.
 RETENTION = 20 * 365 * 86400.0
@@ -154,7 +154,7 @@ def test_the_time_series_matches_the_sqlite_store(pair: tuple[Store, Store],
     window = WINDOWS[name]
     records = in_window(sqlite.records(), window)
     mine = views.timeseries_view(clickhouse, window, 24)
-    close(mine, api_views.timeseries_view(records, 24), "timeseries",
+    close(mine, timeseries_view(records, 24), "timeseries",
           frozenset({"ttft_p50_seconds"}))
     close(mine, views.timeseries_view(sqlite, window, 24), "timeseries",
           frozenset({"ttft_p50_seconds"}))

@@ -16,14 +16,17 @@ from typing import Any
 import pytest
 
 from bench.store_workload import synthetic_records
+from testkit.oracles import leaks as leak_oracles
+from testkit.oracles.chargeback import chargeback
+from testkit.oracles.leaks import rank_leaks
+from testkit.oracles.report import build_report, percentile
+from testkit.oracles.timeseries import timeseries_view
 from tokenpath import query, views
-from tokenpath.collector import api_views, store_sql
-from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
-from tokenpath.collector.cost.leak_ranking import rank_leaks
+from tokenpath.collector import store_sql
+from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.store import RecordStore, StoreConfig
 from tokenpath.query import QUANTILE_RELATIVE_ERROR, Window
 from tokenpath.records import IdleCost, RequestRecord
-from tokenpath.report import build_report, percentile
 
 END = 1_700_000_000.0 + 1234.5  # not on an hour: windows cut hours
 QUANTILE_KEYS = {"p50_seconds", "p95_seconds", "ttft_p50_seconds", "ttft_p95_seconds",
@@ -129,7 +132,7 @@ def test_the_time_series_matches_the_reference(filled: tuple[RecordStore, float]
     store, _ = filled
     window = WINDOWS[name]
     records = in_window(store.records(), window)
-    reference = api_views.timeseries_view(records, 24)
+    reference = timeseries_view(records, 24)
     close(views.timeseries_view(store, window, 24), reference, "timeseries",
           frozenset({"ttft_p50_seconds"}))
 
@@ -140,7 +143,7 @@ def test_the_leaks_match_the_reference(filled: tuple[RecordStore, float],
     store, _ = filled
     window = WINDOWS["last 4.5 h"]
     records = in_window(store.records(), window)
-    reference = api_views.leaks_view(records, 10, long_context_tokens,
+    reference = leak_oracles.leaks_view(records, 10, long_context_tokens,
                                      packets_per_token_threshold=threshold,
                                      network_dollars_per_byte=1e-10)
     view = views.leaks_view(store, window, 10, long_context_tokens,

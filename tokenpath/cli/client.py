@@ -21,14 +21,10 @@ if TYPE_CHECKING:
     from tokenpath.collector.store import Store
 
 
-# How far a collector's clock may run ahead of this one's, for a window of fixed ends.
-CLOCK_SLACK_SECONDS = 60.0
-
-
 @dataclass(frozen=True, slots=True)
 class Source:
     """``collector`` may name several replicas, comma-separated: their records are merged
-    (each record lives on the one replica that priced it) and their idle cost summed."""
+    (each record lives on the one replica that priced it)."""
 
     store: str | None
     collector: str | None
@@ -57,56 +53,33 @@ class Source:
         """The newest ``limit`` records (all with ``None``), from the store or, page by
         page, from the collector."""
         if self.collectors:
-            return self._merged(limit, since, None, None)
+            return self._merged(limit, since)
         store = self._open()
         try:
             return store.records(limit=limit, since_unix=_since_unix(since))
         finally:
             store.shutdown()
 
-    def records_between(self, limit: int | None, since_unix: float | None,
-                        until_unix: float | None) -> list[RequestRecord]:
-        """The newest ``limit`` records that ended in ``[since_unix, until_unix]`` (either
-        end open with ``None``): a fixed window, read the same from a store or a
-        collector (whose ``since`` counts from its own clock: asked for a little more,
-        then cut here)."""
-        if self.collectors:
-            since = None
-            if since_unix is not None:
-                since = f"{max(0.0, time.time() - since_unix) + CLOCK_SLACK_SECONDS:.3f}s"
-            return self._merged(limit, since, until_unix, since_unix)
-        store = self._open()
-        try:
-            return store.records(limit=limit, since_unix=since_unix, until_unix=until_unix)
-        finally:
-            store.shutdown()
-
-    def _merged(self, limit: int | None, since: str | None, until_unix: float | None,
-                since_unix: float | None) -> list[RequestRecord]:
+    def _merged(self, limit: int | None, since: str | None) -> list[RequestRecord]:
         merged: dict[str, dict[str, Any]] = {}
         for base in self.collectors:
-            # newest first: what the slack adds is older than the window, so the newest
-            # ``limit`` asked for hold the newest ``limit`` of the window
-            for r in self._collector_records(base, limit, since, until_unix):
-                if since_unix is None or (r.get("end_unix") or 0.0) >= since_unix:
-                    merged.setdefault(r.get("record_id") or r["trace_id"], r)
+            for r in self._collector_records(base, limit, since):
+                merged.setdefault(r.get("record_id") or r["trace_id"], r)
         newest = sorted(merged.values(), key=lambda r: r.get("end_unix") or 0.0,
                         reverse=True)
         return [RequestRecord.from_json(r) for r in
                 (newest if limit is None else newest[:limit])]
 
-    def _collector_records(self, base: str, limit: int | None, since: str | None,
-                           until_unix: float | None = None) -> list[dict[str, Any]]:
+    def _collector_records(self, base: str, limit: int | None,
+                           since: str | None) -> list[dict[str, Any]]:
         """Pages of at most MAX_API_LIMIT, each of records that ended at or before the
-        oldest of the page before (``until``; the first at or before ``until_unix``);
-        records seen twice at a page boundary are kept once."""
+        oldest of the page before (``until``); records seen twice at a page boundary are
+        kept once."""
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
         params: dict[str, Any] = {}
         if since:
             params["since"] = since
-        if until_unix is not None:
-            params["until"] = until_unix
         while limit is None or len(out) < limit:
             # One more than still wanted after the first page: the boundary record again.
             wanted = MAX_API_LIMIT if limit is None else limit - len(out) + (1 if out else 0)
@@ -121,31 +94,6 @@ class Source:
                 break
             params["until"] = page[-1]["end_unix"]
         return out if limit is None else out[:limit]
-
-    def idle_cost(self, since: str | None) -> float:
-        return self._idle("idle_cost_dollars", since)
-
-    def idle_energy(self, since: str | None) -> float:
-        return self._idle("idle_energy_joules", since)
-
-    def _idle(self, key: str, since: str | None) -> float:
-        """The window's idle dollars or joules, summed over the collectors (each prices
-        its own units) or read from the store."""
-        if self.collectors:
-            return sum(float(self._get(base, "/api/summary", {"since": since} if since else {})
-                             .get(key) or 0.0) for base in self.collectors)
-        store = self._open()
-        try:
-            if key == "idle_energy_joules":
-                return store.idle_energy_joules(_since_unix(since))
-            return store.idle_cost_dollars(_since_unix(since))
-        finally:
-            store.shutdown()
-
-    def open_store(self) -> Store:
-        """The store, read-only, for the views (tokenpath/views.py); the caller shuts it
-        down."""
-        return self._open()
 
     @contextmanager
     def queries(self) -> Iterator[RecordQueries]:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from testkit.fakes.spans import new_trace_id
+from testkit.oracles.chargeback import chargeback
 from tokenpath import metric_names as M
-from tokenpath.collector.cost.chargeback import PLATFORM_ROW, IdlePolicy, chargeback
+from tokenpath.collector.cost.chargeback import PLATFORM_ROW, IdlePolicy
 from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.records import RequestRecord, StageTiming
 from tokenpath.stages import Provenance, StageId

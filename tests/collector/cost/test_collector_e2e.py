@@ -14,13 +14,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from tokenpath import attributes as A
+from tokenpath import views
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.accuracy import compare_to_ground_truth
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.cost.stepsim import SimResult, random_workload, simulate
 from tokenpath.collector.service import CollectorService
 from tokenpath.collector.store_factory import open_store_readonly
-from tokenpath.report import build_report
+from tokenpath.query import Window
 from tokenpath.roofline import roofline_for
 from tokenpath.stages import StageId
 
@@ -79,7 +80,7 @@ def test_collector_attributes_cost_close_to_ground_truth(tmp_path: Path) -> None
     reader = open_store_readonly(str(store))
     try:
         records = reader.records()
-        idle = reader.idle_cost_dollars()
+        report = views.report_view(reader, Window()).to_json()
     finally:
         reader.shutdown()
     assert len(records) == len(result.records)
@@ -96,7 +97,6 @@ def test_collector_attributes_cost_close_to_ground_truth(tmp_path: Path) -> None
     summary = compare_to_ground_truth(records, truth)
     assert summary["median_rel_error"] <= 0.05
     assert summary["median_rel_error"] <= 0.1 * summary["naive_median_rel_error"]
-    report = build_report(records, idle).to_json()
     assert report["cost_dollars"] > 0
     assert report["cost_per_million_output_tokens"] > 0
     stages = {s["stage"]: s for s in report["stages"]}

@@ -11,6 +11,7 @@ import pytest
 from testkit.fakes.clock import FakeClock
 from tokenpath import attributes as A
 from tokenpath import metric_names as M
+from tokenpath import views
 from tokenpath.collector.cost.attributor import AttributorConfig, CostAttributor
 from tokenpath.collector.cost.energy import (
     ENERGY_MEASURED,
@@ -20,8 +21,8 @@ from tokenpath.collector.cost.energy import (
 )
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.receivers.otlp_decode import MetricPoint
+from tokenpath.query import Window
 from tokenpath.records import RequestRecord
-from tokenpath.report import build_report
 from tokenpath.roofline import GPUS
 
 from .helpers import RecordingSink, engine_record
@@ -62,8 +63,8 @@ def test_busy_and_idle_joules_account_for_every_gpu_second_of_the_window() -> No
 
 def test_the_report_labels_modeled_energy() -> None:
     sink, _ = _priced()
-    report = build_report(sink.records, sink.idle_dollars,
-                          sum(i.energy_joules for i in sink.idle)).to_json()
+    with views.over_records(sink.records, sink.idle) as queries:
+        report = views.report_view(queries, Window()).to_json()
     assert report["energy_provenance"] == ENERGY_MODELED
     assert report["energy_joules"] == pytest.approx(sum(r.energy_joules for r in sink.records))
     assert report["idle_energy_joules"] > 0

@@ -14,11 +14,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from testkit.support.reference_client import drive_chat
+from tokenpath import views
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.accuracy import compare_to_ground_truth
 from tokenpath.collector.service import CollectorService
 from tokenpath.collector.store_factory import open_store_readonly
-from tokenpath.report import build_report
+from tokenpath.query import Window
 
 serving_path = pytest.importorskip("tokenpath.instrumentation.reference.serving_path")
 engine_module = pytest.importorskip("tokenpath.instrumentation.reference.engine")
@@ -68,12 +69,11 @@ def test_reference_path_cost_matches_engine_ground_truth(tmp_path: Path) -> None
     reader = open_store_readonly(str(tmp_path / "store.db"))
     try:
         records = reader.records()
-        idle = reader.idle_cost_dollars()
+        report = views.report_view(reader, Window()).to_json()
     finally:
         reader.shutdown()
     summary = compare_to_ground_truth(records, truth_path)
     assert summary["matched"] >= 0.9 * REQUESTS
     assert summary["median_rel_error"] <= 0.05
     assert summary["median_rel_error"] <= 0.1 * summary["naive_median_rel_error"]
-    report = build_report(records, idle).to_json()
     assert report["cost_dollars"] > 0 and report["cost_per_million_output_tokens"] > 0

@@ -1,4 +1,5 @@
-"""The UI's read-only views over request records: stages, time series, leaks, what-if."""
+"""The UI's read-only views: stages, and the time series and leaks (tokenpath/views.py, over
+the records loaded into a store), the what-if."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ from typing import Any
 
 import pytest
 
+from tokenpath import views
 from tokenpath.collector import api_views
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.cost.whatif import Scenario, what_if
 from tokenpath.collector.whatif_view import WhatIfRequest, whatif_view
 from tokenpath.config import ConfigError
 from tokenpath.leaks import context_bucket_labels
+from tokenpath.query import Window
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.stages import STAGES, Phase, Provenance, StageId
 
@@ -44,14 +47,16 @@ def test_timeseries_hit_ratio_is_token_weighted_per_bucket() -> None:
         _record(1, start=0.0, input_tokens=900, cached=0),  # ends at 1
         _record(2, start=9.0, input_tokens=10, cached=5),  # ends at 10
     ]
-    view = api_views.timeseries_view(records, buckets=3)
+    with views.over_records(records) as queries:
+        view = views.timeseries_view(queries, Window(), buckets=3)
     points = view["points"]
     assert len(points) == 3
     assert points[0]["requests"] == 2
     assert points[0]["prefix_cache_hit_ratio"] == pytest.approx(0.1)  # not mean(1, 0) = 0.5
     assert points[1]["requests"] == 0 and points[1]["prefix_cache_hit_ratio"] is None
     assert points[2]["prefix_cache_hit_ratio"] == pytest.approx(0.5)
-    assert api_views.timeseries_view([])["points"] == []
+    with views.over_records([]) as queries:
+        assert views.timeseries_view(queries, Window(), buckets=3)["points"] == []
 
 
 def test_repeated_prefixes_rank_by_waste_and_count_recomputed_tokens() -> None:
@@ -66,7 +71,9 @@ def test_repeated_prefixes_rank_by_waste_and_count_recomputed_tokens() -> None:
         _record(4, start=4, input_tokens=100, cached=0, waste=0.25,
                 fingerprints=("a0", "y")),  # repeats only the first block
     ]
-    top, recomputed = api_views.repeated_prefixes(records, block_tokens=16, limit=10)
+    with views.over_records(records) as queries:
+        cache = views.leaks_view(queries, Window(), limit=10, block_tokens=16)["cache"]
+    top, recomputed = cache["top_prefixes"], cache["recomputed_prefix_tokens"]
     assert [p["fingerprint"] for p in top] == ["a2", "a0"]
     deep = top[0]
     assert (deep["prefix_tokens"], deep["requests"], deep["hits"], deep["misses"]) == (48, 2, 1, 1)
@@ -85,7 +92,8 @@ def test_long_context_and_small_packet_shares() -> None:
     records[0].stages[StageId.RESPONSE_PATH] = StageTiming(StageId.RESPONSE_PATH, 1.0,
                                                            Provenance.MEASURED)
     records[1].stages[StageId.HBM_LOAD] = StageTiming(StageId.HBM_LOAD, 3.0, Provenance.MODELED)
-    leaks = api_views.leaks_view(records, long_context_tokens=8192)
+    with views.over_records(records) as queries:
+        leaks = views.leaks_view(queries, Window(), long_context_tokens=8192)
     long = leaks["long_context"]
     assert long["share_of_requests"] == pytest.approx(0.5)
     assert long["share_of_cost"] == pytest.approx(0.75)
