@@ -165,7 +165,7 @@ def test_a_reader_of_a_json_layout_store_reads_a_copy_and_changes_nothing(
         tmp_path: Path) -> None:
     import hashlib
 
-    from tokenpath.collector.store_factory import open_store_readonly
+    from tokenpath.collector.store.factory import open_store_readonly
     from tokenpath.query import Window
 
     path = tmp_path / "s.db"
@@ -251,7 +251,7 @@ def test_a_joined_record_is_found_from_the_client_trace_it_joined(tmp_path: Path
 def test_a_reader_opens_the_store_read_only_and_changes_nothing(tmp_path: Path) -> None:
     import hashlib
 
-    from tokenpath.collector.store_factory import open_store_readonly
+    from tokenpath.collector.store.factory import open_store_readonly
 
     path = tmp_path / "s.db"
     writer = RecordStore(StoreConfig(path=str(path)))
@@ -300,7 +300,7 @@ def test_a_reader_of_a_store_written_before_the_slo_columns_reads_it_unchanged(
     import hashlib
 
     from tokenpath import views
-    from tokenpath.collector.store_factory import open_store_readonly
+    from tokenpath.collector.store.factory import open_store_readonly
     from tokenpath.query import Window
 
     path = tmp_path / "s.db"

@@ -1,4 +1,4 @@
-"""The ClickHouse store (collector/store_clickhouse.py) on chDB, the same engine in-process,
+"""The ClickHouse store (collector/store/clickhouse.py) on chDB, the same engine in-process,
 against the SQLite store holding the same records: the views (report, chargeback, leaks,
 ranked leaks, time series) equal (counts equal, dollars to 1e-9 relative, percentiles
 within QUANTILE_RELATIVE_ERROR of the exact ones), records read back as written; the
@@ -24,16 +24,16 @@ from bench.store_workload import synthetic_records
 from tests.core.test_views import END, QUANTILE_KEYS, WINDOWS, close, in_window
 from tokenpath import query, views
 from tokenpath.collector import api_views
-from tokenpath.collector import store_clickhouse as ch
-from tokenpath.collector import store_clickhouse_sql as chsql
-from tokenpath.collector import store_layout as L
+from tokenpath.collector.store import clickhouse as ch
+from tokenpath.collector.store import clickhouse_sql as chsql
+from tokenpath.collector.store import layout as L
 from tokenpath.collector.batch_sender import GiveUp, Retry
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, Store, StoreConfig
-from tokenpath.collector.store_clickhouse import ClickHouseStore
-from tokenpath.collector.store_factory import make_store
-from tokenpath.collector.store_url import DEFAULT_DATABASE, parse_url
+from tokenpath.collector.store.clickhouse import ClickHouseStore
+from tokenpath.collector.store.factory import make_store
+from tokenpath.collector.store.url import DEFAULT_DATABASE, parse_url
 from tokenpath.config import ConfigError
 from tokenpath.query import QUANTILE_RELATIVE_ERROR, Window
 from tokenpath.records import IdleCost

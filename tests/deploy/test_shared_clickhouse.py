@@ -33,7 +33,7 @@ from tests.dashboards.otlp_workload import CollectorProcess, request_trace
 from tests.deploy.cluster import SLO_CLASSES, assert_same_slo, cluster, post, report, samples
 from tests.deploy.engine_traffic import engine_traffic
 from tokenpath import metric_names as mn
-from tokenpath.collector import store_clickhouse as ch
+from tokenpath.collector.store import clickhouse as ch
 
 pytestmark = pytest.mark.integration
 

@@ -169,7 +169,7 @@ class Source:
 
     def _open(self) -> Store:
         from tokenpath.collector.config import default_store_path
-        from tokenpath.collector.store_factory import open_store_readonly
+        from tokenpath.collector.store.factory import open_store_readonly
 
         try:
             return open_store_readonly(self.store or default_store_path())

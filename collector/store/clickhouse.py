@@ -9,7 +9,7 @@ targets:
   comes from $TOKENPATH_CLICKHOUSE_PASSWORD or the file named by
   $TOKENPATH_CLICKHOUSE_PASSWORD_FILE, never from the URL (which ps and logs show).
 
-The schema, the rows and the views' queries are in collector/store_clickhouse_sql.py.
+The schema, the rows and the views' queries are in collector/store/clickhouse_sql.py.
 
 **Writes** go through the one batching sender (collector/batch_sender.py): a bounded queue
 (a full queue makes the caller wait, and admission refuses new data past half of it),
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tokenpath.collector import store_clickhouse_rollups as chrollups
-from tokenpath.collector import store_clickhouse_sql as chsql
-from tokenpath.collector import store_layout as L
+import tokenpath.collector.store.clickhouse_rollups as chrollups
+import tokenpath.collector.store.clickhouse_sql as chsql
+import tokenpath.collector.store.layout as L
 from tokenpath.collector.backpressure import DROP_STORE_CLOSED, Backlog, DropLog
 from tokenpath.collector.batch_sender import (
     DROP_CLOSED,
@@ -53,8 +53,8 @@ from tokenpath.collector.batch_sender import (
     SenderConfig,
 )
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store import Store, StoreConfig, split_batch
-from tokenpath.collector.store_url import ENV_PASSWORD, ENV_PASSWORD_FILE, Target, parse_url
+from tokenpath.collector.store.base import Store, StoreConfig, split_batch
+from tokenpath.collector.store.url import ENV_PASSWORD, ENV_PASSWORD_FILE, Target, parse_url
 from tokenpath.config import ConfigError
 from tokenpath.records import IdleCost, RequestRecord
 

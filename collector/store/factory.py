@@ -1,5 +1,5 @@
 """The store ``--store`` names, built: SQLite (collector/store.py) or ClickHouse
-(collector/store_clickhouse.py). The one module that imports both backends."""
+(collector/store/clickhouse.py). The one module that imports both backends."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store import RecordStore, Store, StoreConfig
-from tokenpath.collector.store_clickhouse import ClickHouseStore
-from tokenpath.collector.store_url import is_clickhouse_url
+from tokenpath.collector.store.base import RecordStore, Store, StoreConfig
+from tokenpath.collector.store.clickhouse import ClickHouseStore
+from tokenpath.collector.store.url import is_clickhouse_url
 from tokenpath.config import ConfigError
 
 

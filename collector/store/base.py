@@ -5,9 +5,9 @@ node, and each batch commits in one transaction, so a crash or SIGKILL leaves ev
 committed record intact and nothing half-written. Records are written in batches by a
 writer thread, off the ingest path; old rows are deleted after ``retention_seconds``.
 
-A record is one row of typed columns (collector/store_layout.py: the stages wide, the
+A record is one row of typed columns (collector/store/layout.py: the stages wide, the
 names coded, the lists packed), and the writer adds it to rollups per 10 minutes
-(collector/store_sql.py), so the views (tokenpath/views.py) are SQL aggregates and never
+(collector/store/sqlite_sql.py), so the views (tokenpath/views.py) are SQL aggregates and never
 load a window's records into Python. A store written in the first layout (a JSON body per
 row in ``requests``) is moved to this one when the collector opens it, with a log line; a
 read-only reader of such a store reads a temporary copy. A non-finite float, which no
@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from tokenpath.collector import store_layout as layout
-from tokenpath.collector import store_sql
+import tokenpath.collector.store.layout as layout
+import tokenpath.collector.store.sqlite_sql as store_sql
 from tokenpath.collector.backpressure import (
     DROP_STORE_CLOSED,
     Backlog,
@@ -43,7 +43,7 @@ from tokenpath.collector.backpressure import (
     high_water,
 )
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store_url import is_clickhouse_url, parse_url
+from tokenpath.collector.store.url import is_clickhouse_url, parse_url
 from tokenpath.config import ConfigError
 from tokenpath.query import DEFAULT_PARAMS as _DEFAULT_PARAMS
 from tokenpath.query import Aggregates, Coverage, GroupBy, Params, Sample, Window
@@ -62,7 +62,7 @@ DEFAULT_SHUTDOWN_SECONDS = 30.0  # a ClickHouse store's time to write its queue 
 PUT_WAIT_SECONDS = 1.0
 MEMORY = ":memory:"
 
-# The records' tables come from collector/store_layout.py and collector/store_sql.py.
+# The records' tables come from collector/store/layout.py and collector/store/sqlite_sql.py.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS idle_cost (
     pool TEXT NOT NULL,
@@ -200,7 +200,7 @@ def split_batch(batch: Sequence[_Item], stats: CollectorStats,
 class Store(ABC):
     """A store: a sink of records and idle cost (its writer), and the reader the API,
     the UI and the CLI use (``queries``, one per backend). Two backends:
-    :class:`RecordStore` (SQLite) and ``ClickHouseStore`` (collector/store_clickhouse.py).
+    :class:`RecordStore` (SQLite) and ``ClickHouseStore`` (collector/store/clickhouse.py).
 
     Thread contract: ``consume_*`` run on the pipeline thread (and may wait there while
     the writer is behind: back-pressure); the readers on any thread; ``start``,
@@ -450,7 +450,7 @@ class RecordStore(Store):
 
     def _roll_up(self, db: sqlite3.Connection, newest: int, now: bool = False) -> None:
         """Add the records past the rollups' watermark to them when a run is due
-        (collector/store_sql.py), inside the caller's transaction."""
+        (collector/store/sqlite_sql.py), inside the caller's transaction."""
         rolled = self._rolled_rid
         if newest <= rolled:
             return
@@ -660,7 +660,7 @@ class RecordStore(Store):
 
 def encode_row(encoder: layout.RowEncoder, db: sqlite3.Connection,
                record: RequestRecord) -> list[Any]:
-    """A record's row in the column layout (collector/store_layout.py)."""
+    """A record's row in the column layout (collector/store/layout.py)."""
     return encoder.encode(db, record)
 
 
