@@ -29,12 +29,13 @@ import math
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from tokenpath import record_fields as RF
 import tokenpath.collector.store.clickhouse_rollups as R
 import tokenpath.collector.store.layout as L
 import tokenpath.collector.store.measures as S
+from tokenpath import record_fields as RF
+from tokenpath.collector.store.clickhouse_client import Connection
 from tokenpath.identity import pricing_unit
 from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.query import (
@@ -50,9 +51,6 @@ from tokenpath.query import (
 )
 from tokenpath.records import RequestRecord
 from tokenpath.slo import unit_gpus_item
-
-if TYPE_CHECKING:
-    from tokenpath.collector.store.clickhouse import Connection
 
 log = logging.getLogger(__name__)
 

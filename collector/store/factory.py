@@ -1,4 +1,4 @@
-"""The store ``--store`` names, built: SQLite (collector/store.py) or ClickHouse
+"""The store ``--store`` names, built: SQLite (collector/store/sqlite.py) or ClickHouse
 (collector/store/clickhouse.py). The one module that imports both backends."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store.base import RecordStore, Store, StoreConfig
+from tokenpath.collector.store.base import Store, StoreConfig
 from tokenpath.collector.store.clickhouse import ClickHouseStore
+from tokenpath.collector.store.sqlite import RecordStore
 from tokenpath.collector.store.url import is_clickhouse_url
 from tokenpath.config import ConfigError
 

@@ -12,7 +12,7 @@ import pytest
 
 from testkit.fakes.clock import FakeClock
 from tests.collector.conftest import wait_for
-from tests.collector.test_store import record
+from tests.collector.store.test_sqlite import record
 from tokenpath.collector.backpressure import (
     DROP_STORE_CLOSED,
     Backlog,

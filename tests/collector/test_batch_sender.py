@@ -1,5 +1,5 @@
 """The batching sender (collector/batch_sender.py) on its own; its users' tests
-(test_forwarding.py, tests/core/test_store_clickhouse.py) cover it over HTTP and
+(test_forwarding.py, tests/collector/store/test_clickhouse.py) cover it over HTTP and
 ClickHouse."""
 
 from __future__ import annotations

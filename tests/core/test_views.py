@@ -18,10 +18,10 @@ import pytest
 from bench.store_workload import synthetic_records
 from tokenpath import query, views
 from tokenpath.collector import api_views
-from tokenpath.collector.store import sqlite_sql as store_sql
 from tokenpath.collector.cost.chargeback import IdlePolicy, chargeback
 from tokenpath.collector.cost.leak_ranking import rank_leaks
 from tokenpath.collector.store import RecordStore, StoreConfig
+from tokenpath.collector.store import sqlite_sql as store_sql
 from tokenpath.query import QUANTILE_RELATIVE_ERROR, Window
 from tokenpath.records import IdleCost, RequestRecord
 from tokenpath.report import build_report, percentile

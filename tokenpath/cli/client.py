@@ -18,7 +18,7 @@ from tokenpath.query import RecordQueries
 from tokenpath.records import RequestRecord
 
 if TYPE_CHECKING:
-    from tokenpath.collector.store import Store
+    from tokenpath.collector.store.base import Store
 
 
 # How far a collector's clock may run ahead of this one's, for a window of fixed ends.

@@ -12,8 +12,8 @@ import pytest
 
 from bench.store_workload import synthetic_records
 from tokenpath import views
-from tokenpath.collector.store import sqlite_sql as store_sql
 from tokenpath.collector.store import RecordStore, StoreConfig
+from tokenpath.collector.store import sqlite_sql as store_sql
 from tokenpath.query import Window
 from tokenpath.records import RequestRecord
 from tokenpath.report import build_report

@@ -24,13 +24,13 @@ from bench.store_workload import synthetic_records
 from tests.core.test_views import END, QUANTILE_KEYS, WINDOWS, close, in_window
 from tokenpath import query, views
 from tokenpath.collector import api_views
-from tokenpath.collector.store import clickhouse as ch
-from tokenpath.collector.store import clickhouse_sql as chsql
-from tokenpath.collector.store import layout as L
 from tokenpath.collector.batch_sender import GiveUp, Retry
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, Store, StoreConfig
+from tokenpath.collector.store import clickhouse as ch
+from tokenpath.collector.store import clickhouse_sql as chsql
+from tokenpath.collector.store import layout as L
 from tokenpath.collector.store.clickhouse import ClickHouseStore
 from tokenpath.collector.store.factory import make_store
 from tokenpath.collector.store.url import DEFAULT_DATABASE, parse_url

@@ -17,9 +17,9 @@ pytest.importorskip("clickhouse_connect")
 from bench.store_workload import synthetic_records
 from testkit.fakes.clickhouse_http import ClickHouseHTTPServer
 from tests.core.test_views import END
-from tokenpath.collector.store import clickhouse as ch
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import StoreConfig
+from tokenpath.collector.store import clickhouse as ch
 from tokenpath.collector.store.clickhouse import ClickHouseStore
 from tokenpath.collector.store.factory import make_store, open_store_readonly
 from tokenpath.config import ConfigError
