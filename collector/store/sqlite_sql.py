@@ -31,6 +31,7 @@ import threading
 from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import tokenpath.collector.store.layout as L
@@ -351,7 +352,7 @@ class SqliteQueries:
                   params: Params = DEFAULT_PARAMS) -> dict[Any, Aggregates]:
         """What the rollups hold for this grouping and these parameters comes from them
         (and the window's partial periods from ``records``); the rest from ``records``."""
-        with self._lock:
+        with self._snapshot():
             rollup_from, rolled_rid = self._rollup_state()
             split = plan(window, measures, histograms, group_by, params, rollup_from,
                          rolled_rid)
@@ -361,6 +362,21 @@ class SqliteQueries:
             if any(split.rest):
                 parts.append(self._raw(window_where(window), *split.rest, group_by, params))
         return merge_groups(parts)
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """The lock, and one read transaction: a read of several statements (the rollups'
+        watermark, then the records past it, then the rollups) sees one state of the file,
+        though the writer commits on its own connection in between."""
+        with self._lock:
+            if self._db.in_transaction:  # the writer's own connection (an in-memory store)
+                yield
+                return
+            self._db.execute("BEGIN")
+            try:
+                yield
+            finally:
+                self._db.execute("COMMIT")
 
     def _group_sql(self, group_by: GroupBy) -> str:
         if group_by is None:
@@ -545,11 +561,13 @@ class SqliteQueries:
         where, args = window_where(window)
         if fingerprinted:
             where += " AND prefix_fingerprints IS NOT NULL"
-        with self._lock:
+        with self._snapshot():
             (total,) = self._db.execute(f"SELECT count(*) FROM records WHERE {where}",
                                         args).fetchone()
-        records = self._select(f"SELECT {L.SELECT_COLUMNS} FROM records WHERE {where} "
-                               "ORDER BY end_unix DESC LIMIT ?", [*args, int(limit)])
+            rows = self._db.execute(f"SELECT {L.SELECT_COLUMNS} FROM records WHERE {where} "
+                                    "ORDER BY end_unix DESC LIMIT ?",
+                                    [*args, int(limit)]).fetchall()
+            records = [self._decoder.decode(self._db, row) for row in rows]
         records.reverse()
         return Sample(records, int(total), int(limit))
 
@@ -590,7 +608,7 @@ class SqliteQueries:
         return self.idle_sum("energy_joules", since_unix)
 
     def coverage(self, now_unix: float | None = None) -> Coverage:
-        with self._lock:
+        with self._snapshot():
             (oldest,) = self._db.execute("SELECT min(end_unix) FROM records").fetchone()
             retention = self._retention
             if retention is None:

@@ -90,14 +90,29 @@ def _literal(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _frames(body: bytes, decompressor: Any) -> bytes:
+    """Every frame of a body that holds several one after another (a streaming client
+    compresses each block of an insert as a frame of its own), as the server reads it."""
+    out = bytearray()
+    rest = bytes(body)
+    while rest:
+        frame = decompressor()
+        out += frame.decompress(rest)
+        if not frame.eof:
+            raise ClickHouseError(UNKNOWN_ERROR_CODE, "the compressed body ends inside a "
+                                  "frame", 400)
+        rest = frame.unused_data
+    return bytes(out)
+
+
 def _decompress(body: bytes, encoding: str) -> bytes:
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding == "lz4":
-        return bytes(lz4.frame.decompress(body))
+        return _frames(body, lambda: lz4.frame.LZ4FrameDecompressor())
     if encoding == "zstd":
-        return bytes(zstandard.ZstdDecompressor().decompressobj().decompress(body))
+        return _frames(body, lambda: zstandard.ZstdDecompressor().decompressobj())
     if encoding == "gzip":
         return gzip.decompress(body)
     if encoding == "deflate":

@@ -115,3 +115,16 @@ def test_the_fake_answers_the_client_as_a_server(server: ClickHouseHTTPServer) -
         assert client.command("SELECT 2") == 2
     finally:
         client.close()
+
+
+def test_an_insert_of_many_blocks_is_written_whole(server: ClickHouseHTTPServer) -> None:
+    """A batch of thousands of records goes as several Native blocks, each compressed as a
+    frame of its own, in one request: every one of them is stored (the fake once read the
+    first frame only and lost the rest without an error)."""
+    records = list(synthetic_records(8000, END, span_seconds=3600.0, seed=6))
+    writer = _store(server)
+    try:
+        _write(writer, records)
+        assert writer.count() == len(records)
+    finally:
+        writer.shutdown()

@@ -90,3 +90,34 @@ def test_rollups_another_version_wrote_are_rebuilt_at_open(
         assert store.queries._rollup_state()[0] is not None
     finally:
         store.shutdown()
+
+
+def test_a_commit_between_a_reads_statements_is_not_counted_twice(tmp_path: Path) -> None:
+    """A reader's aggregate reads the rollups' watermark, the records past it, then the
+    rollups, in separate statements; the collector's writer commits on its own connection
+    whenever it likes. The writer here commits a batch (records and their rollups) just as
+    the reader starts on the records past the watermark: the reader still answers one
+    state of the file, before the batch or after it, never the batch twice."""
+    path = tmp_path / "s.db"
+    records = list(synthetic_records(900, END, span_seconds=3 * 3600.0, seed=9))
+    writer = _store(path, records[:600])
+    reader = RecordStore(StoreConfig(path=str(path), read_only=True))
+    fired: list[str] = []
+
+    def commit_a_batch_meanwhile(statement: str) -> None:
+        if not fired and "FROM records" in statement and "rid > " in statement:
+            fired.append(statement)
+            writer._rolled_at = -math.inf
+            writer._write(records[600:])
+
+    try:
+        reader.queries._db.set_trace_callback(commit_a_batch_meanwhile)
+        (got,) = reader.aggregate(Window(), ["n"]).values()
+        reader.queries._db.set_trace_callback(None)
+        assert fired, "the reader never read the records past the rollups' watermark"
+        assert got.count("n") in (600, 900)
+        (after,) = reader.aggregate(Window(), ["n"]).values()
+        assert after.count("n") == 900
+    finally:
+        reader.shutdown()
+        writer.shutdown()
