@@ -155,7 +155,7 @@ class Store(ABC):
     @abstractmethod
     def flush(self) -> bool:
         """Write what was handed in so far before returning; False when that could not
-        be waited for (a ClickHouse store's sender stopped)."""
+        be waited for (the store's batching sender stopped)."""
         ...
 
     @abstractmethod

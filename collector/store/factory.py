@@ -1,5 +1,5 @@
 """The store ``--store`` names, built: SQLite (collector/store/sqlite.py) or ClickHouse
-(collector/store/clickhouse.py). The one module that imports both backends."""
+(collector/store/clickhouse.py). The one module that chooses between the backends."""
 
 from __future__ import annotations
 
