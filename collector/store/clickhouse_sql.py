@@ -14,7 +14,7 @@ records each schema applied; a column the layout gained since is added at start
 
 **Queries** are tokenpath.query's measures in ClickHouse SQL (collector/store/measures.py's
 measures in its ClickHouse dialect). A window is split as the SQLite store splits it
-(store_measures.plan): its whole periods are read from the rollups, its partial first and
+(measures.plan): its whole periods are read from the rollups, its partial first and
 last periods from ``records`` in one query; what the rollups do not hold (a parameter
 other than the default, a time-bucketed view) from ``records`` alone. Percentiles come
 from the same log-spaced buckets, so the same 1% bound holds.
@@ -67,7 +67,7 @@ _CODEC = "CODEC(ZSTD(1))"
 
 
 def column_types() -> dict[str, str]:
-    """Each column of :data:`store_layout.COLUMNS` with its ClickHouse type and codec."""
+    """Each column of :data:`layout.COLUMNS` with its ClickHouse type and codec."""
     out = {"record_id": f"String {_CODEC}", "trace_id": f"Nullable(String) {_CODEC}"}
     for f in L.PLAIN_FIELDS:
         kind = _TYPES[f.kind]

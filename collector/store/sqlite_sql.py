@@ -83,7 +83,7 @@ SAMPLE_CHUNK = 1000
 
 # --- rollups ----------------------------------------------------------------------------------
 
-# What each rollup holds is store_measures' (ROLLUP_MEASURES, GROUP_MEASURES, HISTOGRAMS).
+# What each rollup holds is measures.py's (ROLLUP_MEASURES, GROUP_MEASURES, HISTOGRAMS).
 _PERIOD = SQLITE.period()
 _CONTEXT_SQL = L.CONTEXT_SQL
 
