@@ -146,7 +146,7 @@ def run_in_flight(total: int = IN_FLIGHT_REQUESTS, rounds: int = IN_FLIGHT_ROUND
 
 def run_on_demo(store: str, ground_truth: str) -> dict[str, Any]:
     """Score the records a demo run stored against its ``--ground-truth`` file."""
-    from tokenpath.collector.store_factory import open_store_readonly
+    from tokenpath.collector.store.factory import open_store_readonly
 
     reader = open_store_readonly(store)
     try:

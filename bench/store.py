@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.peak_rss import PEAK_FILE_ENV
+from bench.store_baseline import encode_body
 from bench.store_workload import synthetic_records
-from tokenpath.collector.store import DEFAULT_BATCH_SIZE, RecordStore, StoreConfig, encode_body
+from tokenpath.collector.store import RecordStore, StoreConfig
+from tokenpath.collector.store.sqlite import DEFAULT_BATCH_SIZE
 from tokenpath.records import RequestRecord
 
 DISTINCT = 5_000

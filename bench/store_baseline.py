@@ -12,14 +12,37 @@ import json
 import sqlite3
 import sys
 import time
+from typing import Any
+
+import orjson
 
 from testkit.oracles.chargeback import chargeback
 from testkit.oracles.leaks import rank_leaks
 from testkit.oracles.report import build_report
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.cost.prices import load_price_sheet
-from tokenpath.collector.store import decode_body
 from tokenpath.records import RequestRecord
+
+
+def encode_body(record: RequestRecord) -> str:
+    """A record's JSON (the JSON layout's row body), by orjson; by the stdlib encoder for
+    what orjson refuses (an integer past 64 bits, from a garbled token count)."""
+    body = record.to_json()
+    try:
+        return orjson.dumps(body).decode()
+    except TypeError:
+        return json.dumps(body, separators=(",", ":"))
+
+
+def decode_body(body: str | bytes) -> dict[str, Any]:
+    """A row body back as JSON; the stdlib reader for what orjson refuses (``NaN``)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = json.loads(body)
+    if not isinstance(data, dict):
+        raise ValueError("store row body is not a JSON object")
+    return data
 
 
 def main(command: str, path: str) -> None:

@@ -24,10 +24,10 @@ from typing import Any
 from bench.store import DAY, run_command
 from bench.store_workload import synthetic_records
 from tokenpath import views
-from tokenpath.collector import store_layout as L
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.store import StoreConfig
-from tokenpath.collector.store_clickhouse import ClickHouseStore
+from tokenpath.collector.store import layout as L
+from tokenpath.collector.store.clickhouse import ClickHouseStore
 from tokenpath.query import Window
 from tokenpath.records import IdleCost
 

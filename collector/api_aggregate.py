@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Query
 
-from tokenpath.collector.store import Store
+from tokenpath.collector.store.base import Store
 from tokenpath.query import ALL_MEASURES, HISTOGRAMS, SETS, SLO_MEASURES, Window
 from tokenpath.query_wire import (
     WireError,

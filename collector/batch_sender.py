@@ -1,8 +1,9 @@
 """``BatchSender``: the one way tokenpath sends what it accepted to somewhere else.
 
 The record forwarder (OTLP logs to the pricing collectors, collector/forwarder.py) and the
-ClickHouse store's writer (collector/store.py) hand their items to a sender; the sender
-owns the rest, the way the OpenTelemetry SDK's ``BatchProcessor`` does for spans:
+stores' writers (collector/store/sqlite.py, collector/store/clickhouse.py) hand their items
+to a sender; the sender owns the rest, the way the OpenTelemetry SDK's ``BatchProcessor``
+does for spans:
 
 - a bounded queue (``max_queue`` items, counting the batch being sent). It never drops for
   want of room: a caller of :meth:`put` waits while it is full (back-pressure), and
@@ -18,6 +19,10 @@ owns the rest, the way the OpenTelemetry SDK's ``BatchProcessor`` does for spans
 - a shutdown deadline: from :meth:`begin_shutdown` (or :meth:`shutdown`) the sender has
   ``shutdown_seconds`` to send what is queued; after it, a backoff is cut short and what
   is left is given up.
+
+An owner with periodic work to do on the sender's thread (the SQLite store's retention
+passes) passes ``periodic``: it is called before each batch is taken and whenever the
+queue has stayed empty for the seconds it last returned; it must not raise.
 
 Whatever is given up goes to ``on_dropped(reason, items)``, the owner's counter, with one
 of the ``DROP_*`` reasons below; nothing is lost without it. Without a started thread
@@ -90,13 +95,15 @@ class BatchSender(Generic[T, P]):
                  prepare: Callable[[list[T]], P],
                  export: Callable[[P], None],
                  on_dropped: Callable[[str, Sequence[T]], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 periodic: Callable[[], float] | None = None) -> None:
         self.name = name
         self._config = config
         self._prepare = prepare
         self._export = export
         self._on_dropped = on_dropped
         self._clock = clock
+        self._periodic = periodic
         self._queue: deque[T] = deque()
         self._in_flight = 0
         self._cond = threading.Condition()
@@ -195,7 +202,7 @@ class BatchSender(Generic[T, P]):
             assert self._deadline is not None
             left = max(0.0, self._deadline - self._clock())
         if self._thread is not None:
-            self._thread.join(left)
+            self._thread.join(min(left, threading.TIMEOUT_MAX))  # no deadline: inf
             with self._cond:
                 self._abandoned = True  # past the deadline: take no further batch
             self._stop.set()  # cut a backoff short
@@ -213,10 +220,17 @@ class BatchSender(Generic[T, P]):
 
     # --- the sender thread ---------------------------------------------------------------
 
-    def _take(self, wait: bool) -> list[T]:
+    def _take(self, wait: bool, timeout: float | None = None) -> list[T] | None:
+        """The next batch; [] when there is none to wait for (stopping), None when
+        ``timeout`` seconds passed with the queue empty."""
         with self._cond:
             while wait and not self._queue and not self._closing:
-                self._cond.wait()
+                if timeout is None:
+                    self._cond.wait()
+                    continue
+                self._cond.wait(timeout)
+                if not self._queue and not self._closing:
+                    return None
             if self._abandoned:
                 return []
             n = min(len(self._queue), self._config.batch_size)
@@ -225,7 +239,13 @@ class BatchSender(Generic[T, P]):
             return batch
 
     def _run(self) -> None:
-        while batch := self._take(wait=True):
+        while True:
+            wait = None if self._periodic is None else self._periodic()
+            batch = self._take(wait=True, timeout=wait)
+            if batch is None:  # idle for ``wait`` seconds: the periodic work is due
+                continue
+            if not batch:
+                return
             self._send(batch)
 
     def _send_inline(self) -> None:

@@ -21,8 +21,8 @@ from tokenpath.collector.gc_tuning import DEFAULT_GC_YOUNG_THRESHOLD
 from tokenpath.collector.limits import IngestLimits
 from tokenpath.collector.pipeline_worker import DEFAULT_SHED_AT
 from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
-from tokenpath.collector.store import DEFAULT_QUEUE_SIZE as DEFAULT_STORE_QUEUE_SIZE
-from tokenpath.collector.store import DEFAULT_RETENTION_SECONDS
+from tokenpath.collector.store.base import DEFAULT_QUEUE_SIZE as DEFAULT_STORE_QUEUE_SIZE
+from tokenpath.collector.store.base import DEFAULT_RETENTION_SECONDS
 from tokenpath.config import (
     ConfigError,
     check,

@@ -45,7 +45,7 @@ from tokenpath.collector.receivers.http import (
 )
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store import Store
+from tokenpath.collector.store.base import Store
 from tokenpath.collector.whatif_view import WhatIfRequest, whatif_page_view, whatif_view
 from tokenpath.config import ConfigError, parse_duration
 from tokenpath.endpoints import host_port

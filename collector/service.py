@@ -45,8 +45,8 @@ from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.collector.receivers.grpc import GrpcReceiver
 from tokenpath.collector.receivers.ingest import OtlpIngest
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store import StoreConfig
-from tokenpath.collector.store_factory import make_store
+from tokenpath.collector.store.base import StoreConfig
+from tokenpath.collector.store.factory import make_store
 from tokenpath.compiled import describe as describe_compiled_core
 from tokenpath.install_check import build_state, log_fallbacks
 from tokenpath.records import IdleCost, RequestRecord

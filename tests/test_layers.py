@@ -39,4 +39,4 @@ def test_the_ground_floor_imports_nothing_above_it() -> None:
 def test_the_graph_sees_function_level_imports() -> None:
     """The reader is not blind to what a cycle hides in: an import inside a function."""
     edges = graph()
-    assert "tokenpath.collector.store_factory" in edges["tokenpath.cli.client"]
+    assert "tokenpath.collector.store.factory" in edges["tokenpath.cli.client"]

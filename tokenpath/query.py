@@ -1,6 +1,6 @@
 """The query interface every view is written against: windows, named aggregate measures,
 histograms and bounded samples. A store implements :class:`RecordQueries`
-(collector/store_sql.py for the embedded SQLite store); the views (tokenpath/views.py)
+(collector/store/sqlite_sql.py for the embedded SQLite store); the views (tokenpath/views.py)
 only combine what it returns, so another store (ClickHouse, say) gives the same views by
 implementing the same measures.
 

@@ -9,7 +9,7 @@ there by hand) is caught. The code is generated as source rather than built at i
 because records.py is compiled by mypyc: a written ``__init__`` compiles to C, and a
 dataclass's generated one would run as interpreted Python (tokenpath/records.py says why).
 
-The store (collector/store_layout.py) reads the same table: each field's ``kind`` gives its
+The store (collector/store/layout.py) reads the same table: each field's ``kind`` gives its
 column type, and ``storage`` says how it is kept (a typed column, a low-cardinality name
 coded through the store's ``names`` table, the 15 stages as wide columns, ...).
 
@@ -37,7 +37,7 @@ STAGES: Final = "stages"  # dict[StageId, StageTiming]
 INT_MAP: Final = "int_map"  # dict[str, int] (keys: tokenpath.leaks.MissCause values)
 FLOAT_MAP: Final = "float_map"  # dict[str, float]
 
-# How the store keeps a field (collector/store_layout.py).
+# How the store keeps a field (collector/store/layout.py).
 COLUMN: Final = "column"  # a typed column of its own
 NAME: Final = "name"  # a low-cardinality string: an integer column coded by the names table
 STAGE_COLUMNS: Final = "stage_columns"  # seconds, dollars, provenance (and phases) per stage

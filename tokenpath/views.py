@@ -29,6 +29,8 @@ from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy, alloc
 from tokenpath.collector.cost.leak_ranking import COALESCE_FIX_TOKENS, RankedLeak
 from tokenpath.collector.cost.longcontext import ROOFLINE_GPU, ContextBucketSpend
 from tokenpath.collector.cost.routing_whatif import MAX_REPLAY_RECORDS, prefix_affine_whatif
+from tokenpath.collector.store.base import MEMORY, StoreConfig
+from tokenpath.collector.store.sqlite import RecordStore
 from tokenpath.last_mile import COALESCE_WHATIF_TOKENS, LastMileSummary
 from tokenpath.leaks import (
     LONG_CONTEXT_TOKENS,
@@ -529,10 +531,8 @@ def whatif_sample(q: RecordQueries, window: Window,
 def over_records(records: Iterable[RequestRecord],
                  idle: Iterable[IdleCost] = ()) -> Iterator[RecordQueries]:
     """The read interface over records in hand (and the idle GPU time ``idle`` priced): an
-    in-memory SQLite store (collector/store.py) loaded with them, shut when the block ends.
+    in-memory SQLite store (collector/store/sqlite.py) loaded with them, shut when the block ends.
     The views over it are the views over any store."""
-    from tokenpath.collector.store import MEMORY, RecordStore, StoreConfig
-
     store = RecordStore(StoreConfig(path=MEMORY))
     try:
         store.start()  # its writer writes them in batches

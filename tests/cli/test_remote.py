@@ -34,9 +34,8 @@ from tokenpath.cli.remote import RemoteError, RemoteQueries
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.service import CollectorService
-from tokenpath.collector.store import RecordStore, StoreConfig
-from tokenpath.collector.store_factory import make_store, open_store_readonly
-from tokenpath.collector.store_url import ENV_PASSWORD
+from tokenpath.collector.store import RecordStore, StoreConfig, make_store, open_store_readonly
+from tokenpath.collector.store.url import ENV_PASSWORD
 from tokenpath.query import Window
 from tokenpath.records import IdleCost
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from testkit.fakes.clock import FakeClock
 from tests.collector.conftest import wait_for
-from tests.collector.test_store import record
+from tests.collector.store.test_sqlite import record
 from tokenpath.collector.backpressure import (
     DROP_STORE_CLOSED,
     Backlog,
@@ -28,6 +29,7 @@ from tokenpath.collector.service import CollectorService
 from tokenpath.collector.spans import SpanData
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, StoreConfig
+from tokenpath.records import RequestRecord
 
 log = logging.getLogger("tests.backpressure")
 
@@ -164,18 +166,30 @@ def test_a_record_after_shutdown_is_counted_as_dropped(tmp_path: Path,
     assert len(caplog.records) == 1  # once, not per record
 
 
-def test_a_dead_writer_leaves_its_queue_to_the_caller(tmp_path: Path) -> None:
+def test_a_batch_the_writer_fails_on_is_counted_and_the_writer_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stats = CollectorStats()
-    store = RecordStore(StoreConfig(path=str(tmp_path / "s.db"), queue_size=1), stats)
-    store._thread = threading.Thread(target=lambda: None)  # a writer that has died
-    store._thread.start()
-    store._thread.join()
+    store = RecordStore(StoreConfig(path=str(tmp_path / "s.db"), queue_size=1, batch_size=1),
+                        stats)
+    real_insert = store._insert_records
+    failed = []
+
+    def insert(db: Any, records: list[RequestRecord]) -> int:
+        if not failed:  # a bug, not the database: the first batch raises
+            failed.append(records)
+            raise RuntimeError("a bug")
+        return real_insert(db, records)
+
+    monkeypatch.setattr(store, "_insert_records", insert)
+    store.start()
     for i in range(1, 6):
         store.consume_record(record(i, 10.0 + i))
+    assert store.flush(timeout=30)
     store.shutdown()
     reopened = RecordStore(StoreConfig(path=str(tmp_path / "s.db")))
-    assert reopened.count() == 5
+    assert reopened.count() == 4
     reopened.shutdown()
+    assert stats.store_errors.value == 1
     assert stats.records_dropped.total() == 0
 
 

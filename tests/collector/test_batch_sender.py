@@ -1,5 +1,5 @@
 """The batching sender (collector/batch_sender.py) on its own; its users' tests
-(test_forwarding.py, tests/core/test_store_clickhouse.py) cover it over HTTP and
+(test_forwarding.py, tests/collector/store/test_clickhouse.py) cover it over HTTP and
 ClickHouse."""
 
 from __future__ import annotations
@@ -86,3 +86,36 @@ def test_past_the_retry_time_the_batch_is_counted() -> None:
     sender.put(7)
     assert receiver.dropped == [(DROP_RETRY_EXPIRED, [7])]
     sender.shutdown()
+
+
+def test_periodic_work_runs_while_idle_and_between_batches() -> None:
+    receiver = _Receiver()
+    calls = threading.Semaphore(0)
+
+    def periodic() -> float:
+        calls.release()
+        return 0.01  # seconds until it is due again
+
+    sender = BatchSender("test", SenderConfig(100, 4, 60.0, 30.0), list, receiver.export,
+                         receiver.on_dropped, periodic=periodic)
+    sender.start()
+    for _ in range(5):  # idle: it runs on its own schedule, no item needed
+        assert calls.acquire(timeout=30)
+    for i in range(6):
+        sender.put(i)
+    assert sender.flush()
+    assert [i for batch in receiver.batches for i in batch] == list(range(6))
+    sender.shutdown()
+
+
+def test_without_a_shutdown_deadline_everything_queued_is_sent() -> None:
+    receiver = _Receiver()
+    receiver.gate.clear()
+    sender = _sender(receiver, shutdown_seconds=float("inf"))
+    sender.start()
+    for i in range(10):
+        sender.put(i)
+    threading.Timer(0.2, receiver.gate.set).start()
+    sender.shutdown()  # waits for the held batch and the rest (no OverflowError on inf)
+    assert [i for batch in receiver.batches for i in batch] == list(range(10))
+    assert receiver.dropped == []

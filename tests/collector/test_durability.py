@@ -12,7 +12,7 @@ import httpx
 
 from testkit.support.otlp import PROTOBUF_HEADERS, export_request, request_span
 from testkit.support.processes import collector_process, start_collector
-from tokenpath.collector.store_factory import open_store_readonly
+from tokenpath.collector.store.factory import open_store_readonly
 
 FAST = "assembler:\n  root_grace_seconds: 0\n  tick_seconds: 0.02\n"
 KILL_AFTER_RECORDS = 60

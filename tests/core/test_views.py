@@ -22,9 +22,9 @@ from testkit.oracles.leaks import rank_leaks
 from testkit.oracles.report import build_report, percentile
 from testkit.oracles.timeseries import timeseries_view
 from tokenpath import query, views
-from tokenpath.collector import store_sql
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.store import RecordStore, StoreConfig
+from tokenpath.collector.store import sqlite_sql as store_sql
 from tokenpath.query import QUANTILE_RELATIVE_ERROR, Window
 from tokenpath.records import IdleCost, RequestRecord
 

@@ -27,7 +27,7 @@ from tests.deploy.cluster import (
 from tests.deploy.engine_traffic import engine_traffic, peak_in_flight
 from tests.deploy.hash_ring import HashRing
 from tokenpath import metric_names as mn
-from tokenpath.collector.store_factory import open_store_readonly
+from tokenpath.collector.store.factory import open_store_readonly
 from tokenpath.records import RequestRecord
 
 pytestmark = pytest.mark.integration

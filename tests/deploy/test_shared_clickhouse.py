@@ -33,7 +33,7 @@ from tests.dashboards.otlp_workload import CollectorProcess, request_trace
 from tests.deploy.cluster import SLO_CLASSES, assert_same_slo, cluster, post, report, samples
 from tests.deploy.engine_traffic import engine_traffic
 from tokenpath import metric_names as mn
-from tokenpath.collector import store_clickhouse as ch
+from tokenpath.collector.store import clickhouse_client as chclient
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ OUTAGE_SETTINGS: dict[str, object] = {"store_queue_size": 16, "store_batch_size"
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ClickHouseHTTPServer]:
-    monkeypatch.setenv(ch.ENV_PASSWORD, PASSWORD)  # the collectors and the CLI inherit it
+    monkeypatch.setenv(chclient.ENV_PASSWORD, PASSWORD)  # the collectors and the CLI inherit it
     fake = ClickHouseHTTPServer(tmp_path / "clickhouse", password=PASSWORD).start()
     yield fake
     fake.shutdown()

@@ -18,7 +18,7 @@ from tokenpath.query import RecordQueries
 from tokenpath.records import RequestRecord
 
 if TYPE_CHECKING:
-    from tokenpath.collector.store import Store
+    from tokenpath.collector.store.base import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +117,7 @@ class Source:
 
     def _open(self) -> Store:
         from tokenpath.collector.config import default_store_path
-        from tokenpath.collector.store_factory import open_store_readonly
+        from tokenpath.collector.store.factory import open_store_readonly
 
         try:
             return open_store_readonly(self.store or default_store_path())

@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         from tokenpath.collector.config import CollectorConfig
         from tokenpath.collector.gc_tuning import tune_gc
         from tokenpath.collector.service import CollectorService
-        from tokenpath.collector.store_url import is_clickhouse_url, parse_url
+        from tokenpath.collector.store.url import is_clickhouse_url, parse_url
 
         logging.basicConfig(level=log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")

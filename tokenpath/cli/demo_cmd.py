@@ -454,7 +454,7 @@ def _report_and_stop(collector: CollectorService, config: DemoConfig, out: Conso
     )
     from tokenpath.collector.cost.chargeback import IdlePolicy
     from tokenpath.collector.cost.prices import load_price_sheet
-    from tokenpath.collector.store_factory import open_store_readonly
+    from tokenpath.collector.store.factory import open_store_readonly
     from tokenpath.query import Window
 
     time.sleep(0.2)  # let the last OTLP export land

@@ -20,7 +20,7 @@ from tokenpath.collector.cost.accuracy import compare_to_ground_truth
 from tokenpath.collector.cost.prices import load_price_sheet
 from tokenpath.collector.cost.stepsim import SimResult, random_workload, simulate
 from tokenpath.collector.service import CollectorService
-from tokenpath.collector.store_factory import open_store_readonly
+from tokenpath.collector.store.factory import open_store_readonly
 from tokenpath.query import Window
 from tokenpath.roofline import roofline_for
 from tokenpath.stages import StageId

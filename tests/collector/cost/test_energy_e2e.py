@@ -24,7 +24,7 @@ from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.attributor import AttributorConfig
 from tokenpath.collector.cost.energy import ENERGY_MEASURED
 from tokenpath.collector.service import CollectorService
-from tokenpath.collector.store_factory import open_store_readonly
+from tokenpath.collector.store.factory import open_store_readonly
 
 pytestmark = pytest.mark.integration
 

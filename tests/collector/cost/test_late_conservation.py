@@ -20,7 +20,7 @@ from tokenpath.collector.cost.prices import price_sheet_from_mapping
 from tokenpath.collector.fan_out import FanOut
 from tokenpath.collector.prometheus_sink import PrometheusSink
 from tokenpath.collector.store import RecordStore, StoreConfig
-from tokenpath.collector.store_factory import open_store_readonly
+from tokenpath.collector.store.factory import open_store_readonly
 from tokenpath.stages import GPU_STAGES
 
 from .helpers import RecordingSink, engine_record

@@ -18,7 +18,7 @@ from tokenpath import views
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.cost.accuracy import compare_to_ground_truth
 from tokenpath.collector.service import CollectorService
-from tokenpath.collector.store_factory import open_store_readonly
+from tokenpath.collector.store.factory import open_store_readonly
 from tokenpath.query import Window
 
 serving_path = pytest.importorskip("tokenpath.instrumentation.reference.serving_path")

@@ -19,7 +19,7 @@ from testkit.support.reference_client import drive_chat
 from tokenpath import metric_names as M
 from tokenpath.collector.config import CollectorConfig
 from tokenpath.collector.service import CollectorService
-from tokenpath.collector.store_factory import open_store_readonly
+from tokenpath.collector.store.factory import open_store_readonly
 from tokenpath.instrumentation.reference.engine import EngineConfig
 from tokenpath.instrumentation.reference.ground_truth import (
     GroundTruthWriter,

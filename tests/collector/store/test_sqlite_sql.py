@@ -1,4 +1,4 @@
-"""The store's queries (collector/store_sql.py): a window's rolled-up periods and the rows
+"""The store's queries (collector/store/sqlite_sql.py): a window's rolled-up periods and the rows
 read from records never overlap and miss nothing, through retention and rebuilds."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from bench.store_workload import synthetic_records
 from testkit.oracles.report import build_report
 from tokenpath import views
-from tokenpath.collector import store_sql
 from tokenpath.collector.store import RecordStore, StoreConfig
+from tokenpath.collector.store import sqlite_sql as store_sql
 from tokenpath.query import Window
 from tokenpath.records import RequestRecord
 

@@ -1,4 +1,4 @@
-"""The ClickHouse store (collector/store_clickhouse.py) on chDB, the same engine in-process,
+"""The ClickHouse store (collector/store/clickhouse.py) on chDB, the same engine in-process,
 against the SQLite store holding the same records: the views (report, chargeback, leaks,
 ranked leaks, time series) equal (counts equal, dollars to 1e-9 relative, percentiles
 within QUANTILE_RELATIVE_ERROR of the exact ones), records read back as written; the
@@ -25,16 +25,17 @@ from testkit.oracles.report import build_report
 from testkit.oracles.timeseries import timeseries_view
 from tests.core.test_views import END, QUANTILE_KEYS, WINDOWS, close, in_window
 from tokenpath import query, views
-from tokenpath.collector import store_clickhouse as ch
-from tokenpath.collector import store_clickhouse_sql as chsql
-from tokenpath.collector import store_layout as L
 from tokenpath.collector.batch_sender import GiveUp, Retry
 from tokenpath.collector.cost.chargeback import IdlePolicy
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore, Store, StoreConfig
-from tokenpath.collector.store_clickhouse import ClickHouseStore
-from tokenpath.collector.store_factory import make_store
-from tokenpath.collector.store_url import DEFAULT_DATABASE, parse_url
+from tokenpath.collector.store import clickhouse as ch
+from tokenpath.collector.store import clickhouse_client as chclient
+from tokenpath.collector.store import clickhouse_sql as chsql
+from tokenpath.collector.store import layout as L
+from tokenpath.collector.store.clickhouse import ClickHouseStore
+from tokenpath.collector.store.factory import make_store
+from tokenpath.collector.store.url import DEFAULT_DATABASE, parse_url
 from tokenpath.config import ConfigError
 from tokenpath.query import QUANTILE_RELATIVE_ERROR, Window
 from tokenpath.records import IdleCost
@@ -269,7 +270,7 @@ def test_a_failed_insert_is_retried_with_the_same_tokens() -> None:
     """Every insert of a batch is sent again with the token it had, so what went in
     before the failure is deduplicated, not written twice."""
     client = _FlakyClient(2, failing="idle_cost")
-    writer = ch.ClickHouseWriter(ch.Connection(client), CollectorStats())
+    writer = ch.ClickHouseWriter(chclient.Connection(client), CollectorStats())
     records = list(synthetic_records(20, END, span_seconds=60.0))
     batch = writer.prepare(records, [IdleCost("p", END - 60, END, 1.0, 0.0)])
     for _ in range(2):
@@ -294,7 +295,7 @@ def test_a_failed_insert_is_retried_with_the_same_tokens() -> None:
 def test_what_passes_is_retried_and_what_is_refused_is_not(error: Exception,
                                                           transient: bool) -> None:
     assert ch.is_transient(error) is transient
-    writer = ch.ClickHouseWriter(ch.Connection(_FlakyClient(1, error)), CollectorStats())
+    writer = ch.ClickHouseWriter(chclient.Connection(_FlakyClient(1, error)), CollectorStats())
     with pytest.raises(Retry if transient else GiveUp):
         writer.write(writer.prepare(list(synthetic_records(1, END, span_seconds=60.0)), []))
 
@@ -383,25 +384,25 @@ def test_urls_and_passwords(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert parse_url(f"chdb://{tmp_path}/x").path == f"{tmp_path}/x"
     with pytest.raises(ConfigError, match="shows in ps"):
         parse_url("clickhouse://u:secret@db/x")
-    monkeypatch.delenv(ch.ENV_PASSWORD, raising=False)
+    monkeypatch.delenv(chclient.ENV_PASSWORD, raising=False)
     secret = tmp_path / "pw"
     secret.write_text("s3cret\n")
-    monkeypatch.setenv(ch.ENV_PASSWORD_FILE, str(secret))
-    assert ch.password() == "s3cret"
-    monkeypatch.setenv(ch.ENV_PASSWORD, "from-env")
-    assert ch.password() == "from-env"
+    monkeypatch.setenv(chclient.ENV_PASSWORD_FILE, str(secret))
+    assert chclient.password() == "s3cret"
+    monkeypatch.setenv(chclient.ENV_PASSWORD, "from-env")
+    assert chclient.password() == "from-env"
     assert "s3cret" not in target.describe()
 
 
 def test_a_chdb_folder_has_one_owner(tmp_path: Path) -> None:
-    owner = ch.Owner(str(tmp_path), exclusive=True)
+    owner = chclient.Owner(str(tmp_path), exclusive=True)
     try:
         owner.announce("http://127.0.0.1:4318")
         with pytest.raises(ConfigError, match=r"--collector http://127.0.0.1:4318"):
-            ch.Owner(str(tmp_path), exclusive=False)
+            chclient.Owner(str(tmp_path), exclusive=False)
     finally:
         owner.release()
-    reader = ch.Owner(str(tmp_path), exclusive=False)
+    reader = chclient.Owner(str(tmp_path), exclusive=False)
     reader.release()
 
 
@@ -421,7 +422,7 @@ class _InDatabase:
     """The module's chDB client, used in another database (chDB opens one folder in a
     process): a second store beside ``pair``'s."""
 
-    def __init__(self, conn: ch.Connection, database: str) -> None:
+    def __init__(self, conn: chclient.Connection, database: str) -> None:
         self._conn = conn
         self._database = database
         conn.command(f"CREATE DATABASE IF NOT EXISTS {database}")
@@ -487,7 +488,7 @@ def late(pair: tuple[Store, Store], tmp_path_factory: pytest.TempPathFactory
     sqlite.shutdown()
 
 
-def _rollups(conn: ch.Connection) -> dict[str, list[tuple[Any, ...]]]:
+def _rollups(conn: chclient.Connection) -> dict[str, list[tuple[Any, ...]]]:
     """What the rollups hold, each key's rows combined."""
     return {
         "rollup": conn.rows("SELECT period, sum(m_n), round(sum(m_cost), 9), "

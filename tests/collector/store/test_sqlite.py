@@ -118,88 +118,9 @@ def test_a_count_past_64_bits_is_stored_and_the_writer_goes_on(tmp_path: Path) -
         store.shutdown()
 
 
-# The first layout: a JSON body per record (what collectors before the column layout wrote).
-LEGACY_SCHEMA = """
-CREATE TABLE requests (trace_id TEXT PRIMARY KEY, end_unix REAL NOT NULL, model TEXT NOT NULL,
-                       complete INTEGER NOT NULL, body TEXT NOT NULL);
-CREATE INDEX requests_end ON requests(end_unix);
-CREATE TABLE idle_cost (pool TEXT NOT NULL, start_unix REAL NOT NULL, end_unix REAL NOT NULL,
-                        dollars REAL NOT NULL, energy_joules REAL NOT NULL DEFAULT 0);
-CREATE TABLE joined_traces (trace_id TEXT NOT NULL, record_id TEXT NOT NULL,
-                            end_unix REAL NOT NULL);
-"""
-
-
-def write_legacy_store(path: Path, records: list[RequestRecord]) -> None:
-    from tokenpath.collector.store import encode_body
-
-    with sqlite3.connect(path) as db:
-        db.executescript(LEGACY_SCHEMA)
-        db.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?)",
-                       [(r.record_id, r.end_unix, r.model, int(r.complete), encode_body(r))
-                        for r in records])
-        db.execute("INSERT INTO idle_cost VALUES ('p', 0, 1, 0.5, 7.0)")
-    db.close()
-
-
-def test_a_store_in_the_json_layout_is_moved_to_columns_at_open(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path = tmp_path / "s.db"
-    written = [record(i, 10.0 + i) for i in range(1, 8)]
-    write_legacy_store(path, written)
-    with caplog.at_level("WARNING"):
-        store = RecordStore(StoreConfig(path=str(path)))
-    assert "moving 7 records from the JSON layout" in caplog.text
-    try:
-        assert store.records() == sorted(written, key=lambda r: -r.end_unix)
-        assert store.idle_energy_joules() == 7.0
-    finally:
-        store.shutdown()
-    with sqlite3.connect(path) as db:
-        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
-    db.close()
-    assert "requests" not in tables and "records" in tables
-
-
-def test_a_reader_of_a_json_layout_store_reads_a_copy_and_changes_nothing(
-        tmp_path: Path) -> None:
-    import hashlib
-
-    from tokenpath.collector.store_factory import open_store_readonly
-    from tokenpath.query import Window
-
-    path = tmp_path / "s.db"
-    written = [record(i, 10.0 + i) for i in range(1, 4)]
-    write_legacy_store(path, written)
-    before = hashlib.sha256(path.read_bytes()).hexdigest()
-    reader = open_store_readonly(str(path))
-    try:
-        assert reader.records(limit=1) == [written[-1]]
-        (totals,) = reader.aggregate(Window(), ["n", "input_tokens"]).values()
-        assert totals.count("n") == 3 and totals.count("input_tokens") == 6
-    finally:
-        reader.shutdown()
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
-
-
-def test_a_row_an_earlier_version_wrote_with_nan_still_reads(tmp_path: Path) -> None:
-    # The stdlib encoder wrote NaN for a NaN figure into the JSON layout; moved to columns
-    # the figure is stored as NULL and reads back as 0, and the rest of the record reads.
-    path = tmp_path / "s.db"
-    write_legacy_store(path, [record(1, 10.0)])
-    with sqlite3.connect(path) as db:
-        db.execute("UPDATE requests SET body = replace(body, '\"cost_dollars\":0.0,', "
-                   "'\"cost_dollars\":NaN,')")
-        (body,) = db.execute("SELECT body FROM requests").fetchone()
-    db.close()
-    assert "NaN" in body
-    (read,) = RecordStore(StoreConfig(path=str(path))).records()
-    assert read.input_tokens == 1 and read.cost_dollars == 0.0
-
-
 def test_a_record_that_cannot_be_encoded_loses_only_itself(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tokenpath.collector import store as store_module
+    from tokenpath.collector.store import sqlite as store_module
 
     real_encode = store_module.encode_row
 
@@ -251,7 +172,7 @@ def test_a_joined_record_is_found_from_the_client_trace_it_joined(tmp_path: Path
 def test_a_reader_opens_the_store_read_only_and_changes_nothing(tmp_path: Path) -> None:
     import hashlib
 
-    from tokenpath.collector.store_factory import open_store_readonly
+    from tokenpath.collector.store.factory import open_store_readonly
 
     path = tmp_path / "s.db"
     writer = RecordStore(StoreConfig(path=str(path)))
@@ -300,7 +221,7 @@ def test_a_reader_of_a_store_written_before_the_slo_columns_reads_it_unchanged(
     import hashlib
 
     from tokenpath import views
-    from tokenpath.collector.store_factory import open_store_readonly
+    from tokenpath.collector.store.factory import open_store_readonly
     from tokenpath.query import Window
 
     path = tmp_path / "s.db"

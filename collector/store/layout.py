@@ -19,7 +19,7 @@ table (tokenpath/record_fields.py).
   JSON; NULL nearly always.
 
 A record is rebuilt from its row for the views that list records (one record, a bounded
-page); aggregate views never rebuild records (collector/store_sql.py). A non-finite float,
+page); aggregate views never rebuild records (collector/store/sqlite_sql.py). A non-finite float,
 which no record should hold, is stored as NULL, read back as 0 (None for an optional
 field); an integer past 64 bits is stored as a REAL.
 """

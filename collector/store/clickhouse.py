@@ -1,5 +1,5 @@
 """The ClickHouse store: the same records, queue and views as the embedded SQLite store
-(collector/store.py), kept in ClickHouse through clickhouse-connect, one client for both
+(collector/store/sqlite.py), kept in ClickHouse through clickhouse-connect, one client for both
 targets:
 
 - ``chdb:///PATH``: chDB, the ClickHouse engine in-process, its data in the folder PATH
@@ -9,7 +9,7 @@ targets:
   comes from $TOKENPATH_CLICKHOUSE_PASSWORD or the file named by
   $TOKENPATH_CLICKHOUSE_PASSWORD_FILE, never from the URL (which ps and logs show).
 
-The schema, the rows and the views' queries are in collector/store_clickhouse_sql.py.
+The schema, the rows and the views' queries are in collector/store/clickhouse_sql.py.
 
 **Writes** go through the one batching sender (collector/batch_sender.py): a bounded queue
 (a full queue makes the caller wait, and admission refuses new data past half of it),
@@ -25,24 +25,20 @@ missing table) is given up at once. What is given up is counted in
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import json
 import logging
 import math
-import os
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from tokenpath.collector import store_clickhouse_rollups as chrollups
-from tokenpath.collector import store_clickhouse_sql as chsql
-from tokenpath.collector import store_layout as L
+import tokenpath.collector.store.clickhouse_rollups as chrollups
+import tokenpath.collector.store.clickhouse_sql as chsql
+import tokenpath.collector.store.layout as L
 from tokenpath.collector.backpressure import DROP_STORE_CLOSED, Backlog, DropLog
 from tokenpath.collector.batch_sender import (
     DROP_CLOSED,
@@ -53,8 +49,9 @@ from tokenpath.collector.batch_sender import (
     SenderConfig,
 )
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store import Store, StoreConfig, split_batch
-from tokenpath.collector.store_url import ENV_PASSWORD, ENV_PASSWORD_FILE, Target, parse_url
+from tokenpath.collector.store.base import Store, StoreConfig, split_batch
+from tokenpath.collector.store.clickhouse_client import Connection, Owner, connect
+from tokenpath.collector.store.url import parse_url
 from tokenpath.config import ConfigError
 from tokenpath.records import IdleCost, RequestRecord
 
@@ -84,125 +81,6 @@ TRANSIENT_ERROR_CODES = frozenset({
     999,  # KEEPER_EXCEPTION
 })
 _ERROR_CODE = re.compile(r"Code: (\d+)")
-OWNER_FILE = "tokenpath-owner.json"  # in a chDB folder: the process that has it open
-
-
-def password() -> str:
-    """$TOKENPATH_CLICKHOUSE_PASSWORD, else the first line of the file
-    $TOKENPATH_CLICKHOUSE_PASSWORD_FILE names, else empty."""
-    value = os.environ.get(ENV_PASSWORD)
-    if value:
-        return value
-    path = os.environ.get(ENV_PASSWORD_FILE)
-    if path:
-        try:
-            return Path(path).read_text().splitlines()[0] if Path(path).stat().st_size else ""
-        except OSError as exc:
-            raise ConfigError("store", f"${ENV_PASSWORD_FILE}: cannot read {path}: "
-                              f"{exc.strerror}") from None
-    return ""
-
-
-# --- the client ------------------------------------------------------------------------------
-
-
-class Owner:
-    """A chDB folder is opened by one process at a time: the collector holds an exclusive
-    lock on its owner file (and writes its pid and API URL there); a reader a shared one."""
-
-    def __init__(self, folder: str, exclusive: bool) -> None:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        self.path = Path(folder) / OWNER_FILE
-        self._file: IO[str] | None = open(self.path, "a+")  # noqa: SIM115 - held open
-        try:
-            fcntl.flock(self._file, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-                        | fcntl.LOCK_NB)
-        except OSError:
-            self._file.seek(0)
-            text = self._file.read()
-            self._file.close()
-            self._file = None
-            raise ConfigError("store", self._held_message(folder, text)) from None
-        if exclusive:
-            self.announce(None)
-
-    @staticmethod
-    def _held_message(folder: str, text: str) -> str:
-        try:
-            owner = json.loads(text) if text.strip() else {}
-        except ValueError:
-            owner = {}
-        pid = owner.get("pid")
-        api = owner.get("api")
-        who = f"a collector (pid {pid})" if pid else "another process"
-        where = api or "http://HOST:PORT"
-        return (f"chdb://{folder} is open in {who}: chDB opens a folder in one process at "
-                f"a time; read it through that collector instead: --collector {where}")
-
-    def announce(self, api_url: str | None) -> None:
-        if self._file is None:
-            return
-        self._file.seek(0)
-        self._file.truncate()
-        self._file.write(json.dumps({"pid": os.getpid(), "api": api_url}))
-        self._file.flush()
-
-    def release(self) -> None:
-        if self._file is not None:
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
-
-
-def connect(target: Target) -> Any:
-    """A clickhouse-connect client (its chDB backend for ``chdb://``)."""
-    try:
-        import clickhouse_connect
-    except ImportError:
-        raise ConfigError("store", "the ClickHouse store needs clickhouse-connect (pip "
-                          "install 'tokenpath[clickhouse]'; for chdb:// "
-                          "'tokenpath[chdb]')") from None
-    if target.chdb:
-        return clickhouse_connect.get_client(dsn=f"chdb://{target.path}")
-    secure = target.scheme == "clickhouses"
-    client = clickhouse_connect.get_client(
-        host=target.host, port=target.port or (8443 if secure else 8123),
-        username=target.user, password=password(), secure=secure, database="default",
-        # the writer and the readers share the client under a lock; no server session,
-        # which would refuse a second query while one runs
-        autogenerate_session_id=False)
-    client.command(f"CREATE DATABASE IF NOT EXISTS `{target.database}`")
-    client.database = target.database
-    return client
-
-
-class Connection:
-    """The client and the lock every use of it takes (chDB runs queries in-process)."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.lock = threading.Lock()
-
-    def rows(self, sql: str) -> list[tuple[Any, ...]]:
-        with self.lock:
-            return [tuple(row) for row in self.client.query(sql).result_rows]
-
-    def command(self, sql: str) -> None:
-        with self.lock:
-            self.client.command(sql)
-
-    def insert(self, table: str, rows: list[list[Any]], columns: Sequence[str],
-               token: str) -> None:
-        if not rows:
-            return
-        with self.lock:
-            self.client.insert(table, rows, column_names=list(columns),
-                               settings={"insert_deduplication_token": token,
-                                         **chrollups.INSERT_SETTINGS})
-
-    def close(self) -> None:
-        with self.lock:
-            self.client.close()
 
 
 def _batch_token(kind: str, keys: Sequence[str]) -> str:
@@ -270,7 +148,7 @@ class ClickHouseWriter:
         the server refused the data."""
         for table, rows, columns, token in batch.inserts:
             try:
-                self._conn.insert(table, rows, columns, token)
+                self._conn.insert(table, rows, columns, token, chrollups.INSERT_SETTINGS)
             except Exception as exc:
                 message = f"insert into {table} failed: {type(exc).__name__}: {str(exc)[:300]}"
                 if is_transient(exc):

@@ -1,4 +1,4 @@
-"""The record row (collector/store_layout.py): every field back as it was written, whatever
+"""The record row (collector/store/layout.py): every field back as it was written, whatever
 its shape; the columns follow the field table."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import sqlite3
 
 from bench.store_workload import synthetic_records
 from tokenpath import record_fields
-from tokenpath.collector import store_layout as L
+from tokenpath.collector.store import layout as L
 from tokenpath.records import PhaseShare, RequestRecord, StageTiming
 from tokenpath.stages import STAGE_IDS, Phase, Provenance
 

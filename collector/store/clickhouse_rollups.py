@@ -1,5 +1,5 @@
 """The ClickHouse store's rollups: the same five rollups as the SQLite store's
-(collector/store_measures.py says what each holds), kept by ClickHouse itself.
+(collector/store/measures.py says what each holds), kept by ClickHouse itself.
 
 **Tables.** ``rollup`` (per period) and ``rollup_by`` (per period, tenant, model, pool,
 SLO class)
@@ -42,17 +42,15 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tokenpath.collector import store_layout as L
-from tokenpath.collector import store_measures as S
+import tokenpath.collector.store.layout as L
+import tokenpath.collector.store.measures as S
+from tokenpath.collector.store.clickhouse_client import Connection
 from tokenpath.identity import pricing_unit
 from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.query import DEFAULT_PARAMS, HISTOGRAMS, STAGE_VALUES, Aggregates, GroupBy
 from tokenpath.slo import unit_gpus_item
-
-if TYPE_CHECKING:
-    from tokenpath.collector.store_clickhouse import Connection
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The ClickHouse store's SQL: its schema, derived from the column layout, the rows it
 writes and reads, and the views' queries (tokenpath.query's measures) in ClickHouse SQL.
 
-**Schema.** Derived from the column layout (collector/store_layout.py), itself derived from
+**Schema.** Derived from the column layout (collector/store/layout.py), itself derived from
 the field table (tokenpath/record_fields.py): one column per layout column, its type from
 the field's kind; names (model, tenant, node, pool, engine, status, ...) are
 ``LowCardinality(String)`` text instead of ids; the lists ``Array(String)``; dollars and
@@ -10,11 +10,11 @@ seconds ``Float64``. ``records`` is a MergeTree partitioned by day of end time, 
 model. Rows older than the retention are dropped by the table's TTL. ``schema_version``
 records each schema applied; a column the layout gained since is added at start
 (ALTER TABLE ADD COLUMN), nothing is dropped. The rollups, which materialized views on
-``records`` keep, are collector/store_clickhouse_rollups.py's.
+``records`` keep, are collector/store/clickhouse_rollups.py's.
 
-**Queries** are tokenpath.query's measures in ClickHouse SQL (collector/store_measures.py's
+**Queries** are tokenpath.query's measures in ClickHouse SQL (collector/store/measures.py's
 measures in its ClickHouse dialect). A window is split as the SQLite store splits it
-(store_measures.plan): its whole periods are read from the rollups, its partial first and
+(measures.plan): its whole periods are read from the rollups, its partial first and
 last periods from ``records`` in one query; what the rollups do not hold (a parameter
 other than the default, a time-bucketed view) from ``records`` alone. Percentiles come
 from the same log-spaced buckets, so the same 1% bound holds.
@@ -29,12 +29,13 @@ import math
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
+import tokenpath.collector.store.clickhouse_rollups as R
+import tokenpath.collector.store.layout as L
+import tokenpath.collector.store.measures as S
 from tokenpath import record_fields as RF
-from tokenpath.collector import store_clickhouse_rollups as R
-from tokenpath.collector import store_layout as L
-from tokenpath.collector import store_measures as S
+from tokenpath.collector.store.clickhouse_client import Connection
 from tokenpath.identity import pricing_unit
 from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.query import (
@@ -51,12 +52,9 @@ from tokenpath.query import (
 from tokenpath.records import RequestRecord
 from tokenpath.slo import unit_gpus_item
 
-if TYPE_CHECKING:
-    from tokenpath.collector.store_clickhouse import Connection
-
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: the rollups (collector/store_clickhouse_rollups.py)
+SCHEMA_VERSION = 2  # 2: the rollups (collector/store/clickhouse_rollups.py)
 DEDUPLICATION_WINDOW = R.DEDUPLICATION_WINDOW
 
 # --- the schema, from the column layout ----------------------------------------------------
@@ -69,7 +67,7 @@ _CODEC = "CODEC(ZSTD(1))"
 
 
 def column_types() -> dict[str, str]:
-    """Each column of :data:`store_layout.COLUMNS` with its ClickHouse type and codec."""
+    """Each column of :data:`layout.COLUMNS` with its ClickHouse type and codec."""
     out = {"record_id": f"String {_CODEC}", "trace_id": f"Nullable(String) {_CODEC}"}
     for f in L.PLAIN_FIELDS:
         kind = _TYPES[f.kind]

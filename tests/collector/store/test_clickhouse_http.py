@@ -17,11 +17,11 @@ pytest.importorskip("clickhouse_connect")
 from bench.store_workload import synthetic_records
 from testkit.fakes.clickhouse_http import ClickHouseHTTPServer
 from tests.core.test_views import END
-from tokenpath.collector import store_clickhouse as ch
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import StoreConfig
-from tokenpath.collector.store_clickhouse import ClickHouseStore
-from tokenpath.collector.store_factory import make_store, open_store_readonly
+from tokenpath.collector.store import clickhouse_client as chclient
+from tokenpath.collector.store.clickhouse import ClickHouseStore
+from tokenpath.collector.store.factory import make_store, open_store_readonly
 from tokenpath.config import ConfigError
 from tokenpath.records import RequestRecord
 
@@ -31,7 +31,7 @@ RETENTION = 20 * 365 * 86400.0  # the records are from 2023; the TTL deletes by 
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ClickHouseHTTPServer]:
-    monkeypatch.setenv(ch.ENV_PASSWORD, PASSWORD)
+    monkeypatch.setenv(chclient.ENV_PASSWORD, PASSWORD)
     fake = ClickHouseHTTPServer(tmp_path / "clickhouse", password=PASSWORD).start()
     yield fake
     fake.shutdown()
@@ -73,7 +73,7 @@ def test_records_read_back_as_written_over_http(server: ClickHouseHTTPServer) ->
 
 def test_a_wrong_password_is_refused(server: ClickHouseHTTPServer,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ch.ENV_PASSWORD, "wrong")
+    monkeypatch.setenv(chclient.ENV_PASSWORD, "wrong")
     with pytest.raises(ConfigError, match="516"):
         _store(server)
 

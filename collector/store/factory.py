@@ -1,5 +1,5 @@
-"""The store ``--store`` names, built: SQLite (collector/store.py) or ClickHouse
-(collector/store_clickhouse.py). The one module that imports both backends."""
+"""The store ``--store`` names, built: SQLite (collector/store/sqlite.py) or ClickHouse
+(collector/store/clickhouse.py). The one module that chooses between the backends."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tokenpath.collector.stats import CollectorStats
-from tokenpath.collector.store import RecordStore, Store, StoreConfig
-from tokenpath.collector.store_clickhouse import ClickHouseStore
-from tokenpath.collector.store_url import is_clickhouse_url
+from tokenpath.collector.store.base import Store, StoreConfig
+from tokenpath.collector.store.clickhouse import ClickHouseStore
+from tokenpath.collector.store.sqlite import RecordStore
+from tokenpath.collector.store.url import is_clickhouse_url
 from tokenpath.config import ConfigError
 
 

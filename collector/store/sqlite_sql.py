@@ -1,6 +1,6 @@
 """The embedded store's queries: tokenpath.query's measures (their SQL in
-collector/store_measures.py, SQLite's dialect) over the record columns
-(collector/store_layout.py), and the rollups that keep a long window's views cheap.
+collector/store/measures.py, SQLite's dialect) over the record columns
+(collector/store/layout.py), and the rollups that keep a long window's views cheap.
 
 **Rollups.** The writer adds the records it commits to five tables, by SQL over the rows
 just inserted, in runs (every ROLLUP_EVERY_RECORDS records or ROLLUP_EVERY_SECONDS, in the
@@ -34,8 +34,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from tokenpath.collector import store_layout as L
-from tokenpath.collector.store_measures import (
+import tokenpath.collector.store.layout as L
+from tokenpath.collector.store.measures import (
     GROUP_MEASURES,
     HISTOGRAM_INDEX,
     NAME_GROUPS,
@@ -83,7 +83,7 @@ SAMPLE_CHUNK = 1000
 
 # --- rollups ----------------------------------------------------------------------------------
 
-# What each rollup holds is store_measures' (ROLLUP_MEASURES, GROUP_MEASURES, HISTOGRAMS).
+# What each rollup holds is measures.py's (ROLLUP_MEASURES, GROUP_MEASURES, HISTOGRAMS).
 _PERIOD = SQLITE.period()
 _CONTEXT_SQL = L.CONTEXT_SQL
 

@@ -1,6 +1,6 @@
 """The stores' measures, written once: tokenpath.query's measures as SQL aggregates over
-the ``records`` columns (collector/store_layout.py), in the dialect of the SQLite store
-(collector/store_sql.py) or of the ClickHouse store (collector/store_clickhouse_sql.py),
+the ``records`` columns (collector/store/layout.py), in the dialect of the SQLite store
+(collector/store/sqlite_sql.py) or of the ClickHouse store (collector/store/clickhouse_sql.py),
 and what both stores' rollups share: which measures a rollup holds, each one's column,
 and how a window splits into the periods read from the rollups and the rest read from
 ``records``.
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenpath.collector import store_layout as L
+import tokenpath.collector.store.layout as L
 from tokenpath.leaks import CONTEXT_BUCKET_BOUNDS
 from tokenpath.query import (
     ALL_MEASURES,

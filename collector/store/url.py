@@ -1,6 +1,6 @@
 """Where ``--store`` points: a ClickHouse URL (``clickhouse://``, ``clickhouses://``,
 ``chdb:///PATH``) or a SQLite path. Read by the store's config and by the factory
-(collector/store_factory.py) alike, before either backend is imported."""
+(collector/store/factory.py) alike, before either backend is imported."""
 
 from __future__ import annotations
 
