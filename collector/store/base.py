@@ -12,14 +12,14 @@ import math
 import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from tokenpath.collector.backpressure import Backlog
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store.url import is_clickhouse_url, parse_url
-from tokenpath.config import ConfigError
+from tokenpath.config import ConfigError, check, validate_fields
 from tokenpath.query import DEFAULT_PARAMS as _DEFAULT_PARAMS
 from tokenpath.query import Aggregates, Coverage, GroupBy, Params, Sample, Window
 from tokenpath.records import IdleCost, RequestRecord
@@ -38,31 +38,22 @@ MEMORY = ":memory:"
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
     path: str = MEMORY
-    retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    retention_seconds: float = field(default=DEFAULT_RETENTION_SECONDS, metadata=check(gt=0))
     # records written in one batch, at most; None: the backend's default
     # (DEFAULT_BATCH_SIZE for SQLite, the ClickHouse store's larger one)
-    batch_size: int | None = None
-    retention_check_seconds: float = DEFAULT_RETENTION_CHECK_SECONDS
-    queue_size: int = DEFAULT_QUEUE_SIZE
+    batch_size: int | None = field(default=None, metadata=check(ge=1, optional=True))
+    retention_check_seconds: float = field(
+        default=DEFAULT_RETENTION_CHECK_SECONDS,
+        metadata=check(gt=0, finite=True, message="must be a finite number > 0"))
+    queue_size: int = field(default=DEFAULT_QUEUE_SIZE, metadata=check(ge=1))
     read_only: bool = False  # a reader (CLI): the file is opened read-only, never changed
     # ClickHouse: how long a failed insert is retried before its records count as dropped
     # (by default while the collector runs), and how long shutdown waits for the queue
-    write_retry_seconds: float = math.inf
-    shutdown_seconds: float = DEFAULT_SHUTDOWN_SECONDS
+    write_retry_seconds: float = field(default=math.inf, metadata=check(ge=0))
+    shutdown_seconds: float = field(default=DEFAULT_SHUTDOWN_SECONDS, metadata=check(ge=0))
 
     def validate(self) -> None:
-        if self.retention_seconds <= 0:
-            raise ConfigError("store.retention_seconds", "must be > 0")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ConfigError("store.batch_size", "must be >= 1")
-        every = self.retention_check_seconds
-        if not (every > 0 and math.isfinite(every)):
-            raise ConfigError("store.retention_check_seconds", "must be a finite number > 0")
-        if self.queue_size < 1:
-            raise ConfigError("store.queue_size", "must be >= 1")
-        for key in ("write_retry_seconds", "shutdown_seconds"):
-            if not getattr(self, key) >= 0:
-                raise ConfigError(f"store.{key}", "must be >= 0")
+        validate_fields(self, "store")
         if is_clickhouse_url(self.path):
             target = parse_url(self.path)
             if target.chdb:

@@ -70,7 +70,7 @@ def test_demo_reports_all_15_stages_and_prefix_sharing_raises_the_hit_ratio(
         assert by_stage[StageId.HBM_LOAD.value]["phases"][Phase.DECODE.value]["seconds"] > 0
         assert set(by_stage[StageId.GPU_DISPATCH.value]["phases"]) == {"prefill", "decode"}
         assert 0.0 < report["prefix_cache_hit_ratio"] < 1.0
-        # SPEC section 4's report fields, with real values from the cost attributor
+        # the report's documented fields, with real values from the cost attributor
         assert report["window_seconds"] > 0 and report["output_tokens_per_second"] > 0
         assert 0 < report["ttft_p50_seconds"] <= report["ttft_p95_seconds"]
         assert report["cost_dollars"] > 0 and report["idle_cost_dollars"] >= 0

@@ -1,4 +1,4 @@
-"""Reconstruction quality against a step-level simulation's ground truth (SPEC section 5).
+"""Reconstruction quality against a step-level simulation's ground truth (docs/cost-model.md).
 
 The attributor sees only the records (timestamps, token counts), never the step log."""
 

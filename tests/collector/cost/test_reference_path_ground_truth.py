@@ -1,7 +1,7 @@
-"""Acceptance (issue 4/9): the reference serving path's simulated engine writes ground truth;
+"""The reference serving path's simulated engine writes ground truth;
 its spans go through the real collector; each complete request's GPU cost (gpu_dispatch +
 hbm_load + kernel_exec + nvlink) is within 5% median of the truth and <= 0.1x the naive
-wall-clock error. Skipped until the reference path (issue 2/9) is on this branch."""
+wall-clock error."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What-if sanity from first principles (issue 4/9 acceptance)."""
+"""What-if sanity from first principles."""
 
 from __future__ import annotations
 
