@@ -40,3 +40,20 @@ def test_the_graph_sees_function_level_imports() -> None:
     """The reader is not blind to what a cycle hides in: an import inside a function."""
     edges = graph()
     assert "tokenpath.collector.store.factory" in edges["tokenpath.cli.client"]
+
+
+# The collector's HTTP API is the read side's server: it answers the views over its store.
+READ_SIDE_SERVER = frozenset({"tokenpath.collector.http_app"})
+
+
+def test_the_cli_and_the_views_sit_above_the_collector() -> None:
+    """Nothing of the collector's pipeline imports the views or the CLI (its HTTP API
+    serves the views), and no command module imports another."""
+    edges = graph()
+    upper = [m for m in edges
+             if m.startswith("tokenpath.collector") and m not in READ_SIDE_SERVER]
+    assert upper and {m: t for m in upper if (t := sorted(
+        x for x in edges[m] if x == "tokenpath.views" or x.startswith("tokenpath.cli")))} == {}
+    commands = {m for m in edges if m.startswith("tokenpath.cli.") and m.endswith("_cmd")}
+    assert len(commands) >= 5
+    assert {m: t for m in commands if (t := sorted(edges[m] & commands))} == {}
