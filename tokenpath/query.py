@@ -274,7 +274,14 @@ class Sample:
 
 
 class RecordQueries(Protocol):
-    """What a store answers. Aggregates cross into Python; records only in bounded lists."""
+    """The read interface: what every view (tokenpath/views.py) asks, answered by the
+    SQLite and ClickHouse stores (collector/store/) and by the remote reader over
+    collectors (tokenpath/cli/remote.py). Aggregates cross into Python; records only in
+    bounded lists.
+
+    Thread contract: every method may be called from any thread, at once. An aggregate
+    counts each record at most once (a batch the writer commits while it is read is
+    counted or not yet, never twice); two calls may see two states of the records."""
 
     def aggregate(self, window: Window, measures: Sequence[str],
                   histograms: Sequence[str] = (), group_by: GroupBy = None,

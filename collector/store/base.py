@@ -21,7 +21,7 @@ from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store.url import is_clickhouse_url, parse_url
 from tokenpath.config import ConfigError, check, validate_fields
 from tokenpath.query import DEFAULT_PARAMS as _DEFAULT_PARAMS
-from tokenpath.query import Aggregates, Coverage, GroupBy, Params, Sample, Window
+from tokenpath.query import Aggregates, Coverage, GroupBy, Params, RecordQueries, Sample, Window
 from tokenpath.records import IdleCost, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -69,27 +69,13 @@ class StoreConfig:
 Item = RequestRecord | IdleCost  # what a store's writer takes
 
 
-class StoreQueries(Protocol):
-    """What a store's reader answers: the views' interface and the record lookups."""
-
-    def aggregate(self, window: Window, measures: Sequence[str],
-                  histograms: Sequence[str] = (), group_by: GroupBy = None,
-                  params: Params = _DEFAULT_PARAMS) -> dict[Any, Aggregates]: ...
-
-    def end_range(self, window: Window) -> tuple[float, float] | None: ...
-
-    def sample(self, window: Window, limit: int, fingerprinted: bool = False) -> Sample: ...
-
-    def records(self, limit: int | None = None, since_unix: float | None = None,
-                until_unix: float | None = None) -> list[RequestRecord]: ...
+class StoreQueries(RecordQueries, Protocol):
+    """A store's reader: the read interface (:class:`tokenpath.query.RecordQueries`, its
+    thread contract included) and the record lookups the API serves."""
 
     def record(self, record_id: str) -> RequestRecord | None: ...
 
     def records_of_trace(self, trace_id: str) -> list[RequestRecord]: ...
-
-    def idle_cost_dollars(self, since_unix: float | None = None) -> float: ...
-
-    def idle_energy_joules(self, since_unix: float | None = None) -> float: ...
 
     def coverage(self, now_unix: float | None = None) -> Coverage: ...
 
