@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,29 @@ def instant_query(prometheus_url: str, expr: str) -> dict[str, Any]:
     except urllib.error.HTTPError as exc:
         return {"status": "error", "error": exc.read().decode(errors="replace")}
     return result
+
+
+def values(prometheus_url: str, expr: str) -> list[dict[str, Any]]:
+    """An instant query's result vector; the query must succeed."""
+    reply = instant_query(prometheus_url, expr)
+    assert reply.get("status") == "success", (expr, reply)
+    result: list[dict[str, Any]] = reply["data"]["result"]
+    return result
+
+
+POLL_SECONDS = 0.5
+
+
+def poll(what: str, timeout: float, check: Callable[[], bool],
+         detail: Callable[[], str] = lambda: "") -> None:
+    """Wait until ``check()`` holds (a hang, not a speed check: ``timeout`` is generous);
+    the error names ``what`` and ``detail()``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}. "
+                                 f"{detail()}")
+        time.sleep(POLL_SECONDS)
 
 
 class WebhookReceiver:

@@ -16,7 +16,7 @@ import json
 import re
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,6 @@ WARMUP_TIMEOUT_SECONDS = 90.0
 PANEL_RETRY_SECONDS = 20.0
 BASELINE_TIMEOUT_SECONDS = 90.0
 ALERT_TIMEOUT_SECONDS = 90.0
-POLL_SECONDS = 0.5
 REGRESSION_ALERT = "TokenpathPrefixCacheHitRegression"
 # The demo's tenants (tokenpath/cli/demo_cmd.py): acme's budget is a cent a day, which its
 # share of the demo's spend burns thousands of times over; the others' are unlimited.
@@ -98,23 +97,6 @@ def _expand(expr: str) -> str:
         expr = expr.replace(variable, value)
     assert "$" not in expr, expr
     return expr
-
-
-def _poll(what: str, timeout: float, check: Callable[[], bool],
-          detail: Callable[[], str] = lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}. "
-                                 f"{detail()}")
-        time.sleep(POLL_SECONDS)
-
-
-def _values(prometheus: str, expr: str) -> list[dict[str, Any]]:
-    reply = stack.instant_query(prometheus, expr)
-    assert reply.get("status") == "success", (expr, reply)
-    result: list[dict[str, Any]] = reply["data"]["result"]
-    return result
 
 
 class LiveStack:
@@ -183,8 +165,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
         live.processes.append(prom_process)
         scrapes = (f"count_over_time({mn.UP_SERIES}{{{mn.LABEL_JOB}=\"{COLLECTOR_JOB}\"}}"
                    f"[{2 * WARMUP_SCRAPES}s]) >= {WARMUP_SCRAPES}")
-        _poll(f"{WARMUP_SCRAPES} scrapes of the demo's collector", WARMUP_TIMEOUT_SECONDS,
-              lambda: bool(_values(live.prometheus, scrapes)), live.shared.output)
+        stack.poll(f"{WARMUP_SCRAPES} scrapes of the demo's collector", WARMUP_TIMEOUT_SECONDS,
+                   lambda: bool(stack.values(live.prometheus, scrapes)), live.shared.output)
         yield live
     finally:
         live.stop()
@@ -224,7 +206,7 @@ def _panel_failures(prometheus: str, nvml_up: bool) -> tuple[list[str], list[str
 
 
 def test_every_dashboard_panel_query_returns_data(live: LiveStack) -> None:
-    nvml = _values(live.prometheus, mn.AGENT_NVML_UP.series)
+    nvml = stack.values(live.prometheus, mn.AGENT_NVML_UP.series)
     assert nvml, "the demo's agent exports no NVML status"
     nvml_up = float(nvml[0]["value"][1]) == 1.0
     # a scrape or rule evaluation may land late on a loaded machine: retry briefly
@@ -247,12 +229,12 @@ def test_metrics_come_from_the_demos_collector_and_agent(live: LiveStack) -> Non
                       (mn.LONG_CONTEXT_COST, COLLECTOR_JOB),
                       (mn.NODE_NET_RX_BYTES, LIVE_PARAMS.agent_job),
                       (mn.AGENT_NVML_UP, LIVE_PARAMS.agent_job)):
-        result = _values(live.prometheus, f"count by ({mn.LABEL_JOB}) ({spec.series})")
+        result = stack.values(live.prometheus, f"count by ({mn.LABEL_JOB}) ({spec.series})")
         assert {r["metric"][mn.LABEL_JOB] for r in result} == {job}, spec.name
 
 
 def test_recording_rules_evaluate(live: LiveStack) -> None:
-    result = _values(live.prometheus, rules.hit_ratio_series(LIVE_PARAMS))
+    result = stack.values(live.prometheus, rules.hit_ratio_series(LIVE_PARAMS))
     ratios = {r["metric"][mn.LABEL_MODEL]: float(r["value"][1]) for r in result}
     assert len(ratios) == 1
     # shared system prompts: most input tokens come from the prefix cache (about 0.7)
@@ -260,31 +242,31 @@ def test_recording_rules_evaluate(live: LiveStack) -> None:
     for series in (rules.input_rate_series(LIVE_PARAMS), rules.output_rate_series(LIVE_PARAMS),
                    rules.miss_waste_series(LIVE_PARAMS),
                    rules.cost_per_token_series(LIVE_PARAMS.rate_window)):
-        assert _values(live.prometheus, series), series
+        assert stack.values(live.prometheus, series), series
 
 
 def test_unique_prompts_fire_the_cache_regression_alert_to_the_webhook(
         live: LiveStack) -> None:
     ratio = rules.hit_ratio_series(LIVE_PARAMS)
     baseline = q.offset(ratio, LIVE_PARAMS.hit_baselines[0])
-    _poll(f"the {LIVE_PARAMS.hit_baselines[0]} baseline", BASELINE_TIMEOUT_SECONDS,
-          lambda: bool(_values(live.prometheus, baseline)))
+    stack.poll(f"the {LIVE_PARAMS.hit_baselines[0]} baseline", BASELINE_TIMEOUT_SECONDS,
+               lambda: bool(stack.values(live.prometheus, baseline)))
     assert live.regression_alerts() == []  # the shared-prefix phase does not page
-    before = float(_values(live.prometheus, ratio)[0]["value"][1])
+    before = float(stack.values(live.prometheus, ratio)[0]["value"][1])
 
     assert live.switch_to_unique_prompts() == 0  # interrupted, printed its report
     assert "prefix-cache hit ratio" in live.shared.output()
-    _poll(f"{REGRESSION_ALERT} at the webhook", ALERT_TIMEOUT_SECONDS,
-          lambda: bool(live.regression_alerts()),
-          lambda: "Prometheus alerts: "
-                  f"{stack.http_json(live.prometheus + '/api/v1/alerts')}")
+    stack.poll(f"{REGRESSION_ALERT} at the webhook", ALERT_TIMEOUT_SECONDS,
+               lambda: bool(live.regression_alerts()),
+               lambda: "Prometheus alerts: "
+                       f"{stack.http_json(live.prometheus + '/api/v1/alerts')}")
     alert = live.regression_alerts()[0]
     assert alert["status"] == "firing"
     model = alert["labels"][mn.LABEL_MODEL]
     assert model in live.shared.output()  # the demo's model, as its banner names it
     assert alert["labels"]["severity"] == rules.SEVERITY_WARNING
     assert alert["annotations"]["runbook_url"].endswith("#prefix-cache-hit-regression")
-    after = float(_values(live.prometheus, ratio)[0]["value"][1])
+    after = float(stack.values(live.prometheus, ratio)[0]["value"][1])
     assert after < (1 - LIVE_PARAMS.hit_relative_drop) * before
 
 
@@ -295,9 +277,10 @@ def test_an_overspending_tenant_fires_its_budget_alert_and_the_others_do_not(
     def budget_alerts() -> list[dict[str, Any]]:
         return [a for a in live.webhook.alerts() if a["labels"]["alertname"] == BUDGET_ALERT]
 
-    _poll(f"{BUDGET_ALERT} at the webhook", ALERT_TIMEOUT_SECONDS, lambda: bool(budget_alerts()),
-          lambda: "Prometheus alerts: "
-                  f"{stack.http_json(live.prometheus + '/api/v1/alerts')}")
+    stack.poll(f"{BUDGET_ALERT} at the webhook", ALERT_TIMEOUT_SECONDS,
+               lambda: bool(budget_alerts()),
+               lambda: "Prometheus alerts: "
+                       f"{stack.http_json(live.prometheus + '/api/v1/alerts')}")
     assert {a["labels"][mn.LABEL_TENANT] for a in budget_alerts()} == {OVERSPENDING_TENANT}
     assert budget_alerts()[0]["annotations"]["runbook_url"].endswith(
         f"#{budgets.BUDGET_RUNBOOK_ANCHOR}")

@@ -11,8 +11,7 @@ ports and store (Prometheus's rate() handles the counters' restart)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +41,6 @@ CLASSES = [
 ]
 SLOW_ARGS = ("--rps", str(REQUESTS_PER_SECOND * 5), "--replicas", "1")
 TIMEOUT_SECONDS = 120.0  # a hang, not a speed check: the test waits for conditions
-POLL_SECONDS = 0.5
-
-
-def _poll(what: str, check: Callable[[], bool], detail: Callable[[], str]) -> None:
-    deadline = time.monotonic() + TIMEOUT_SECONDS
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {TIMEOUT_SECONDS:.0f} s waiting for "
-                                 f"{what}. {detail()}")
-        time.sleep(POLL_SECONDS)
-
-
-def _values(prometheus: str, expr: str) -> list[dict[str, Any]]:
-    reply = stack.instant_query(prometheus, expr)
-    assert reply.get("status") == "success", (expr, reply)
-    result: list[dict[str, Any]] = reply["data"]["result"]
-    return result
 
 
 class SloStack:
@@ -89,7 +71,7 @@ class SloStack:
 
     def error_ratio(self) -> list[dict[str, Any]]:
         series = rules.slo_errors_series(BURN.short_window)
-        return _values(self.prometheus, f'{series}{{{mn.LABEL_SLO}="{SLO_CLASS}"}}')
+        return stack.values(self.prometheus, f'{series}{{{mn.LABEL_SLO}="{SLO_CLASS}"}}')
 
     def detail(self) -> str:
         ratio = self.error_ratio()
@@ -128,16 +110,17 @@ def test_the_burn_rate_alert_fires_when_the_engine_is_slowed_and_resolves_after(
         slo_stack: SloStack) -> None:
     live = slo_stack
     objective = f'{mn.SLO_OBJECTIVE.series}{{{mn.LABEL_SLO}="{SLO_CLASS}"}}'
-    _poll("the class's objective and error ratio on record",
-          lambda: bool(_values(live.prometheus, objective)) and bool(live.error_ratio()),
-          live.detail)
-    assert float(_values(live.prometheus, objective)[0]["value"][1]) == 0.999
+    stack.poll("the class's objective and error ratio on record", TIMEOUT_SECONDS,
+               lambda: bool(stack.values(live.prometheus, objective)) and bool(live.error_ratio()),
+               live.detail)
+    assert float(stack.values(live.prometheus, objective)[0]["value"][1]) == 0.999
     # the normal load meets the targets: nothing fires
     assert live.firing() == [], live.detail()
 
     live.run_demo(SLOW_ARGS)
-    _poll(f"{ALERT} firing under the slowed engine", lambda: bool(live.firing()),
-          live.detail)
+    stack.poll(f"{ALERT} firing under the slowed engine", TIMEOUT_SECONDS,
+               lambda: bool(live.firing()),
+               live.detail)
     (alert,) = live.firing()
     assert alert["labels"][mn.LABEL_SLO] == SLO_CLASS
     assert alert["labels"]["severity"] == rules.SEVERITY_CRITICAL
@@ -150,4 +133,4 @@ def test_the_burn_rate_alert_fires_when_the_engine_is_slowed_and_resolves_after(
         return not live.firing() and bool(ratio) and float(ratio[0]["value"][1]) < (
             BURN.burn_rate * (1 - 0.999))
 
-    _poll(f"{ALERT} resolved at the normal load", resolved, live.detail)
+    stack.poll(f"{ALERT} resolved at the normal load", TIMEOUT_SECONDS, resolved, live.detail)
