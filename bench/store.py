@@ -117,13 +117,13 @@ def write_legacy_store(path: Path, count: int, now: float) -> dict[str, float]:
     return {"bytes_per_record": round(path.stat().st_size / count, 1)}
 
 
-def run_command(argv: list[str]) -> dict[str, Any]:
+def run_command(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     """Wall seconds and peak RSS of one command (``python -m MODULE ...``) in a fresh
     interpreter; the peak is the child's own (bench/peak_rss.py), not what ``ru_maxrss``
     reports for a child of this (large) process."""
     assert argv[1] == "-m", argv
     with tempfile.NamedTemporaryFile("r", suffix=".peak") as peak:
-        env = {**os.environ, PEAK_FILE_ENV: peak.name}
+        env = {**(os.environ if env is None else env), PEAK_FILE_ENV: peak.name}
         started = time.perf_counter()
         done = subprocess.run([argv[0], "-m", "bench.peak_rss", *argv[2:]],
                               capture_output=True, env=env)

@@ -23,6 +23,7 @@ from tokenpath.collector.pipeline_worker import DEFAULT_SHED_AT
 from tokenpath.collector.receivers.ingest import DEFAULT_MAX_BUFFERED_SPANS
 from tokenpath.collector.store.base import DEFAULT_QUEUE_SIZE as DEFAULT_STORE_QUEUE_SIZE
 from tokenpath.collector.store.base import DEFAULT_RETENTION_SECONDS
+from tokenpath.collector.store.url import ENV_STORE, default_store_path
 from tokenpath.config import (
     ConfigError,
     check,
@@ -46,7 +47,6 @@ DEFAULT_HTTP = f"{DEFAULT_HTTP_HOST}:{DEFAULT_HTTP_PORT}"
 DEFAULT_GRPC = COLLECTOR_GRPC
 ENV_HTTP = "TOKENPATH_COLLECTOR_HTTP"
 ENV_GRPC = "TOKENPATH_COLLECTOR_GRPC"
-ENV_STORE = "TOKENPATH_STORE"
 ENV_PRICES = "TOKENPATH_PRICES"
 ENV_AUTH_TOKEN = "TOKENPATH_AUTH_TOKEN"
 ENV_FORWARD_RECORDS = "TOKENPATH_FORWARD_RECORDS"
@@ -56,15 +56,6 @@ FILE_KEYS = frozenset({"http", "grpc", "store", "prices", "retention", "max_buff
                        "assembler", "cost", "limits", "tls", "agent", "forward_records",
                        "pipeline_shed_at", "pipeline_queue_size", "store_queue_size",
                        "store_batch_size", "join", "gc_young_threshold", SLO_CONFIG_KEY})
-
-
-def default_store_path() -> str:
-    """$TOKENPATH_STORE, else $XDG_DATA_HOME/tokenpath/store.db (~/.local/share/...)."""
-    env = os.environ.get(ENV_STORE)
-    if env:
-        return env
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return str(Path(base) / "tokenpath" / "store.db")
 
 
 def _port(key: str, *, optional: bool = False) -> Mapping[str, Any]:

@@ -1,9 +1,11 @@
 """Where ``--store`` points: a ClickHouse URL (``clickhouse://``, ``clickhouses://``,
 ``chdb:///PATH``) or a SQLite path. Read by the store's config and by the factory
-(collector/store/factory.py) alike, before either backend is imported."""
+(collector/store/factory.py) alike, before either backend is imported; and where it is
+when nothing names it."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -14,6 +16,16 @@ SCHEMES = ("chdb", "clickhouse", "clickhouses")
 ENV_PASSWORD = "TOKENPATH_CLICKHOUSE_PASSWORD"
 ENV_PASSWORD_FILE = "TOKENPATH_CLICKHOUSE_PASSWORD_FILE"
 DEFAULT_DATABASE = "tokenpath"
+ENV_STORE = "TOKENPATH_STORE"
+
+
+def default_store_path() -> str:
+    """$TOKENPATH_STORE, else $XDG_DATA_HOME/tokenpath/store.db (~/.local/share/...)."""
+    env = os.environ.get(ENV_STORE)
+    if env:
+        return env
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "tokenpath" / "store.db")
 
 
 def is_clickhouse_url(path: str) -> bool:

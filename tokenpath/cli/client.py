@@ -8,10 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from tokenpath.cli.common import auth_token, fail
-from tokenpath.cli.remote import RemoteError, RemoteQueries
 from tokenpath.collector.api_views import MAX_API_LIMIT
 from tokenpath.config import ConfigError, parse_duration
 from tokenpath.query import RecordQueries
@@ -34,6 +31,8 @@ class Source:
         return [u.strip() for u in (self.collector or "").split(",") if u.strip()]
 
     def _get(self, base: str, path: str, params: dict[str, Any]) -> Any:
+        import httpx  # the --collector path alone (a --store command starts without it)
+
         headers = {}
         token = auth_token()
         if token:
@@ -101,6 +100,8 @@ class Source:
         tokenpath/cli/remote.py) or the store file; closed after. A collector that cannot
         be read ends the command with a message naming it."""
         if self.collectors:
+            from tokenpath.cli.remote import RemoteError, RemoteQueries  # httpx, as above
+
             remote = RemoteQueries(self.collectors, auth_token())
             try:
                 yield remote
@@ -116,8 +117,8 @@ class Source:
             store.shutdown()
 
     def _open(self) -> Store:
-        from tokenpath.collector.config import default_store_path
         from tokenpath.collector.store.factory import open_store_readonly
+        from tokenpath.collector.store.url import default_store_path
 
         try:
             return open_store_readonly(self.store or default_store_path())

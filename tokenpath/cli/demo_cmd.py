@@ -554,7 +554,7 @@ def register(app: typer.Typer) -> None:
                  "targets at time scale 1."),
     ) -> None:
         """Run the reference serving path with a workload and print the stage report."""
-        from tokenpath.collector.config import default_store_path
+        from tokenpath.collector.store.url import default_store_path
 
         try:
             host, port = parse_host_port(collector_http, "collector-http")

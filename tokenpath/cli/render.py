@@ -9,13 +9,12 @@ from rich.table import Table
 from rich.text import Text
 
 from tokenpath.collector.cost.chargeback import ChargebackRow, IdlePolicy
-from tokenpath.collector.cost.energy import ENERGY_MODELED
 from tokenpath.collector.cost.leak_ranking import RankedLeak
 from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.records import RequestRecord
 from tokenpath.report import Report, combined_energy_provenance
 from tokenpath.slo import OUTCOME_MISSED, SloSummary
-from tokenpath.stages import STAGE_BY_ID, Phase
+from tokenpath.stages import STAGE_BY_ID, Phase, Provenance
 
 
 def _sec(value: float | None) -> str:
@@ -192,7 +191,8 @@ def render_leak_ranking(ranked: Sequence[RankedLeak], console: Console) -> None:
 def render_chargeback(rows: Sequence[ChargebackRow], policy: IdlePolicy, console: Console,
                       title: str = "chargeback by tenant") -> None:
     table = Table(title=f"{title} (idle: {policy.value})", title_justify="left")
-    provenance = combined_energy_provenance(r.energy_provenance for r in rows) or ENERGY_MODELED
+    provenance = (combined_energy_provenance(r.energy_provenance for r in rows)
+                  or Provenance.MODELED.value)
     slo = any(r.slo_requests for r in rows)  # SLO classes configured
     columns = ["tenant", "requests", "input tokens", "output tokens", "attributed $",
                "idle $", "total $", "share", f"energy kJ ({provenance})"]
