@@ -246,6 +246,32 @@ def first_kept_period(retention_seconds: float | None, now: float) -> int:
 # --- reading them ----------------------------------------------------------------------------
 
 
+# The sets (measures.py): each one's aggregate over ``records`` rows, and the rollup table
+# that keeps it with its aggregate there (the view already kept only its rows).
+RAW_SETS = {
+    "set:models": "groupUniqArray(coalesce(model, ''))",
+    "set:units": "groupUniqArrayIf((node, engine_id), gpu_inventory = 0)",
+    "set:unit_gpus": "groupUniqArray((node, engine_id, tensor_parallel))",
+}
+ROLLED_SETS = {
+    "set:models": ("rollup_by", "groupUniqArray(coalesce(model, ''))"),
+    "set:units": ("rollup_units", "groupUniqArray((node, engine_id))"),
+    "set:unit_gpus": ("rollup_gpus", "groupUniqArray((node, engine_id, tensor_parallel))"),
+}
+
+
+def set_member(name: str, value: Any) -> str:
+    """A member of the set ``name`` from what its aggregate collected."""
+    if name == "set:models":
+        return str(value or "")
+    if name == "set:units":
+        return pricing_unit(*value)
+    if name == "set:unit_gpus":
+        node, engine_id, gpus = value
+        return unit_gpus_item(node, engine_id, int(gpus or 0))
+    raise ValueError(f"unknown set {name!r}")
+
+
 def read(conn: Connection, periods: tuple[int, int | None], sums: Sequence[str],
          histograms: Sequence[str], sets: Sequence[str], group_by: GroupBy
          ) -> dict[Any, Aggregates]:
@@ -278,28 +304,19 @@ def read(conn: Connection, periods: tuple[int, int | None], sums: Sequence[str],
         sql = (f"SELECT histogram, bucket, sum(n) FROM rollup_hist WHERE {where} AND "
                f"histogram IN ({', '.join(map(str, names))}) GROUP BY histogram, bucket")
         add_histogram_rows(agg(None), names, conn.rows(sql))
-    for name in sets:
-        if name == "set:models":
-            sql = f"SELECT DISTINCT {key}model FROM rollup_by WHERE {where}"
-            for row in conn.rows(sql):
-                agg(None if group is None else row[0]).sets.setdefault(name, set()).add(
-                    row[-1] or "")
-        elif name == "set:units":
-            if group is not None:
-                raise ValueError("units are not kept by group")
-            sql = f"SELECT DISTINCT node, engine_id FROM rollup_units WHERE {where}"
-            for node, engine_id in conn.rows(sql):
-                agg(None).sets.setdefault(name, set()).add(pricing_unit(node, engine_id))
-        elif name == "set:unit_gpus":
-            if group is not None:
-                raise ValueError("engines' GPUs are not kept by group")
-            sql = (f"SELECT DISTINCT node, engine_id, tensor_parallel FROM rollup_gpus "
-                   f"WHERE {where}")
-            for node, engine_id, gpus in conn.rows(sql):
-                agg(None).sets.setdefault(name, set()).add(
-                    unit_gpus_item(node, engine_id, int(gpus or 0)))
-        else:
-            raise ValueError(f"unknown set {name!r}")
+    if sets and group is None:  # one query for them all
+        subqueries = ", ".join(f"(SELECT {ROLLED_SETS[name][1]} FROM {ROLLED_SETS[name][0]} "
+                               f"WHERE {where})" for name in sets)
+        ((*values,),) = conn.rows(f"SELECT {subqueries}")
+        for name, members in zip(sets, values, strict=True):
+            agg(None).sets.setdefault(name, set()).update(
+                set_member(name, member) for member in members)
+    for name in sets if group is not None else ():
+        if name != "set:models":
+            raise ValueError(f"{name} is not kept by group")
+        for value, model in conn.rows(f"SELECT DISTINCT {group}, model FROM rollup_by "
+                                      f"WHERE {where}"):
+            agg(value).sets.setdefault(name, set()).add(set_member(name, model))
     return out
 
 

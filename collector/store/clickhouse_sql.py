@@ -36,7 +36,6 @@ import tokenpath.collector.store.layout as L
 import tokenpath.collector.store.measures as S
 from tokenpath import record_fields as RF
 from tokenpath.collector.store.clickhouse_client import Connection
-from tokenpath.identity import pricing_unit
 from tokenpath.leaks import LONG_CONTEXT_TOKENS
 from tokenpath.query import (
     DEFAULT_PARAMS,
@@ -50,7 +49,6 @@ from tokenpath.query import (
     merge_groups,
 )
 from tokenpath.records import RequestRecord
-from tokenpath.slo import unit_gpus_item
 
 log = logging.getLogger(__name__)
 
@@ -367,27 +365,15 @@ class ClickHouseQueries:
             rows = self._conn.rows(R.histogram_rows_sql(histograms, f"({where})", group))
             for key, part in _by_key(rows, group is not None).items():
                 R.add_histogram_rows(agg(key), names, part)
-        for name in sets:
-            if name == "set:models":
-                sql = f"SELECT DISTINCT {key_sql}model FROM records WHERE {where}"
-                for row in self._conn.rows(sql):
-                    key = None if group is None else row[0]
-                    agg(key).sets.setdefault(name, set()).add(row[-1] or "")
-            elif name == "set:units":
-                sql = (f"SELECT DISTINCT {key_sql}node, engine_id FROM records "
-                       f"WHERE ({where}) AND gpu_inventory = 0")
-                for row in self._conn.rows(sql):
-                    key = None if group is None else row[0]
-                    agg(key).sets.setdefault(name, set()).add(pricing_unit(row[-2], row[-1]))
-            elif name == "set:unit_gpus":
-                sql = (f"SELECT DISTINCT {key_sql}node, engine_id, tensor_parallel "
-                       f"FROM records WHERE {where}")
-                for row in self._conn.rows(sql):
-                    key = None if group is None else row[0]
-                    agg(key).sets.setdefault(name, set()).add(
-                        unit_gpus_item(row[-3], row[-2], int(row[-1] or 0)))
-            else:
-                raise ValueError(f"unknown set {name!r}")
+        if sets:  # one pass for them all
+            sql = (f"SELECT {key_sql}{', '.join(R.RAW_SETS[name] for name in sets)} "
+                   f"FROM records WHERE {where}{group_sql}")
+            for row in self._conn.rows(sql):
+                key = None if group is None else row[0]
+                values = row if group is None else row[1:]
+                for name, members in zip(sets, values, strict=True):
+                    agg(key).sets.setdefault(name, set()).update(
+                        R.set_member(name, member) for member in members)
         return out
 
     def end_range(self, window: Window) -> tuple[float, float] | None:
