@@ -307,8 +307,8 @@ def read(conn: Connection, periods: tuple[int, int | None], sums: Sequence[str],
     if sets and group is None:  # one query for them all
         subqueries = ", ".join(f"(SELECT {ROLLED_SETS[name][1]} FROM {ROLLED_SETS[name][0]} "
                                f"WHERE {where})" for name in sets)
-        ((*values,),) = conn.rows(f"SELECT {subqueries}")
-        for name, members in zip(sets, values, strict=True):
+        (row,) = conn.rows(f"SELECT {subqueries}")
+        for name, members in zip(sets, row, strict=True):
             agg(None).sets.setdefault(name, set()).update(
                 set_member(name, member) for member in members)
     for name in sets if group is not None else ():
