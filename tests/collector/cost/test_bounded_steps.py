@@ -27,8 +27,13 @@ pytestmark = pytest.mark.integration
 
 # A scrape takes the GIL a handful of times (the client, the HTTP server's event loop and
 # worker threads, the render); each time it waits at most for the step under way to end
-# (observed: at most 10 steps between two scrapes, on two busy cores).
+# (observed: at most 10 steps between two scrapes, on two busy cores). That bounds 99% of
+# the gaps; the rest may wait a few steps more where the OS did not run the scraping
+# thread as a step ended (18 steps once in 1,187 gaps, with a full test run on the same
+# two cores). Pricing that held the GIL for a whole backlog or burst would make one gap
+# of all its steps (over 1,000 and over 20).
 MAX_STEPS_PER_SCRAPE = 15
+MAX_STEPS_PER_SCRAPE_UNSCHEDULED = 60
 BATCH = 1_000  # records per forwarded batch
 PRICED_SECONDS = 300.0
 
@@ -83,8 +88,10 @@ def _check(counted: _Counted, completions: list[int], first: int, last: int,
     assert counted.max_records <= config.max_records_per_step
     assert last - first >= 20, "too few steps to say anything"
     during = [first, *(c for c in completions if first < c < last), last]
-    gaps = [b - a for a, b in pairwise(during)]
-    assert max(gaps) <= MAX_STEPS_PER_SCRAPE, (max(gaps), len(during), last - first)
+    gaps = sorted(b - a for a, b in pairwise(during))
+    most = gaps[(len(gaps) - 1) * 99 // 100]  # the 99th percentile (the largest, of few)
+    assert most <= MAX_STEPS_PER_SCRAPE, (most, gaps[-10:], len(gaps), last - first)
+    assert gaps[-1] <= MAX_STEPS_PER_SCRAPE_UNSCHEDULED, (gaps[-10:], len(gaps))
 
 
 def test_metrics_answer_every_few_steps_while_a_burst_of_3000_models_is_priced(
