@@ -72,6 +72,8 @@ def service() -> Iterator[CollectorService]:
     collector.start()
     yield collector
     wait_for(lambda: collector.stats.spans_buffered.value == 0, timeout=30)
+    # the store writes on its own thread: the valid examples' records, once it has
+    wait_for(lambda: collector.stats.records_stored.value > 0, timeout=60)
     # Nothing failed further down: mapping, sinks and the store took every trace.
     assert collector.stats.spans_dropped["mapping_error"] == 0
     assert collector.stats.pipeline_errors["trace"] == 0

@@ -92,7 +92,9 @@ def test_the_agent_classifies_the_simulated_engines_blocks() -> None:
         run("replica-1", "a", shared)  # held on replica-0: routed
         run("replica-0", "b", list(range(50, 58)))  # replica-0 evicts the shared blocks
         run("replica-0", "c", shared)  # evicted
-        while stored().get(("replica-0", "m", CAUSE_EVICTED), 0.0) < 2:
+        # each replica publishes on its own socket: wait for both to be counted
+        while (stored().get(("replica-0", "m", CAUSE_EVICTED), 0.0) < 2
+               or stored().get(("replica-1", "m", CAUSE_ROUTED), 0.0) < 2):
             assert time.monotonic() < deadline, stored()
             time.sleep(0.01)
     finally:
