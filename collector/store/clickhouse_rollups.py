@@ -254,7 +254,7 @@ RAW_SETS = {
     "set:unit_gpus": "groupUniqArray((node, engine_id, tensor_parallel))",
 }
 ROLLED_SETS = {
-    "set:models": ("rollup_by", "groupUniqArray(coalesce(model, ''))"),
+    "set:models": ("rollup_by", RAW_SETS["set:models"]),
     "set:units": ("rollup_units", "groupUniqArray((node, engine_id))"),
     "set:unit_gpus": ("rollup_gpus", "groupUniqArray((node, engine_id, tensor_parallel))"),
 }
