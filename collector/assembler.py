@@ -16,8 +16,12 @@ Rules (documented in docs/architecture.md, "Late, duplicate and out-of-order spa
 - A trace without a root that goes idle is emitted with what it holds, but stays open: an
   agent's later LLM calls (after a long tool step) arrive as a continuation of the trace,
   emitted in their turn (``AssembledTrace.continued``) as their own call records. A span
-  already emitted that arrives again is a duplicate. Once the root has been emitted the
-  trace is finished and later spans are late.
+  already emitted that arrives again is a duplicate. A span above what was emitted (the
+  parent an emitted span named, or its parent in turn: a gateway's server span exported
+  after the engine's part went out) belongs to calls already recorded: it is late, never
+  a new call; but a client's or proxy's hop (``calls.is_outer_hop_span``) goes on, for
+  the call joiner to join. Once the root has been emitted the trace is finished and
+  later spans are late.
 - Over ``max_traces`` in flight, the least recently updated trace is finalized early as
   incomplete (``capacity``); over ``max_spans_per_trace``, extra spans are dropped, but an
   important span (root, server, client, engine, stage or gen_ai) replaces an expendable
@@ -49,7 +53,7 @@ from tokenpath.attributes import (
     STAGE,
     VLLM_REQUEST_SPAN_NAME,
 )
-from tokenpath.collector.calls import is_call_span
+from tokenpath.collector.calls import is_call_span, is_outer_hop_span
 from tokenpath.collector.interfaces import TraceConsumer
 from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, Attributes, SpanData
 from tokenpath.collector.stats import PIPELINE_STEP_HAND_OFF, CollectorStats
@@ -65,7 +69,7 @@ DEFAULT_ROOT_GRACE_SECONDS = 6.0
 DEFAULT_IDLE_TIMEOUT_SECONDS = 30.0
 DEFAULT_FINISHED_MEMORY = 100_000
 # Traces handed on but open for later calls (no root without a parent seen yet), and the
-# span ids kept of each to tell a re-sent span from a new one.
+# span ids kept of each to tell a re-sent span, or one above those emitted, from a new one.
 DEFAULT_OPEN_MEMORY = 20_000
 MAX_OPEN_SPAN_IDS = 64
 DEFAULT_ANNOTATION_TTL_SECONDS = 120.0
@@ -148,6 +152,31 @@ class _Pending:
         self.expendable = None
 
 
+class _Emitted:
+    """What an open trace has handed on: its span ids (a re-sent one is a duplicate) and
+    the ids above them (parents they named that were not handed on: a span arriving with
+    one of them belongs to calls already recorded). At most ``MAX_OPEN_SPAN_IDS`` each."""
+
+    __slots__ = ("above", "spans")
+
+    def __init__(self) -> None:
+        self.spans: set[str] = set()
+        self.above: set[str] = set()
+
+    def add(self, spans: dict[str, SpanData]) -> None:
+        room = MAX_OPEN_SPAN_IDS - len(self.spans)  # past it a re-sent span is not caught
+        self.spans.update(list(spans)[:max(0, room)])
+        for span in spans.values():
+            self.add_above(span)
+        self.above.difference_update(self.spans)
+
+    def add_above(self, span: SpanData) -> None:
+        """``span`` is (or is under) what was handed on: its parent is above it too."""
+        parent = span.parent_span_id
+        if parent and parent not in self.spans and len(self.above) < MAX_OPEN_SPAN_IDS:
+            self.above.add(parent)
+
+
 MAX_NANO = 2**63 - 1  # no span start yet
 
 ASGI_EVENT_TYPE = "asgi.event.type"  # the ASGI instrumentation's per-message sub-spans
@@ -183,8 +212,8 @@ class Assembler:
         self._pending: OrderedDict[str, _Pending] = OrderedDict()  # least recently updated first
         self._root_deadlines: deque[tuple[float, str]] = deque()
         self._finished: OrderedDict[str, None] = OrderedDict()
-        # traces emitted at their idle timeout without a root: the span ids emitted
-        self._open: OrderedDict[str, set[str]] = OrderedDict()
+        # traces emitted at their idle timeout without a root: what they emitted
+        self._open: OrderedDict[str, _Emitted] = OrderedDict()
         self._annotations: OrderedDict[str, tuple[float, Attributes]] = OrderedDict()
         self._span_count = 0
         # traces handed on and not yet taken by downstream: their earliest span start
@@ -225,10 +254,16 @@ class Assembler:
                 if trace_id in self._finished:
                     late += 1
                     continue
+                emitted = self._open.get(trace_id)
+                if emitted is not None and span.span_id in emitted.above:
+                    emitted.add_above(span)  # a span further up is above them as well
+                    if not is_outer_hop_span(span):
+                        late += 1
+                        continue
+                    # a client's or proxy's hop goes on: the call joiner joins it
                 pending = self._pending.get(trace_id)
                 if pending is None:
-                    emitted = self._open.get(trace_id)
-                    if emitted is not None and span.span_id in emitted:
+                    if emitted is not None and span.span_id in emitted.spans:
                         duplicate += 1
                         continue
                     if len(self._pending) >= cfg.max_traces:
@@ -320,9 +355,8 @@ class Assembler:
         for the spans of its later calls."""
         self._span_count -= len(pending.spans)
         if keep_open:
-            emitted = self._open.pop(trace_id, set())
-            room = MAX_OPEN_SPAN_IDS - len(emitted)  # past it a re-sent span is not caught
-            emitted.update(list(pending.spans)[:max(0, room)])
+            emitted = self._open.pop(trace_id, None) or _Emitted()
+            emitted.add(pending.spans)
             self._open[trace_id] = emitted
             if len(self._open) > self._config.open_memory:
                 self._open.popitem(last=False)

@@ -30,6 +30,7 @@ from tokenpath.collector.stack_vocabularies import (
     GATEWAY_SPAN_NAMES,
     SGLANG_MODULE_ATTRIBUTE,
     SGLANG_REQUEST_MODULE,
+    UPSTREAM_SPAN_NAMES,
 )
 
 HTTP_SERVER_MARKERS = (A.HTTP_ROUTE, "http.method", A.HTTP_REQUEST_METHOD, "http.target",
@@ -89,6 +90,13 @@ def is_client_call_span(span: SpanData) -> bool:
                                           or A.GEN_AI_REQUEST_MODEL in attributes):
         return True
     return attributes.get(A.OPENINFERENCE_SPAN_KIND) == A.OPENINFERENCE_KIND_LLM
+
+
+def is_outer_hop_span(span: SpanData) -> bool:
+    """A span that makes a record of a call's outer hop without the serving side under it
+    (a GenAI client's call, a proxy's upstream call: ``RequestRecord.outer_hop``), which
+    the call joiner joins to the serving record (collector/call_join.py)."""
+    return is_client_call_span(span) or span.name in UPSTREAM_SPAN_NAMES
 
 
 def is_call_span(span: SpanData) -> bool:

@@ -8,6 +8,7 @@ import time
 import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from opentelemetry.proto.trace.v1 import trace_pb2
 
 from testkit.fakes.clock import FakeClock
 from testkit.support.otlp import PROTOBUF_HEADERS, export_request, make_span, new_trace_id
@@ -15,7 +16,7 @@ from tests.collector.conftest import ServiceFactory, wait_for
 from tokenpath import attributes as A
 from tokenpath.collector.assembler import AssembledTrace, Assembler, AssemblerConfig
 from tokenpath.collector.mapping import map_trace
-from tokenpath.collector.spans import SPAN_KIND_SERVER, SpanData, SpanEvent
+from tokenpath.collector.spans import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, SpanData, SpanEvent
 from tokenpath.collector.stats import CollectorStats
 from tokenpath.collector.store import RecordStore
 from tokenpath.records import RequestRecord
@@ -99,6 +100,71 @@ def test_trace_without_root_is_final_after_idle_timeout_as_incomplete() -> None:
     clock.now += 5.0
     assert assembler.tick() == 1
     assert out.traces[0].complete is False
+
+
+def _hop(span: str, parent: str = "", remote: bool = False, kind: int = SPAN_KIND_SERVER,
+         attributes: dict[str, str] | None = None) -> SpanData:
+    start = int(1_700_000_000 * 1e9)
+    return SpanData(TRACE, span, parent, span, kind, start, start + 10**9,
+                    dict(attributes or {}), remote_parent=remote)
+
+
+def test_a_span_above_a_call_handed_on_is_late_not_a_second_call() -> None:
+    """An engine's server span (a local root: its parent, the gateway's, is in another
+    process) is handed on at its grace; the gateway's span exported after that belongs to
+    the call already recorded: late, never a new call. A later call under the same
+    gateway is recorded in its turn, and the GenAI client's span above the gateway goes
+    on as the call's outer hop (the call joiner's to join)."""
+    assembler, out, clock, stats = _assembler(grace=1.0)
+    assembler.consume_spans([_hop("engine-1", parent="gateway", remote=True)])
+    clock.now += 1.5
+    assert assembler.tick() == 1
+    refused = assembler.consume_spans([_hop("gateway", parent="client", remote=True)])
+    assert refused == {"late": 1} and stats.spans_dropped["late"] == 1
+    assembler.consume_spans([_hop("engine-2", parent="gateway", remote=True)])
+    clock.now += 1.5
+    assert assembler.tick() == 1
+    client = _hop("client", kind=SPAN_KIND_CLIENT,
+                  attributes={A.GEN_AI_OPERATION_NAME: "chat"})
+    assert assembler.consume_spans([client]) == {}
+    clock.now += 1.5
+    assert assembler.tick() == 1
+    assert [[s.span_id for s in t.spans] for t in out.traces] == [
+        ["engine-1"], ["engine-2"], ["client"]]
+    assert [t.continued for t in out.traces] == [False, True, True]
+    assert assembler.consume_spans([_hop("late", parent="client")]) == {"late": 1}
+
+
+def test_a_gateway_span_after_its_engine_part_is_one_record(
+        make_service: ServiceFactory) -> None:
+    """End to end over OTLP/HTTP: vLLM's span (remote parent) recorded at its grace, then
+    the gateway's server span over it: still one request, the gateway's span late."""
+    service = make_service()
+    trace_id = new_trace_id()
+    gateway = make_span(trace_id, name="POST /v1/chat/completions", kind=SPAN_KIND_SERVER,
+                        attrs={"http.request.method": "POST",
+                               "http.route": "/v1/chat/completions"}, duration_ns=10**9)
+    engine = make_span(trace_id, parent=gateway.span_id, name=A.VLLM_REQUEST_SPAN_NAME,
+                       kind=SPAN_KIND_SERVER, start_ns=gateway.start_time_unix_nano + 10**6,
+                       duration_ns=9 * 10**8,
+                       attrs={A.GEN_AI_REQUEST_MODEL: "m", A.GEN_AI_USAGE_INPUT_TOKENS: 100,
+                              A.GEN_AI_USAGE_OUTPUT_TOKENS: 20,
+                              A.VLLM_LATENCY_TIME_IN_QUEUE: 0.01,
+                              A.VLLM_LATENCY_TIME_IN_MODEL_PREFILL: 0.1,
+                              A.VLLM_LATENCY_TIME_IN_MODEL_DECODE: 0.7})
+    engine.flags = (trace_pb2.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
+                    | trace_pb2.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK)
+    url = f"{service.http_url}/v1/traces"
+    for span in (engine, gateway):
+        httpx.post(url, content=export_request([span]).SerializeToString(),
+                   headers=PROTOBUF_HEADERS, timeout=5).raise_for_status()
+        wait_for(lambda: service.store.count() >= 1)
+    # the gateway's span was taken: dropped as late, or (wrongly) a record of its own
+    wait_for(lambda: service.stats.spans_dropped.get("late") == 1
+             or service.store.count() == 2)
+    assert service.store.count() == 1
+    record = service.store.record(trace_id.hex())
+    assert record is not None and record.model == "m"
 
 
 def test_store_never_holds_duplicate_records(make_service: ServiceFactory) -> None:

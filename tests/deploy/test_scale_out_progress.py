@@ -113,7 +113,7 @@ def _assert_priced_alike(cluster: Cluster, traffic: EngineTraffic,
         assert gpu_alone > 0
         assert math.isclose(gpu_sharded, gpu_alone, rel_tol=1e-6), (
             f"{trace_id} on {_unit(mine)}: {gpu_sharded} sharded, {gpu_alone} alone; "
-            f"{_late_counts(cluster)}")
+            f"{_late_counts(cluster, trace_id)}")
         unit = _unit(mine)
         per_unit_alone[unit] = per_unit_alone.get(unit, 0.0) + gpu_alone
         per_unit_sharded[unit] = per_unit_sharded.get(unit, 0.0) + gpu_sharded
@@ -122,13 +122,25 @@ def _assert_priced_alike(cluster: Cluster, traffic: EngineTraffic,
         assert math.isclose(per_unit_sharded[unit], dollars, rel_tol=1e-6), unit
 
 
-def _late_counts(cluster: Cluster) -> dict[str, float]:
-    """Each running collector's late records and expired sources (for a failure's
-    message)."""
-    return {f"{p.http_url} {m.name}": _counter(p.http_url, m)
-            for p in cluster.processes
-            if p.process is not None and p.process.poll() is None
-            for m in (mn.RECORDS_LATE, mn.PRICING_SOURCES_EXPIRED)}
+def _late_counts(cluster: Cluster, trace_id: str | None = None) -> dict[str, object]:
+    """Each running collector's counts of what prices a record late or not at all, and
+    (given ``trace_id``) every copy of that record it holds (for a failure's message)."""
+    out: dict[str, object] = {}
+    for p in cluster.processes:
+        if p.process is None or p.process.poll() is not None:
+            continue
+        for m in (mn.RECORDS_LATE, mn.PRICING_SOURCES_EXPIRED, mn.RECORDS_WITHOUT_TIMELINE,
+                  mn.RECORDS_DUPLICATE, mn.TRACES_EVICTED, mn.SPANS_DROPPED,
+                  mn.PRICING_FORCED_CLOSES):
+            out[f"{p.http_url} {m.name}"] = _counter(p.http_url, m)
+        if trace_id is not None:
+            url = f"{p.http_url}/api/requests?limit=10000"
+            with urllib.request.urlopen(url, timeout=30) as response:
+                out[f"{p.http_url} copies"] = [
+                    {k: r.get(k) for k in ("record_id", "gpu_cost_dollars", "engine_id",
+                                           "prefill_start_unix", "engine_end_unix")}
+                    for r in orjson.loads(response.read()) if r["trace_id"] == trace_id]
+    return out
 
 
 def _no_late(cluster: Cluster) -> None:
@@ -275,7 +287,7 @@ def test_a_disaggregated_workload_is_priced_as_one_collector_prices_it(
         assert mine.gpu_cost_dollars > 0
         assert math.isclose(theirs.gpu_cost_dollars, mine.gpu_cost_dollars, rel_tol=1e-6), (
             f"{trace_id}: {theirs.gpu_cost_dollars} sharded, {mine.gpu_cost_dollars} alone; "
-            f"{_late_counts(cluster)}")
+            f"{_late_counts(cluster, trace_id)}")
         assert math.isclose(theirs.cost_dollars, mine.cost_dollars, rel_tol=1e-6)
     _no_late(cluster)
 
