@@ -16,12 +16,13 @@ Rules (documented in docs/architecture.md, "Late, duplicate and out-of-order spa
 - A trace without a root that goes idle is emitted with what it holds, but stays open: an
   agent's later LLM calls (after a long tool step) arrive as a continuation of the trace,
   emitted in their turn (``AssembledTrace.continued``) as their own call records. A span
-  already emitted that arrives again is a duplicate. A span above what was emitted (the
-  parent an emitted span named, or its parent in turn: a gateway's server span exported
-  after the engine's part went out) belongs to calls already recorded: it is late, never
-  a new call; but a client's or proxy's hop (``calls.is_outer_hop_span``) goes on, for
-  the call joiner to join. Once the root has been emitted the trace is finished and
-  later spans are late.
+  already emitted that arrives again is a duplicate. A call span above what was emitted
+  (the parent an emitted span named, or its parent in turn: a gateway's server span
+  exported after the engine's part went out) is the call already recorded: it is late,
+  never a second request (a root among them finishes the trace). A client's or proxy's
+  hop (``calls.is_outer_hop_span``) goes on for the call joiner to join, and spans of no
+  call (a tool step, the workflow's root) go on as before. Once the root has been
+  emitted the trace is finished and later spans are late.
 - Over ``max_traces`` in flight, the least recently updated trace is finalized early as
   incomplete (``capacity``); over ``max_spans_per_trace``, extra spans are dropped, but an
   important span (root, server, client, engine, stage or gen_ai) replaces an expendable
@@ -257,10 +258,14 @@ class Assembler:
                 emitted = self._open.get(trace_id)
                 if emitted is not None and span.span_id in emitted.above:
                     emitted.add_above(span)  # a span further up is above them as well
-                    if not is_outer_hop_span(span):
-                        late += 1
+                    if is_call_span(span) and not is_outer_hop_span(span):
+                        late += 1  # the same call's gateway: not a second request
+                        if span.is_root and trace_id not in self._pending:
+                            self._open.pop(trace_id)
+                            self._remember_finished(trace_id)
                         continue
-                    # a client's or proxy's hop goes on: the call joiner joins it
+                    # a client's or proxy's hop goes on (the call joiner joins it), as do
+                    # spans of no call (an agent's tool step, its workflow's root)
                 pending = self._pending.get(trace_id)
                 if pending is None:
                     if emitted is not None and span.span_id in emitted.spans:
@@ -349,6 +354,12 @@ class Assembler:
         trace_id, pending = self._pending.popitem(last=False)
         return self._finish(trace_id, pending, complete=False)
 
+    def _remember_finished(self, trace_id: str) -> None:
+        """Spans of ``trace_id`` that arrive from now on are late (lock held)."""
+        self._finished[trace_id] = None
+        if len(self._finished) > self._config.finished_memory:
+            self._finished.popitem(last=False)
+
     def _finish(self, trace_id: str, pending: _Pending, complete: bool,
                 keep_open: bool = False) -> AssembledTrace:
         """Hand a trace's pending spans on (lock held): finished, or (``keep_open``) open
@@ -362,9 +373,7 @@ class Assembler:
                 self._open.popitem(last=False)
         else:
             self._open.pop(trace_id, None)
-            self._finished[trace_id] = None
-            if len(self._finished) > self._config.finished_memory:
-                self._finished.popitem(last=False)
+            self._remember_finished(trace_id)
         spans = list(pending.spans.values())
         self._in_transit[id(spans)] = pending.earliest_nano
         annotations = []

@@ -119,7 +119,9 @@ def test_a_span_above_a_call_handed_on_is_late_not_a_second_call() -> None:
     assembler.consume_spans([_hop("engine-1", parent="gateway", remote=True)])
     clock.now += 1.5
     assert assembler.tick() == 1
-    refused = assembler.consume_spans([_hop("gateway", parent="client", remote=True)])
+    gateway = _hop("gateway", parent="client", remote=True,
+                   attributes={A.HTTP_ROUTE: "/v1/chat/completions"})
+    refused = assembler.consume_spans([gateway])
     assert refused == {"late": 1} and stats.spans_dropped["late"] == 1
     assembler.consume_spans([_hop("engine-2", parent="gateway", remote=True)])
     clock.now += 1.5
@@ -133,6 +135,21 @@ def test_a_span_above_a_call_handed_on_is_late_not_a_second_call() -> None:
         ["engine-1"], ["engine-2"], ["client"]]
     assert [t.continued for t in out.traces] == [False, True, True]
     assert assembler.consume_spans([_hop("late", parent="client")]) == {"late": 1}
+
+
+def test_a_root_call_span_above_a_call_handed_on_finishes_the_trace() -> None:
+    """The gateway's span is the trace's root: late like any call span above, and the
+    trace is finished, so a straggler after it is late as well."""
+    assembler, out, clock, stats = _assembler(grace=1.0)
+    assembler.consume_spans([_hop("engine", parent="gateway", remote=True)])
+    clock.now += 1.5
+    assert assembler.tick() == 1
+    gateway = _hop("gateway", attributes={A.HTTP_ROUTE: "/v1/chat/completions"})
+    assert assembler.consume_spans([gateway]) == {"late": 1}
+    assert assembler.consume_spans([_hop("straggler", parent="engine")]) == {"late": 1}
+    clock.now += 60.0
+    assembler.tick()
+    assert len(out.traces) == 1 and stats.spans_dropped["late"] == 2
 
 
 def test_a_gateway_span_after_its_engine_part_is_one_record(
