@@ -89,6 +89,7 @@ class PrometheusSink:
         self.slo_dollars = FastCounter(M.SLO_DOLLARS)
         # Records come classified (by this replica's mapper or a forwarding one's).
         self._slo = BoundedLabel(DEFAULT_MAX_SLO_CLASSES, M.LABEL_SLO)
+        self._slo_models: set[tuple[str, str]] = set()  # (class, model) pairs with series
         self.kv_transfer_bytes = FastCounter(M.KV_TRANSFER_BYTES)
         self._context_buckets = context_bucket_labels()
         # model label -> stage -> its series, looked up once (the model label is bounded)
@@ -182,6 +183,13 @@ class PrometheusSink:
             slo = self._slo(record.slo)
             outcome = (record.slo_outcome if record.slo_outcome in SLO_OUTCOMES
                        else OUTCOME_UNKNOWN)
+            if (slo, model) not in self._slo_models:
+                # every outcome's series from the class's first record: a class with no
+                # miss yet has a miss rate of 0, not no data (its error ratio exists)
+                self._slo_models.add((slo, model))
+                for each in OUTCOMES:
+                    self.slo_requests.labels(slo, each, model)
+                    self.slo_dollars.labels(slo, each, model)
             self.slo_requests.labels(slo, outcome, model).inc(1)
             self.slo_dollars.labels(slo, outcome, model).inc(max(0.0, record.cost_dollars))
         bucket = context_bucket_index(context_tokens(record))

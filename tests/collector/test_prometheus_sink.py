@@ -151,10 +151,14 @@ def test_slo_requests_and_dollars_by_class_and_outcome_and_the_classes_digest() 
     def key(slo: str, outcome: str) -> tuple[tuple[str, str], ...]:
         return (("model", MODEL), ("outcome", outcome), ("slo", slo))
 
+    # every outcome of a class has its series from the class's first record: a class
+    # with no miss yet reads a miss rate of 0, not no data
     assert requests == {key("interactive", "met"): 2, key("interactive", "missed"): 1,
-                        key("batch", "unknown"): 1}
+                        key("interactive", "unknown"): 0, key("batch", "met"): 0,
+                        key("batch", "missed"): 0, key("batch", "unknown"): 1}
     assert dollars == {key("interactive", "met"): 5.0, key("interactive", "missed"): 2.0,
-                       key("batch", "unknown"): 8.0}
+                       key("interactive", "unknown"): 0.0, key("batch", "met"): 0.0,
+                       key("batch", "missed"): 0.0, key("batch", "unknown"): 8.0}
     assert _samples(sink, M.SLO_OBJECTIVE.name) == {
         (("slo", "interactive"),): 0.99, (("slo", "batch"),): 0.9}
     assert _samples(sink, M.SLO_CONFIG_INFO.name) == {(("digest", classes.digest()),): 1.0}
