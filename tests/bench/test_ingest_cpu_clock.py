@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import psutil
 
 from bench.ingest import CpuClock, process_cpu_seconds
 
 # A second thread is started and said ready; on "go" it spins about 0.3 s of CPU, then
-# ends (``ENDS = True``) or stays alive; "spun" once it is done.
+# ends (``ENDS = True``) or stays alive; "spun" and its thread id once it is done.
 SPINNER = """
 import sys, threading, time
 ENDS = {ends}
@@ -34,7 +35,7 @@ go.set()
 done.wait()
 if ENDS:
     worker.join()
-print("spun", flush=True)
+print("spun", worker.native_id, flush=True)
 sys.stdin.readline()
 """
 TICK_SECONDS = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -45,7 +46,8 @@ READ_ERROR_SECONDS = 2 * TICK_SECONDS
 
 def _spin(ends: bool) -> tuple[subprocess.Popen[str], CpuClock, float]:
     """The spinner run to "spun": the clock made before the spin, and psutil's tick count
-    read beside it."""
+    read beside it. An ended thread is waited for until the kernel no longer lists it
+    (Python's join returns before the OS thread has quite exited)."""
     child = subprocess.Popen([sys.executable, "-c", SPINNER.format(ends=ends)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
@@ -55,7 +57,12 @@ def _spin(ends: bool) -> tuple[subprocess.Popen[str], CpuClock, float]:
     ticks_before = process_cpu_seconds(process)
     child.stdin.write("go\n")
     child.stdin.flush()
-    assert child.stdout.readline().strip() == "spun"
+    word, tid = child.stdout.readline().split()
+    assert word == "spun"
+    deadline = time.monotonic() + 60.0
+    while ends and os.path.exists(f"/proc/{child.pid}/task/{tid}"):
+        assert time.monotonic() < deadline, "the ended thread is still listed"
+        time.sleep(0.01)
     return child, clock, ticks_before
 
 
