@@ -255,18 +255,20 @@ class Assembler:
                 if trace_id in self._finished:
                     late += 1
                     continue
-                emitted = self._open.get(trace_id)
+                pending = self._pending.get(trace_id)
+                # an open trace (only a continuation is pending for one): what it emitted
+                emitted = (self._open.get(trace_id)
+                           if pending is None or pending.continued else None)
                 if emitted is not None and span.span_id in emitted.above:
                     emitted.add_above(span)  # a span further up is above them as well
                     if is_call_span(span) and not is_outer_hop_span(span):
                         late += 1  # the same call's gateway: not a second request
-                        if span.is_root and trace_id not in self._pending:
+                        if span.is_root and pending is None:
                             self._open.pop(trace_id)
                             self._remember_finished(trace_id)
                         continue
                     # a client's or proxy's hop goes on (the call joiner joins it), as do
                     # spans of no call (an agent's tool step, its workflow's root)
-                pending = self._pending.get(trace_id)
                 if pending is None:
                     if emitted is not None and span.span_id in emitted.spans:
                         duplicate += 1
